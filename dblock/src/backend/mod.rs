@@ -1,0 +1,233 @@
+//! The database side: one module per backend, each with the handful of statements dblock needs.
+//!
+//! Every operation is ONE statement sent in ONE round trip on an autocommit connection. The
+//! comment above each statement says why it is atomic on its own.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::LockInfo;
+
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
+
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+compile_error!("dblock needs at least one backend feature: `sqlite`, `postgres` or `mysql`");
+
+/// What one acquire statement is asked to do.
+pub(crate) struct AcquireParams<'a> {
+    pub key: &'a str,
+    pub owner: &'a str,
+    /// Lease length in microseconds (validated: > 0 and fits the database's interval type).
+    pub ttl_us: i64,
+    pub holder: &'a str,
+    /// Random id of this `lock()` call. A retry after an unknown outcome sends the same id, so
+    /// the statement recognises its own earlier success instead of counting the hold twice.
+    pub attempt: i64,
+}
+
+/// A lock that the statement granted (first hold, takeover or re-entry).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub hold_count: u32,
+    pub fencing_token: u64,
+    pub expires_at_us: i64,
+}
+
+/// The outcome of one acquire statement.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    Acquired(Grant),
+    /// Held by someone else; `retry_after` is the holder's remaining lease where the backend
+    /// reports it, measured on the database clock.
+    Busy {
+        retry_after: Option<Duration>,
+    },
+}
+
+/// What one release statement did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// The hold count reached zero: the key is free.
+    Free,
+    /// Still held by the same owner at this count.
+    StillHeld(u32),
+    /// Nothing matched: not the owner, a different tenure, or the lease already ended.
+    NotHeld,
+}
+
+/// The parameters every owner-checked statement carries.
+pub(crate) struct HoldRef<'a> {
+    pub key: &'a str,
+    pub owner: &'a str,
+    pub fencing_token: u64,
+}
+
+/// The database behind a [`Locker`](crate::Locker).
+#[derive(Clone, Debug)]
+pub(crate) enum Backend {
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::Pg),
+    #[cfg(feature = "mysql")]
+    MySql(mysql::My),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlite::Lite),
+}
+
+/// Forwards a call to whichever backend is active.
+macro_rules! dispatch {
+    ($self:expr, $b:ident => $call:expr) => {
+        match $self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres($b) => $call,
+            #[cfg(feature = "mysql")]
+            Backend::MySql($b) => $call,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite($b) => $call,
+        }
+    };
+}
+
+impl Backend {
+    pub(crate) fn name(&self) -> &'static str {
+        dispatch!(self, _b => _b.name())
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
+        dispatch!(self, b => b.migrate().await)
+    }
+
+    pub(crate) async fn acquire(&self, p: &AcquireParams<'_>) -> Result<Attempt, sqlx::Error> {
+        dispatch!(self, b => b.acquire(p).await)
+    }
+
+    /// Decrements the hold count if `h` is the live tenure and the count is at least `min_count`
+    /// (1 normally; the guard's own level when retrying after an unknown outcome).
+    pub(crate) async fn release(
+        &self,
+        h: &HoldRef<'_>,
+        min_count: u32,
+    ) -> Result<Released, sqlx::Error> {
+        dispatch!(self, b => b.release(h, min_count).await)
+    }
+
+    /// Pushes the lease end to at least `now + ttl`; `None` if `h` is not the live tenure.
+    pub(crate) async fn extend(
+        &self,
+        h: &HoldRef<'_>,
+        ttl_us: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        dispatch!(self, b => b.extend(h, ttl_us).await)
+    }
+
+    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
+        dispatch!(self, b => b.inspect(key).await)
+    }
+
+    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
+        dispatch!(self, b => b.held().await)
+    }
+
+    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
+        dispatch!(self, b => b.force_release(key).await)
+    }
+
+    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
+        dispatch!(self, b => b.purge(older_than_us).await)
+    }
+}
+
+/// How a failed statement may be treated.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The server rolled the statement back (serialization failure, deadlock, lock wait timeout,
+    /// Galera certification conflict): it changed nothing and can be sent again as it is.
+    NotCommitted,
+    /// The connection broke: the statement may or may not have committed.
+    Unknown,
+    /// Anything else (bad SQL, missing table, permissions): retrying will not help.
+    Fatal,
+}
+
+pub(crate) fn classify(e: &sqlx::Error) -> Failure {
+    match e {
+        sqlx::Error::Database(db) => {
+            #[cfg(feature = "mysql")]
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return match my.number() {
+                    // ER_LOCK_DEADLOCK (also Galera's certification conflict), ER_LOCK_WAIT_TIMEOUT.
+                    1213 | 1205 => Failure::NotCommitted,
+                    // WSREP not ready, server shutdown, gone away, lost connection.
+                    1047 | 1053 | 2006 | 2013 => Failure::Unknown,
+                    _ => Failure::Fatal,
+                };
+            }
+            match db.code().as_deref() {
+                // PostgreSQL: serialization_failure, deadlock_detected.
+                Some("40001") | Some("40P01") => Failure::NotCommitted,
+                // PostgreSQL: connection exceptions and administrator shutdowns.
+                Some(c) if c.starts_with("08") || c.starts_with("57P") => Failure::Unknown,
+                // SQLite: SQLITE_BUSY / SQLITE_LOCKED and their extended codes, after the busy
+                // timeout ran out: the statement never got the write lock.
+                Some("5") | Some("6") | Some("261") | Some("262") | Some("517") => {
+                    Failure::NotCommitted
+                }
+                _ => Failure::Fatal,
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => Failure::Unknown,
+        _ => Failure::Fatal,
+    }
+}
+
+/// Microseconds since the Unix epoch (as the database reports them) to `SystemTime`.
+pub(crate) fn time_from_micros(us: i64) -> SystemTime {
+    if us >= 0 {
+        UNIX_EPOCH + Duration::from_micros(us as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_micros(us.unsigned_abs())
+    }
+}
+
+/// A non-negative millisecond count from the database to a `Duration`.
+pub(crate) fn millis(ms: i64) -> Duration {
+    Duration::from_millis(ms.max(0) as u64)
+}
+
+/// Quotes an identifier that [`crate::locker::validate_table`] already accepted.
+pub(crate) fn quote_ident(name: &str, quote: char) -> String {
+    name.split('.')
+        .map(|part| format!("{quote}{part}{quote}"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+#[cfg(test)]
+mod tests {
+    /// The files in `migrations/` are what `Locker::migrate()` runs, for the default table.
+    #[test]
+    fn migration_files_match_the_ddl_migrate_runs() {
+        #[cfg(feature = "postgres")]
+        assert!(
+            include_str!("../../../migrations/postgres/0001_dblock_locks.sql")
+                .ends_with(&super::postgres::DDL.replace("{table}", "\"dblock_locks\""))
+        );
+        #[cfg(feature = "mysql")]
+        assert!(
+            include_str!("../../../migrations/mysql/0001_dblock_locks.sql")
+                .ends_with(&super::mysql::DDL.replace("{table}", "`dblock_locks`"))
+        );
+        #[cfg(feature = "sqlite")]
+        assert!(
+            include_str!("../../../migrations/sqlite/0001_dblock_locks.sql")
+                .ends_with(&super::sqlite::DDL.replace("{table}", "\"dblock_locks\""))
+        );
+    }
+}

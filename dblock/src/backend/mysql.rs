@@ -1,0 +1,393 @@
+//! MySQL 8 and MariaDB ≥ 10.5: statements on `UTC_TIMESTAMP(6)` (fixed for the statement and
+//! independent of the session time zone).
+//!
+//! MySQL evaluates `SET` / `ON DUPLICATE KEY UPDATE` assignments left to right, each one seeing
+//! the columns already assigned. Every statement here is ordered so that each assignment reads
+//! only columns that are still old, except where it means to read a new value (said in place).
+
+use std::sync::Arc;
+
+use sqlx::mysql::{MySqlPool, MySqlRow};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
+use tokio::sync::OnceCell;
+
+use super::{quote_ident, AcquireParams, Attempt, Grant, HoldRef, Released};
+use crate::LockInfo;
+
+pub(crate) const DDL: &str = "CREATE TABLE IF NOT EXISTS {table} (
+    lock_key      VARBINARY(255) NOT NULL,
+    owner         VARCHAR(36) CHARACTER SET ascii COLLATE ascii_bin NULL,
+    hold_count    INT         NOT NULL DEFAULT 0,
+    fencing_token BIGINT      NOT NULL,
+    expires_at    DATETIME(6) NOT NULL,
+    acquired_at   DATETIME(6) NOT NULL,
+    holder        VARCHAR(255) CHARACTER SET utf8mb4 NULL,
+    attempt_id    BIGINT      NULL,
+    PRIMARY KEY (lock_key)
+) ENGINE = InnoDB;
+";
+
+/// `hold_count` travels in the bits above this in `LAST_INSERT_ID` on the MySQL 8 path (fencing
+/// tokens are seeded from the clock in µs and stay below 2^52 until the year 2112).
+const COUNT_SHIFT: u32 = 52;
+
+const US_NOW: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
+
+#[derive(Clone, Debug)]
+pub(crate) struct My {
+    pub(crate) pool: MySqlPool,
+    sql: Arc<Statements>,
+    /// `true` when the server takes `INSERT ... RETURNING` (MariaDB ≥ 10.5); decided once.
+    returning: Arc<OnceCell<bool>>,
+}
+
+#[derive(Debug)]
+struct Statements {
+    ddl: SqlStr,
+    acquire_returning: SqlStr,
+    acquire_last_insert_id: SqlStr,
+    release: SqlStr,
+    extend: SqlStr,
+    inspect: SqlStr,
+    held: SqlStr,
+    force_release: SqlStr,
+    purge: SqlStr,
+}
+
+fn sql(template: &str, table: &str) -> SqlStr {
+    let text = template
+        .replace("{info}", INFO_COLUMNS)
+        .replace("{us_now}", US_NOW)
+        .replace("{table}", table);
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+}
+
+/// The columns every state query returns, in the order `info_from_row` reads them.
+const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
+       (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)),
+       GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000)";
+
+/// Acquire, re-entry and takeover as one INSERT ... ON DUPLICATE KEY UPDATE on the primary key.
+///
+/// Atomic because InnoDB takes the row's exclusive lock for the duplicate check and holds it
+/// while the UPDATE part runs, so the "may I take it" decision and the write see one row version.
+/// A busy attempt assigns every column its own value (nothing changes).
+///
+/// Binds: key, owner, ttl µs, holder, attempt. `VALUES(col)` is the value this statement would
+/// have inserted, so each bind is sent once. Order of assignments (left to right!):
+/// 1. `hold_count` first: it reads owner, expires_at and attempt_id while they are old.
+/// 2. token, acquired_at, holder, attempt_id: read old owner / expires_at.
+/// 3. `owner`: after it, `owner = VALUES(owner)` is true exactly when this call holds the key.
+/// 4. `expires_at` last: reads the NEW owner on purpose (old owner is gone by then).
+///
+/// "Free" is `owner IS NULL OR expires_at <= now`; a live row always has owner set and count ≥ 1,
+/// so the old hold_count is never needed to tell re-entry from takeover (the trap of testing
+/// `expires_at` after owner was reassigned, where a freed-at time later than this statement's
+/// start looked like a live lease, does not arise).
+const UPSERT: &str = "INSERT INTO {table}
+    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id)
+VALUES (?, ?, 1, {token}, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), ?, ?)
+ON DUPLICATE KEY UPDATE
+    hold_count    = IF(owner = VALUES(owner) AND expires_at > UTC_TIMESTAMP(6),
+                       IF(attempt_id = VALUES(attempt_id), hold_count, hold_count + 1),
+                       IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), 1, hold_count)),
+    fencing_token = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), fencing_token + 1, fencing_token),
+    acquired_at   = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), acquired_at),
+    holder        = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), VALUES(holder), holder),
+    attempt_id    = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6) OR owner = VALUES(owner),
+                       VALUES(attempt_id), attempt_id),
+    owner         = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6) OR owner = VALUES(owner),
+                       VALUES(owner), owner),
+    expires_at    = {expires}";
+
+impl My {
+    pub(crate) fn new(pool: MySqlPool, table: &str) -> Self {
+        let t = quote_ident(table, '`');
+        let statements = Statements {
+            ddl: sql(DDL, &t),
+            // MariaDB: the row as it is after the statement comes back with RETURNING.
+            acquire_returning: sql(
+                &(UPSERT
+                    .replace("{token}", "{us_now}")
+                    .replace(
+                        "{expires}",
+                        "IF(owner = VALUES(owner), GREATEST(expires_at, VALUES(expires_at)), expires_at)",
+                    )
+                    + "
+RETURNING owner <=> ?, hold_count, fencing_token,
+          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
+          GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000)"),
+                &t,
+            ),
+            // MySQL 8 (no RETURNING): the outcome travels in the OK packet's last_insert_id.
+            // sqlx sets CLIENT_FOUND_ROWS, so rows_affected cannot tell busy from inserted.
+            // Inserted: LAST_INSERT_ID(token + 1 << 52) inside VALUES (the column keeps the token).
+            // Updated: the last assignment sets it to count << 52 | token when acquired, and to 0
+            // when busy (the VALUES call ran before the duplicate check and must be overwritten).
+            acquire_last_insert_id: sql(
+                &UPSERT
+                    .replace(
+                        "{token}",
+                        "LAST_INSERT_ID({us_now} + 4503599627370496) - 4503599627370496",
+                    )
+                    .replace(
+                        "{expires}",
+                        "IF(owner = VALUES(owner),
+                       IF(LAST_INSERT_ID(hold_count * 4503599627370496 + fencing_token) > 0,
+                          GREATEST(expires_at, VALUES(expires_at)), NULL),
+                       IF(LAST_INSERT_ID(0) = 0, expires_at, NULL))",
+                    ),
+                &t,
+            ),
+            // Single-row UPDATE by primary key under the row's exclusive lock. hold_count is
+            // assigned first; owner and expires_at then read its NEW value on purpose.
+            // The remaining count comes back as last_insert_id; rows_affected = 0 means not held.
+            release: sql(
+                "UPDATE {table} SET
+    hold_count = LAST_INSERT_ID(hold_count - 1),
+    owner      = IF(hold_count = 0, NULL, owner),
+    expires_at = IF(hold_count = 0, UTC_TIMESTAMP(6), expires_at)
+WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND hold_count >= ?
+  AND expires_at > UTC_TIMESTAMP(6)",
+                &t,
+            ),
+            // Single-row UPDATE, owner- and tenure-checked; the new lease end (read after it was
+            // assigned) comes back as last_insert_id. Never shortens a lease.
+            extend: sql(
+                "UPDATE {table} SET
+    expires_at    = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND),
+    fencing_token = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)) > 0,
+                       fencing_token, fencing_token)
+WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIMESTAMP(6)",
+                &t,
+            ),
+            inspect: sql("SELECT {info} FROM {table} WHERE lock_key = ?", &t),
+            held: sql(
+                "SELECT {info} FROM {table}
+WHERE owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key",
+                &t,
+            ),
+            force_release: sql(
+                "UPDATE {table} SET hold_count = 0, owner = NULL, expires_at = UTC_TIMESTAMP(6)
+WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
+                &t,
+            ),
+            // In batches, so a big purge never holds many row locks at once.
+            purge: sql(
+                "DELETE FROM {table} WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND LIMIT 1000",
+                &t,
+            ),
+        };
+        My {
+            pool,
+            sql: Arc::new(statements),
+            returning: Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// Uses the MySQL 8 statement even on MariaDB (tests run it against MariaDB that way).
+    pub(crate) fn without_returning(self) -> Self {
+        My {
+            returning: Arc::new(OnceCell::new_with(Some(false))),
+            ..self
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    async fn supports_returning(&self) -> Result<bool, sqlx::Error> {
+        self.returning
+            .get_or_try_init(|| async {
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok(mariadb_with_returning(&version))
+            })
+            .await
+            .copied()
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
+        // CREATE TABLE IF NOT EXISTS is serialised by the metadata lock: safe from many processes.
+        sqlx::raw_sql(self.sql.ddl.clone())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn acquire(&self, p: &AcquireParams<'_>) -> Result<Attempt, sqlx::Error> {
+        if self.supports_returning().await? {
+            // Read ALL rows and keep the last: a Galera node whose automatic autocommit retry
+            // fired (when the pool is not ours and wsrep_retry_autocommit could not be set to 0)
+            // sends one stale row per aborted attempt before the committed one.
+            let rows = sqlx::query(self.sql.acquire_returning.clone())
+                .bind(p.key)
+                .bind(p.owner)
+                .bind(p.ttl_us)
+                .bind(p.holder)
+                .bind(p.attempt)
+                .bind(p.owner)
+                .fetch_all(&self.pool)
+                .await?;
+            let Some(row) = rows.last() else {
+                return Err(sqlx::Error::RowNotFound);
+            };
+            if row.try_get::<bool, _>(0)? {
+                Ok(Attempt::Acquired(Grant {
+                    hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
+                    fencing_token: row.try_get::<i64, _>(2)? as u64,
+                    expires_at_us: row.try_get(3)?,
+                }))
+            } else {
+                Ok(Attempt::Busy {
+                    retry_after: Some(super::millis(row.try_get(4)?)),
+                })
+            }
+        } else {
+            let sent_at = std::time::SystemTime::now();
+            let done = sqlx::query(self.sql.acquire_last_insert_id.clone())
+                .bind(p.key)
+                .bind(p.owner)
+                .bind(p.ttl_us)
+                .bind(p.holder)
+                .bind(p.attempt)
+                .execute(&self.pool)
+                .await?;
+            let packed = done.last_insert_id();
+            if packed == 0 {
+                return Ok(Attempt::Busy { retry_after: None });
+            }
+            // This path cannot read the server's lease end; the client's send time plus ttl
+            // is reported instead (never later than the server's).
+            let local_us = sent_at
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64);
+            Ok(Attempt::Acquired(Grant {
+                hold_count: (packed >> COUNT_SHIFT) as u32,
+                fencing_token: packed & ((1u64 << COUNT_SHIFT) - 1),
+                expires_at_us: local_us.saturating_add(p.ttl_us),
+            }))
+        }
+    }
+
+    pub(crate) async fn release(
+        &self,
+        h: &HoldRef<'_>,
+        min_count: u32,
+    ) -> Result<Released, sqlx::Error> {
+        let done = sqlx::query(self.sql.release.clone())
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .bind(min_count as i32)
+            .execute(&self.pool)
+            .await?;
+        Ok(match (done.rows_affected(), done.last_insert_id()) {
+            (0, _) => Released::NotHeld,
+            (_, 0) => Released::Free,
+            (_, n) => Released::StillHeld(n as u32),
+        })
+    }
+
+    pub(crate) async fn extend(
+        &self,
+        h: &HoldRef<'_>,
+        ttl_us: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let done = sqlx::query(self.sql.extend.clone())
+            .bind(ttl_us)
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok((done.rows_affected() > 0).then_some(done.last_insert_id() as i64))
+    }
+
+    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
+        let row = sqlx::query(self.sql.inspect.clone())
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| info_from_row(&r)).transpose()
+    }
+
+    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
+        let rows = sqlx::query(self.sql.held.clone())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(info_from_row).collect()
+    }
+
+    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(self.sql.force_release.clone())
+            .bind(key)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
+        let mut total = 0;
+        loop {
+            let n = sqlx::query(self.sql.purge.clone())
+                .bind(older_than_us)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            total += n;
+            if n < 1000 {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// `true` for MariaDB 10.5 and later, whose INSERT takes RETURNING.
+fn mariadb_with_returning(version: &str) -> bool {
+    let Some(at) = version.find("MariaDB") else {
+        return false;
+    };
+    // "10.11.19-MariaDB-0+deb12u1", or "5.5.5-10.11.19-MariaDB" from some proxies.
+    let head = version[..at].trim_start_matches("5.5.5-");
+    let mut parts = head.split(['.', '-']).filter_map(|p| p.parse::<u32>().ok());
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => (major, minor) >= (10, 5),
+        _ => false,
+    }
+}
+
+fn info_from_row(r: &MySqlRow) -> Result<LockInfo, sqlx::Error> {
+    let key: Vec<u8> = r.try_get(0)?;
+    Ok(LockInfo::from_parts(
+        String::from_utf8_lossy(&key).into_owned(),
+        r.try_get(1)?,
+        r.try_get(2)?,
+        r.try_get::<i32, _>(3)?.into(),
+        r.try_get(4)?,
+        r.try_get(5)?,
+        r.try_get(6)?,
+        r.try_get(7)?,
+        r.try_get(8)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mariadb_with_returning;
+
+    #[test]
+    fn tells_mariadb_with_returning_from_the_rest() {
+        assert!(mariadb_with_returning("10.11.19-MariaDB-0+deb12u1"));
+        assert!(mariadb_with_returning("10.5.0-MariaDB"));
+        assert!(mariadb_with_returning("11.4.2-MariaDB-log"));
+        assert!(mariadb_with_returning("5.5.5-10.6.12-MariaDB"));
+        assert!(!mariadb_with_returning("10.4.30-MariaDB"));
+        assert!(!mariadb_with_returning("8.0.36"));
+        assert!(!mariadb_with_returning("8.4.0-commercial"));
+    }
+}

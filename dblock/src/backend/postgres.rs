@@ -1,0 +1,297 @@
+//! PostgreSQL: statements on `statement_timestamp()`, the one clock that is fixed for the statement
+//! and not frozen for a caller's whole transaction (as `now()` is).
+
+use sqlx::postgres::{PgPool, PgRow};
+use sqlx::{AssertSqlSafe, Row, SqlStr};
+
+use super::{quote_ident, AcquireParams, Attempt, Grant, HoldRef, Released};
+use crate::LockInfo;
+
+/// Lease end as microseconds since the epoch.
+const US: &str = "(extract(epoch FROM {c}) * 1000000)::int8";
+
+pub(crate) const DDL: &str = r#"CREATE TABLE IF NOT EXISTS {table} (
+    lock_key      TEXT COLLATE "C" NOT NULL PRIMARY KEY
+                  CHECK (octet_length(lock_key) BETWEEN 1 AND 255),
+    owner         TEXT,
+    hold_count    INTEGER     NOT NULL DEFAULT 0 CHECK (hold_count >= 0),
+    fencing_token BIGINT      NOT NULL,
+    expires_at    TIMESTAMPTZ NOT NULL,
+    acquired_at   TIMESTAMPTZ NOT NULL,
+    holder        TEXT,
+    attempt_id    BIGINT
+) WITH (fillfactor = 80);
+"#;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Pg {
+    pub(crate) pool: PgPool,
+    sql: std::sync::Arc<Statements>,
+}
+
+#[derive(Debug)]
+struct Statements {
+    ddl: SqlStr,
+    acquire: SqlStr,
+    release: SqlStr,
+    extend: SqlStr,
+    inspect: SqlStr,
+    held: SqlStr,
+    force_release: SqlStr,
+    purge: SqlStr,
+}
+
+fn sql(template: &str, table: &str) -> SqlStr {
+    let text = template
+        .replace("{us_expires}", &US.replace("{c}", "expires_at"))
+        .replace("{us_acquired}", &US.replace("{c}", "acquired_at"))
+        .replace("{table}", table);
+    AssertSqlSafe(std::sync::Arc::<str>::from(text)).into_sql_str()
+}
+
+use sqlx::SqlSafeStr as _;
+
+/// The columns every state query returns, in the order `info_from_row` reads them.
+const INFO_COLUMNS: &str =
+    "lock_key, owner, holder, hold_count, fencing_token, {us_expires}, {us_acquired},
+       (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,
+       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8";
+
+impl Pg {
+    pub(crate) fn new(pool: PgPool, table: &str) -> Self {
+        let t = quote_ident(table, '"');
+        let statements = Statements {
+            ddl: sql(DDL, &t),
+
+            // Acquire, re-entry and takeover in one statement, update-first:
+            // - `upd` is a single-row UPDATE by primary key. Its WHERE is the "may I take it"
+            //   test; under READ COMMITTED a concurrent writer makes it wait for the row and
+            //   re-check the WHERE against the committed version, so two owners can never both
+            //   pass. All CASE arms read the OLD row (PostgreSQL evaluates SET against it).
+            // - `ins` creates the row only when the statement's snapshot has none. Two racing
+            //   inserters meet on the primary key: ON CONFLICT DO NOTHING makes the loser see
+            //   "busy" (no row) instead of an error, so nothing is inserted-then-caught.
+            // - A busy attempt (row held by someone else) updates nothing and inserts nothing:
+            //   no row lock kept, no WAL written, just the final SELECT of the holder's state.
+            // - `attempt_id = $5` on a live hold of ours means this exact attempt already
+            //   succeeded (its reply was lost): the count is returned as it is, not bumped again.
+            acquire: sql(
+                "WITH upd AS (
+    UPDATE {table} AS l SET
+        hold_count = CASE
+            WHEN l.owner = $2 AND l.expires_at > statement_timestamp()
+                THEN CASE WHEN l.attempt_id = $5 THEN l.hold_count ELSE l.hold_count + 1 END
+            ELSE 1 END,
+        fencing_token = CASE WHEN l.owner = $2 AND l.expires_at > statement_timestamp()
+                             THEN l.fencing_token ELSE l.fencing_token + 1 END,
+        acquired_at = CASE WHEN l.owner = $2 AND l.expires_at > statement_timestamp()
+                           THEN l.acquired_at ELSE statement_timestamp() END,
+        holder = CASE WHEN l.owner = $2 AND l.expires_at > statement_timestamp()
+                      THEN l.holder ELSE $4 END,
+        expires_at = greatest(CASE WHEN l.owner = $2 THEN l.expires_at END,
+                              statement_timestamp() + $3::float8 * interval '1 microsecond'),
+        attempt_id = $5,
+        owner = $2
+    WHERE l.lock_key = $1
+      AND (l.owner IS NULL OR l.owner = $2 OR l.expires_at <= statement_timestamp())
+    RETURNING l.hold_count, l.fencing_token, l.expires_at
+), ins AS (
+    INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id)
+    SELECT $1, $2, 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8,
+           statement_timestamp() + $3::float8 * interval '1 microsecond', statement_timestamp(), $4, $5
+    WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1)
+    ON CONFLICT (lock_key) DO NOTHING
+    RETURNING hold_count, fencing_token, expires_at
+), res AS (
+    SELECT true AS acquired, hold_count, fencing_token, expires_at FROM upd
+    UNION ALL
+    SELECT true, hold_count, fencing_token, expires_at FROM ins
+    UNION ALL
+    SELECT false, hold_count, fencing_token, expires_at FROM {table}
+     WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)
+)
+SELECT acquired, hold_count, fencing_token, {us_expires},
+       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8
+FROM res",
+                &t,
+            ),
+
+            // One single-row UPDATE by primary key: the WHERE (owner, tenure, live lease) and the
+            // decrement are applied to the same row version under its row lock, so a release
+            // can neither race another release nor touch a lease that has run out.
+            release: sql(
+                "UPDATE {table} SET
+    hold_count = hold_count - 1,
+    owner      = CASE WHEN hold_count > 1 THEN owner END,
+    expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE statement_timestamp() END
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND hold_count >= $4
+  AND expires_at > statement_timestamp()
+RETURNING hold_count",
+                &t,
+            ),
+
+            // Single-row UPDATE, owner- and tenure-checked in its WHERE; never shortens a lease.
+            extend: sql(
+                "UPDATE {table}
+SET expires_at = greatest(expires_at, statement_timestamp() + $4::float8 * interval '1 microsecond')
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > statement_timestamp()
+RETURNING {us_expires}",
+                &t,
+            ),
+
+            inspect: sql(
+                &format!("SELECT {INFO_COLUMNS} FROM {{table}} WHERE lock_key = $1"),
+                &t,
+            ),
+            held: sql(
+                &format!(
+                    "SELECT {INFO_COLUMNS} FROM {{table}}
+WHERE owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key"
+                ),
+                &t,
+            ),
+
+            // Single-row UPDATE: frees a live lease whoever holds it; the token is kept so the
+            // next owner still gets a larger one.
+            force_release: sql(
+                "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = statement_timestamp()
+WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > statement_timestamp()",
+                &t,
+            ),
+
+            // Deletes free rows (expires_at = when freed) and expired ones, older than $1 µs.
+            // A held row has expires_at in the future, so it never matches.
+            purge: sql(
+                "DELETE FROM {table}
+WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond'",
+                &t,
+            ),
+        };
+        Pg {
+            pool,
+            sql: std::sync::Arc::new(statements),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
+        // `CREATE TABLE IF NOT EXISTS` is not safe against itself: two sessions can both pass the
+        // "exists?" check and one dies on pg_type's unique index. A transaction-scoped advisory
+        // lock makes concurrent migrations queue instead.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7170034453421551936)")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(self.sql.ddl.clone())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+
+    pub(crate) async fn acquire(&self, p: &AcquireParams<'_>) -> Result<Attempt, sqlx::Error> {
+        let row = sqlx::query(self.sql.acquire.clone())
+            .bind(p.key)
+            .bind(p.owner)
+            .bind(p.ttl_us as f64)
+            .bind(p.holder)
+            .bind(p.attempt)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            // The key was inserted by someone else during this statement.
+            return Ok(Attempt::Busy { retry_after: None });
+        };
+        if row.try_get::<bool, _>(0)? {
+            Ok(Attempt::Acquired(Grant {
+                hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
+                fencing_token: row.try_get::<i64, _>(2)? as u64,
+                expires_at_us: row.try_get(3)?,
+            }))
+        } else {
+            Ok(Attempt::Busy {
+                retry_after: Some(super::millis(row.try_get(4)?)),
+            })
+        }
+    }
+
+    pub(crate) async fn release(
+        &self,
+        h: &HoldRef<'_>,
+        min_count: u32,
+    ) -> Result<Released, sqlx::Error> {
+        let left: Option<i32> = sqlx::query_scalar(self.sql.release.clone())
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .bind(min_count as i32)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match left {
+            None => Released::NotHeld,
+            Some(0) => Released::Free,
+            Some(n) => Released::StillHeld(n as u32),
+        })
+    }
+
+    pub(crate) async fn extend(
+        &self,
+        h: &HoldRef<'_>,
+        ttl_us: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(self.sql.extend.clone())
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .bind(ttl_us as f64)
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
+        let row = sqlx::query(self.sql.inspect.clone())
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| info_from_row(&r)).transpose()
+    }
+
+    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
+        let rows = sqlx::query(self.sql.held.clone())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(info_from_row).collect()
+    }
+
+    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(self.sql.force_release.clone())
+            .bind(key)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(self.sql.purge.clone())
+            .bind(older_than_us as f64)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+fn info_from_row(r: &PgRow) -> Result<LockInfo, sqlx::Error> {
+    Ok(LockInfo::from_parts(
+        r.try_get(0)?,
+        r.try_get(1)?,
+        r.try_get(2)?,
+        r.try_get::<i32, _>(3)?.into(),
+        r.try_get(4)?,
+        r.try_get(5)?,
+        r.try_get(6)?,
+        r.try_get(7)?,
+        r.try_get(8)?,
+    ))
+}

@@ -1,0 +1,241 @@
+//! SQLite ≥ 3.35 (RETURNING): statements on `julianday('now')`, which is fixed for the statement.
+//! Times are stored as integer milliseconds since the Unix epoch.
+
+use std::sync::Arc;
+
+use sqlx::sqlite::{SqlitePool, SqliteRow};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
+
+use super::{quote_ident, AcquireParams, Attempt, Grant, HoldRef, Released};
+use crate::LockInfo;
+
+pub(crate) const DDL: &str = "CREATE TABLE IF NOT EXISTS {table} (
+    lock_key      TEXT    NOT NULL PRIMARY KEY
+                  CHECK (length(CAST(lock_key AS BLOB)) BETWEEN 1 AND 255),
+    owner         TEXT,
+    hold_count    INTEGER NOT NULL DEFAULT 0 CHECK (hold_count >= 0),
+    fencing_token INTEGER NOT NULL,
+    expires_at    INTEGER NOT NULL, -- ms since the Unix epoch
+    acquired_at   INTEGER NOT NULL, -- ms since the Unix epoch
+    holder        TEXT,
+    attempt_id    INTEGER
+) WITHOUT ROWID;
+";
+
+/// Now, in whole milliseconds. `ROUND`, not a plain cast, which truncates a millisecond early.
+const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+
+#[derive(Clone, Debug)]
+pub(crate) struct Lite {
+    pub(crate) pool: SqlitePool,
+    sql: Arc<Statements>,
+}
+
+#[derive(Debug)]
+struct Statements {
+    ddl: SqlStr,
+    acquire: SqlStr,
+    release: SqlStr,
+    extend: SqlStr,
+    inspect: SqlStr,
+    held: SqlStr,
+    force_release: SqlStr,
+    purge: SqlStr,
+}
+
+fn sql(template: &str, table: &str) -> SqlStr {
+    let text = template
+        .replace("{info}", INFO_COLUMNS)
+        .replace("{now}", NOW)
+        .replace("{table}", table);
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+}
+
+const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
+       expires_at * 1000, acquired_at * 1000,
+       (owner IS NOT NULL AND expires_at > {now}),
+       max(0, expires_at - {now})";
+
+/// Microseconds to whole milliseconds, rounding up so a lease is never shorter than asked.
+fn ms_ceil(us: i64) -> i64 {
+    (us + 999) / 1000
+}
+
+impl Lite {
+    pub(crate) fn new(pool: SqlitePool, table: &str) -> Self {
+        let t = quote_ident(table, '"');
+        let statements = Statements {
+            ddl: sql(DDL, &t),
+            // One INSERT ... ON CONFLICT DO UPDATE ... WHERE: SQLite runs every write under the
+            // database's single write lock, so the conflict check, the WHERE ("may I take it")
+            // and the update are one indivisible step. SET reads the old row throughout. When the
+            // WHERE refuses (busy) nothing is written and RETURNING yields no row.
+            // $5 = attempt id: a repeat of an attempt that already succeeded keeps the count.
+            acquire: sql(
+                "INSERT INTO {table} AS l
+    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id)
+VALUES ($1, $2, 1, {now} * 1000, {now} + $3, {now}, $4, $5)
+ON CONFLICT (lock_key) DO UPDATE SET
+    hold_count    = CASE WHEN l.owner = excluded.owner AND l.expires_at > {now}
+                         THEN CASE WHEN l.attempt_id = excluded.attempt_id
+                                   THEN l.hold_count ELSE l.hold_count + 1 END
+                         ELSE 1 END,
+    fencing_token = CASE WHEN l.owner = excluded.owner AND l.expires_at > {now}
+                         THEN l.fencing_token ELSE l.fencing_token + 1 END,
+    acquired_at   = CASE WHEN l.owner = excluded.owner AND l.expires_at > {now}
+                         THEN l.acquired_at ELSE excluded.acquired_at END,
+    holder        = CASE WHEN l.owner = excluded.owner AND l.expires_at > {now}
+                         THEN l.holder ELSE excluded.holder END,
+    expires_at    = CASE WHEN l.owner = excluded.owner AND l.expires_at > excluded.expires_at
+                         THEN l.expires_at ELSE excluded.expires_at END,
+    attempt_id    = excluded.attempt_id,
+    owner         = excluded.owner
+WHERE l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at <= {now}
+RETURNING hold_count, fencing_token, expires_at * 1000",
+                &t,
+            ),
+            // Single-row UPDATE under the write lock; SET reads the old row.
+            release: sql(
+                "UPDATE {table} SET
+    hold_count = hold_count - 1,
+    owner      = CASE WHEN hold_count > 1 THEN owner END,
+    expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE {now} END
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND hold_count >= $4
+  AND expires_at > {now}
+RETURNING hold_count",
+                &t,
+            ),
+            extend: sql(
+                "UPDATE {table} SET expires_at = max(expires_at, {now} + $4)
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > {now}
+RETURNING expires_at * 1000",
+                &t,
+            ),
+            inspect: sql("SELECT {info} FROM {table} WHERE lock_key = $1", &t),
+            held: sql(
+                "SELECT {info} FROM {table}
+WHERE owner IS NOT NULL AND expires_at > {now} ORDER BY lock_key",
+                &t,
+            ),
+            force_release: sql(
+                "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = {now}
+WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
+                &t,
+            ),
+            purge: sql("DELETE FROM {table} WHERE expires_at <= {now} - $1", &t),
+        };
+        Lite {
+            pool,
+            sql: Arc::new(statements),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
+        // One statement under SQLite's write lock; IF NOT EXISTS makes repeats a no-op.
+        sqlx::raw_sql(self.sql.ddl.clone())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn acquire(&self, p: &AcquireParams<'_>) -> Result<Attempt, sqlx::Error> {
+        let row = sqlx::query(self.sql.acquire.clone())
+            .bind(p.key)
+            .bind(p.owner)
+            .bind(ms_ceil(p.ttl_us))
+            .bind(p.holder)
+            .bind(p.attempt)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => Ok(Attempt::Acquired(Grant {
+                hold_count: row.try_get::<i64, _>(0)?.max(0) as u32,
+                fencing_token: row.try_get::<i64, _>(1)? as u64,
+                expires_at_us: row.try_get(2)?,
+            })),
+            None => Ok(Attempt::Busy { retry_after: None }),
+        }
+    }
+
+    pub(crate) async fn release(
+        &self,
+        h: &HoldRef<'_>,
+        min_count: u32,
+    ) -> Result<Released, sqlx::Error> {
+        let left: Option<i64> = sqlx::query_scalar(self.sql.release.clone())
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .bind(i64::from(min_count))
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match left {
+            None => Released::NotHeld,
+            Some(0) => Released::Free,
+            Some(n) => Released::StillHeld(n as u32),
+        })
+    }
+
+    pub(crate) async fn extend(
+        &self,
+        h: &HoldRef<'_>,
+        ttl_us: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(self.sql.extend.clone())
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .bind(ms_ceil(ttl_us))
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
+        let row = sqlx::query(self.sql.inspect.clone())
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| info_from_row(&r)).transpose()
+    }
+
+    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
+        let rows = sqlx::query(self.sql.held.clone())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(info_from_row).collect()
+    }
+
+    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(self.sql.force_release.clone())
+            .bind(key)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(self.sql.purge.clone())
+            .bind(older_than_us / 1000)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+fn info_from_row(r: &SqliteRow) -> Result<LockInfo, sqlx::Error> {
+    Ok(LockInfo::from_parts(
+        r.try_get(0)?,
+        r.try_get(1)?,
+        r.try_get(2)?,
+        r.try_get(3)?,
+        r.try_get(4)?,
+        r.try_get(5)?,
+        r.try_get(6)?,
+        r.try_get(7)?,
+        r.try_get(8)?,
+    ))
+}

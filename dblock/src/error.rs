@@ -1,0 +1,92 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// Everything that can go wrong when taking, keeping or giving back a lock.
+///
+/// Library code never panics on bad input or on a database failure: it returns one of these.
+/// Functions under `#[distributed_lock]` convert it into their own error type with `From`.
+///
+/// ```
+/// use dblock::LockError;
+/// use std::time::Duration;
+///
+/// let e = LockError::Busy { key: "order:7".into(), waited: Duration::from_millis(250) };
+/// assert_eq!(e.to_string(), "lock `order:7` is busy (gave up after 250ms)");
+/// assert!(e.is_busy());
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Someone else held the lock for the whole `wait` period.
+    #[error("lock `{key}` is busy (gave up after {waited:?})")]
+    Busy {
+        /// The key that was asked for.
+        key: String,
+        /// How long the call kept trying.
+        waited: Duration,
+    },
+
+    /// The lease ended, or was taken or force-released, while the caller believed it held the lock.
+    #[error("lock `{key}` was lost while held (lease expired or was taken)")]
+    Lost {
+        /// The key that was lost.
+        key: String,
+    },
+
+    /// A release or extend by an owner that does not hold the lock (anyone else, or after expiry).
+    #[error("lock `{key}` is not held by this owner")]
+    NotHeld {
+        /// The key that was asked for.
+        key: String,
+    },
+
+    /// The key cannot be used as a lock key; nothing was written.
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key as given (cut to 300 characters, so a huge key does not flood logs).
+        key: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+
+    /// `#[distributed_lock]` without `locker = ...` ran before [`set_default`](crate::set_default).
+    #[error("no locker: call dblock::set_default(locker) at start-up or pass `locker = ...`")]
+    NoLocker,
+
+    /// A setting is out of range (zero ttl, bad table name, unsupported URL, ...).
+    #[error("dblock configuration: {0}")]
+    Config(String),
+
+    /// The database failed or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl LockError {
+    /// `true` for [`LockError::Busy`].
+    ///
+    /// ```
+    /// assert!(!dblock::LockError::NoLocker.is_busy());
+    /// ```
+    pub fn is_busy(&self) -> bool {
+        matches!(self, LockError::Busy { .. })
+    }
+
+    /// `true` for [`LockError::Lost`].
+    ///
+    /// ```
+    /// assert!(dblock::LockError::Lost { key: "k".into() }.is_lost());
+    /// ```
+    pub fn is_lost(&self) -> bool {
+        matches!(self, LockError::Lost { .. })
+    }
+
+    pub(crate) fn invalid_key(key: &str, reason: &'static str) -> Self {
+        let shown: String = key.chars().take(300).collect();
+        LockError::InvalidKey { key: shown, reason }
+    }
+}
+
+/// Shorthand for `Result<T, LockError>`.
+pub type Result<T, E = LockError> = std::result::Result<T, E>;

@@ -1,0 +1,164 @@
+//! Who holds a lock: [`Owner`], the task-scoped owner context, and [`current`].
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+tokio::task_local! {
+    static CONTEXT: Context;
+}
+
+/// What a task running "as an owner" carries: the owner, and the innermost lock its locked body
+/// holds (for [`current`]).
+#[derive(Clone)]
+pub(crate) struct Context {
+    pub(crate) owner: Owner,
+    pub(crate) innermost: Option<HeldLock>,
+}
+
+impl Context {
+    /// The context of the running task, if it runs in an owner scope or a locked body.
+    pub(crate) fn get() -> Option<Context> {
+        CONTEXT.try_with(Context::clone).ok()
+    }
+
+    /// Runs `fut` with this context as the task's owner context.
+    pub(crate) fn scope<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
+        CONTEXT.scope(self, fut)
+    }
+}
+
+/// The identity that holds locks: a random 128-bit id (UUID v4).
+///
+/// Only the owner of a lock can extend or release it, and an owner that asks again for a key it
+/// holds gets it at once with `hold_count` one higher (reentrancy, counted in the database).
+///
+/// - [`Owner::current`] is the owner of the running locked scope (a `#[distributed_lock]` body or
+///   an [`Owner::scope`]);
+/// - [`Locker::lock`](crate::Locker::lock) inside such a scope acquires as that owner, and
+///   outside any scope as a fresh owner, so two such calls exclude each other even in one task;
+/// - a spawned task is a new owner unless it runs in `owner.scope(..)`.
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// let locker = dblock::Locker::connect("sqlite::memory:").await?;
+/// locker.migrate().await?;
+///
+/// let owner = dblock::Owner::new();
+/// let inner = locker.clone();
+/// owner
+///     .scope(async move {
+///         let outer = inner.lock("report").await?;
+///         let again = inner.lock("report").await?; // same owner: re-entry
+///         assert_eq!(again.hold_count(), 2);
+///         assert_eq!(again.fencing_token(), outer.fencing_token());
+///         again.release().await?;
+///         outer.release().await
+///     })
+///     .await
+/// # }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Owner {
+    id: Arc<str>,
+}
+
+impl Owner {
+    /// A fresh owner with a new random id.
+    ///
+    /// ```
+    /// assert_ne!(dblock::Owner::new(), dblock::Owner::new());
+    /// ```
+    pub fn new() -> Self {
+        Owner {
+            id: uuid::Uuid::new_v4().hyphenated().to_string().into(),
+        }
+    }
+
+    /// The owner of the running locked scope, or `None` outside any.
+    ///
+    /// ```
+    /// assert!(dblock::Owner::current().is_none());
+    /// ```
+    pub fn current() -> Option<Owner> {
+        CONTEXT.try_with(|c| c.owner.clone()).ok()
+    }
+
+    /// The id stored in the `owner` column.
+    ///
+    /// ```
+    /// assert_eq!(dblock::Owner::new().id().len(), 36);
+    /// ```
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Runs `fut` (a future, or a [`LockRequest`](crate::LockRequest)) as this owner: locks taken inside it (also by `#[distributed_lock]` functions)
+    /// belong to this owner, so taking a key this owner already holds is reentrant.
+    ///
+    /// Use it to hand an owner to a spawned task:
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let owner = dblock::Owner::new();
+    /// let guard = owner.scope(locker.lock("job:9")).await?;
+    /// let child = tokio::spawn(owner.clone().scope(async move {
+    ///     locker.lock("job:9").await.map(|g| g.hold_count()) // reentrant: same owner
+    /// }));
+    /// assert_eq!(child.await.unwrap()?, 2);
+    /// # drop(guard); Ok(())
+    /// # }
+    /// ```
+    pub fn scope<F: IntoFuture>(&self, fut: F) -> impl Future<Output = F::Output> {
+        Context {
+            owner: self.clone(),
+            innermost: None,
+        }
+        .scope(fut.into_future())
+    }
+}
+
+impl Default for Owner {
+    fn default() -> Self {
+        Owner::new()
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Owner").field(&&*self.id).finish()
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.id)
+    }
+}
+
+/// The innermost lock held by the running locked body, as [`current`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldLock {
+    /// The lock key.
+    pub key: String,
+    /// The fencing token of this tenure: pass it to the resource the lock protects.
+    pub fencing_token: u64,
+    /// The owner's hold count for this key when the body started.
+    pub hold_count: u32,
+    /// Lease end on the database clock, as of acquisition.
+    pub expires_at: SystemTime,
+}
+
+/// The innermost lock held by this task's locked body (`#[distributed_lock]`), or `None`.
+///
+/// This is how a body hands its fencing token to the resource it protects.
+///
+/// ```
+/// assert!(dblock::current().is_none()); // not inside a locked body
+/// ```
+pub fn current() -> Option<HeldLock> {
+    CONTEXT.try_with(|c| c.innermost.clone()).ok().flatten()
+}

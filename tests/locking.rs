@@ -1,0 +1,823 @@
+//! Behaviour of the runtime API against every backend: real PostgreSQL and MariaDB servers and a
+//! SQLite file. Each test runs its scenario once per reachable backend.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use dblock::{LockError, Locker, Owner};
+
+const SEC: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn acquire_inspect_release() {
+    let (dbs, _dir) = common::all("basic").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let before = SystemTime::now() - Duration::from_secs(5);
+        let g = l.lock("basic").ttl(Duration::from_secs(30)).await.unwrap();
+        assert_eq!(g.key(), "basic", "{}", db.name);
+        assert_eq!(g.hold_count(), 1, "{}", db.name);
+        assert!(
+            g.expires_at() > before + Duration::from_secs(30),
+            "{}: {:?}",
+            db.name,
+            g.expires_at()
+        );
+
+        let info = l.inspect("basic").await.unwrap().expect("row");
+        assert!(info.held, "{}", db.name);
+        assert_eq!(info.key, "basic");
+        assert_eq!(info.owner.as_deref(), Some(g.owner().id()), "{}", db.name);
+        assert_eq!(info.hold_count, 1);
+        assert_eq!(info.fencing_token, g.fencing_token(), "{}", db.name);
+        assert!(
+            info.time_left > Duration::from_secs(25),
+            "{}: {:?}",
+            db.name,
+            info.time_left
+        );
+        assert!(info
+            .holder
+            .as_deref()
+            .unwrap_or("")
+            .contains(&std::process::id().to_string()));
+
+        g.release().await.unwrap();
+        let info = l
+            .inspect("basic")
+            .await
+            .unwrap()
+            .expect("row kept when free");
+        assert!(!info.held, "{}", db.name);
+        assert_eq!(info.owner, None);
+        assert_eq!(info.hold_count, 0);
+        assert!(l.inspect("never-used").await.unwrap().is_none());
+    }
+}
+
+#[tokio::test]
+async fn a_held_key_is_busy_for_everyone_else() {
+    let (dbs, _dir) = common::all("busy").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let g = l.lock("k").await.unwrap();
+        let started = Instant::now();
+        match l.lock("k").await {
+            Err(LockError::Busy { key, waited }) => {
+                assert_eq!(key, "k");
+                assert!(waited < SEC, "{}: nowait took {waited:?}", db.name);
+            }
+            other => panic!("{}: expected Busy, got {other:?}", db.name),
+        }
+        // A second call in the same task, outside any owner scope, is another owner too.
+        assert!(l.lock("k").await.unwrap_err().is_busy());
+        assert!(started.elapsed() < 2 * SEC);
+        // The holder is untouched by the refused attempts.
+        let info = l.inspect("k").await.unwrap().unwrap();
+        assert_eq!(
+            (info.hold_count, info.fencing_token),
+            (1, g.fencing_token()),
+            "{}",
+            db.name
+        );
+        g.release().await.unwrap();
+        l.lock("k")
+            .await
+            .expect("free after release")
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn reentry_counts_holds_in_the_row() {
+    let (dbs, _dir) = common::all("reentry").await;
+    for db in &dbs {
+        let l = db.locker.clone();
+        let owner = Owner::new();
+        let name = db.name;
+        owner
+            .scope(async move {
+                assert_eq!(
+                    Owner::current().map(|o| o.id().to_owned()),
+                    Some(Owner::current().unwrap().id().to_owned())
+                );
+                let a = l.lock("r").await.unwrap();
+                let b = l.lock("r").await.unwrap();
+                let c = l.lock("r").await.unwrap();
+                assert_eq!(
+                    (a.hold_count(), b.hold_count(), c.hold_count()),
+                    (1, 2, 3),
+                    "{name}"
+                );
+                assert_eq!(
+                    a.fencing_token(),
+                    c.fencing_token(),
+                    "{name}: re-entry keeps the token"
+                );
+                assert_eq!(
+                    l.inspect("r").await.unwrap().unwrap().hold_count,
+                    3,
+                    "{name}"
+                );
+
+                // Another owner is still excluded.
+                assert!(
+                    Owner::new().scope(l.lock("r")).await.unwrap_err().is_busy(),
+                    "{name}"
+                );
+
+                c.release().await.unwrap();
+                assert_eq!(
+                    l.inspect("r").await.unwrap().unwrap().hold_count,
+                    2,
+                    "{name}"
+                );
+                // Out of order is fine: counts, not a stack.
+                a.release().await.unwrap();
+                assert_eq!(
+                    l.inspect("r").await.unwrap().unwrap().hold_count,
+                    1,
+                    "{name}"
+                );
+                b.release().await.unwrap();
+                let info = l.inspect("r").await.unwrap().unwrap();
+                assert!(!info.held && info.hold_count == 0, "{name}: {info:?}");
+            })
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn owner_scope_carries_into_spawned_tasks_and_explicit_owner_wins() {
+    let (dbs, _dir) = common::all("scope").await;
+    for db in &dbs {
+        let l = db.locker.clone();
+        let owner = Owner::new();
+        let g = l.lock("s").owner(&owner).await.unwrap();
+        let l2 = l.clone();
+        let count =
+            tokio::spawn(owner.scope(async move { l2.lock("s").await.map(|g| g.hold_count()) }))
+                .await
+                .unwrap()
+                .unwrap();
+        assert_eq!(count, 2, "{}", db.name);
+        // A plain spawned task is a new owner.
+        let l3 = l.clone();
+        let other = tokio::spawn(async move { l3.lock("s").await.map(|g| g.hold_count()) })
+            .await
+            .unwrap();
+        assert!(other.unwrap_err().is_busy(), "{}", db.name);
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn fencing_tokens_strictly_increase_across_owners_and_purges() {
+    let (dbs, _dir) = common::all("fencing").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let mut last = 0u64;
+        for round in 0..6 {
+            let g = l.lock("f").await.unwrap();
+            assert!(
+                g.fencing_token() > last,
+                "{} round {round}: {} <= {last}",
+                db.name,
+                g.fencing_token()
+            );
+            last = g.fencing_token();
+            g.release().await.unwrap();
+            if round % 2 == 1 {
+                assert_eq!(
+                    l.purge(Duration::ZERO).await.unwrap(),
+                    1,
+                    "{}: purge deletes the free row",
+                    db.name
+                );
+                assert!(l.inspect("f").await.unwrap().is_none());
+            }
+        }
+        // Seeded from the database clock in µs: comparable to wall-clock µs.
+        let now_us = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        assert!(
+            last > now_us - 3_600_000_000 && last < now_us + 3_600_000_000,
+            "{}: {last}",
+            db.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_free_and_its_old_owner_is_refused() {
+    let (dbs, _dir) = common::all("expiry").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let old = l.lock("e").ttl(Duration::from_millis(300)).await.unwrap();
+        assert!(l.lock("e").await.unwrap_err().is_busy(), "{}", db.name);
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        let info = l.inspect("e").await.unwrap().unwrap();
+        assert!(!info.held, "{}: expired lease still reported held", db.name);
+
+        let new = l.lock("e").await.expect("expired lease is free");
+        assert!(new.fencing_token() > old.fencing_token(), "{}", db.name);
+        assert!(
+            matches!(old.extend(SEC).await, Err(LockError::NotHeld { .. })),
+            "{}",
+            db.name
+        );
+        assert!(
+            matches!(old.release().await, Err(LockError::NotHeld { .. })),
+            "{}",
+            db.name
+        );
+        // The refused release changed nothing of the new owner's hold.
+        let info = l.inspect("e").await.unwrap().unwrap();
+        assert!(
+            info.held && info.hold_count == 1 && info.owner.as_deref() == Some(new.owner().id())
+        );
+        new.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_owner_whose_lease_expired_gets_a_new_tenure() {
+    let (dbs, _dir) = common::all("retake").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let me = Owner::new();
+        let first = l
+            .lock("x")
+            .owner(&me)
+            .ttl(Duration::from_millis(200))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let second = l.lock("x").owner(&me).await.unwrap();
+        assert_eq!(
+            second.hold_count(),
+            1,
+            "{}: expired hold is not re-entered",
+            db.name
+        );
+        assert!(
+            second.fencing_token() > first.fencing_token(),
+            "{}",
+            db.name
+        );
+        // The old tenure's guard cannot touch the new one.
+        assert!(first.release().await.is_err(), "{}", db.name);
+        assert_eq!(
+            l.inspect("x").await.unwrap().unwrap().hold_count,
+            1,
+            "{}",
+            db.name
+        );
+        second.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn extend_pushes_the_lease_and_never_shortens_it() {
+    let (dbs, _dir) = common::all("extend").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let g = l.lock("x").ttl(Duration::from_millis(400)).await.unwrap();
+        let first_end = g.expires_at();
+        g.extend(Duration::from_secs(5)).await.unwrap();
+        assert!(
+            g.expires_at() > first_end + Duration::from_secs(3),
+            "{}",
+            db.name
+        );
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(
+            l.lock("x").await.unwrap_err().is_busy(),
+            "{}: extended lease lapsed",
+            db.name
+        );
+        let end = g.expires_at();
+        g.extend(Duration::from_millis(100)).await.unwrap();
+        assert!(
+            g.expires_at() >= end,
+            "{}: extend shortened the lease",
+            db.name
+        );
+        assert!(l.inspect("x").await.unwrap().unwrap().time_left > SEC * 3);
+        assert!(matches!(
+            g.extend(Duration::ZERO).await,
+            Err(LockError::Config(_))
+        ));
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn keys_are_exact_byte_strings() {
+    let (dbs, _dir) = common::all("keys").await;
+    let tricky = [
+        "a",
+        "A",
+        "a ",
+        " a",
+        "é",
+        "e\u{301}",
+        "'; DROP TABLE dblock_locks; --",
+        "\" OR 1=1 -- `x` \\' %_",
+        "SELECT * FROM dblock_locks WHERE lock_key = 'a'",
+        "日本語のキー",
+    ];
+    let max = "k".repeat(255);
+    for db in &dbs {
+        let l = &db.locker;
+        let owner = Owner::new();
+        let mut guards = Vec::new();
+        for key in tricky.iter().copied().chain([max.as_str()]) {
+            let g = l
+                .lock(key)
+                .owner(&owner)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {key:?}: {e}", db.name));
+            assert_eq!(
+                g.hold_count(),
+                1,
+                "{}: {key:?} collided with another key",
+                db.name
+            );
+            guards.push(g);
+        }
+        let held = l.held().await.unwrap();
+        let mut keys: Vec<_> = held.iter().map(|i| i.key.clone()).collect();
+        keys.sort();
+        let mut want: Vec<String> = tricky
+            .iter()
+            .map(|s| s.to_string())
+            .chain([max.clone()])
+            .collect();
+        want.sort();
+        assert_eq!(keys, want, "{}", db.name);
+        for g in guards {
+            g.release().await.unwrap();
+        }
+        assert!(l.held().await.unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_a_typed_error_and_writes_nothing() {
+    let (dbs, _dir) = common::all("badinput").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let long = "x".repeat(256);
+        for (key, ttl) in [("", SEC), (long.as_str(), SEC), ("nul\0byte", SEC)] {
+            match l.lock(key).ttl(ttl).await {
+                Err(LockError::InvalidKey { reason, .. }) => assert!(!reason.is_empty()),
+                other => panic!("{}: {key:?}: expected InvalidKey, got {other:?}", db.name),
+            }
+        }
+        match l.lock("zero-ttl").ttl(Duration::ZERO).await {
+            Err(LockError::Config(msg)) => assert!(msg.contains("ttl"), "{msg}"),
+            other => panic!("{}: expected Config, got {other:?}", db.name),
+        }
+        assert!(matches!(
+            l.inspect("").await,
+            Err(LockError::InvalidKey { .. })
+        ));
+        assert!(
+            l.inspect("zero-ttl").await.unwrap().is_none(),
+            "{}: zero ttl wrote a row",
+            db.name
+        );
+        assert_eq!(
+            l.purge(Duration::ZERO).await.unwrap(),
+            0,
+            "{}: rows were written",
+            db.name
+        );
+        // A bad table name is reported, not panicked on, and does no harm.
+        let bad = l.table("locks; DROP TABLE x");
+        assert!(matches!(bad.lock("k").await, Err(LockError::Config(_))));
+        assert!(matches!(bad.migrate().await, Err(LockError::Config(_))));
+    }
+}
+
+#[tokio::test]
+async fn waiting_acquires_after_release_and_gives_up_at_the_deadline() {
+    let (dbs, _dir) = common::all("wait").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let g = l.lock("w").await.unwrap();
+        let l2 = l.clone();
+        let waiter = tokio::spawn(async move {
+            let t = Instant::now();
+            let g = l2
+                .lock("w")
+                .wait(Duration::from_secs(5))
+                .await
+                .map(|g| (t.elapsed(), g))?;
+            Ok::<_, LockError>(g)
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        g.release().await.unwrap();
+        let (took, g2) = waiter.await.unwrap().expect("waiter gets the lock");
+        assert!(
+            took >= Duration::from_millis(190) && took < Duration::from_secs(2),
+            "{}: {took:?}",
+            db.name
+        );
+        // The deadline: busy after about `wait`, never much past it.
+        let wait = Duration::from_millis(400);
+        match l.lock("w").wait(wait).await {
+            Err(LockError::Busy { waited, .. }) => {
+                assert!(
+                    waited >= wait,
+                    "{}: gave up early after {waited:?}",
+                    db.name
+                );
+                assert!(
+                    waited < wait + Duration::from_millis(150),
+                    "{}: overslept to {waited:?}",
+                    db.name
+                );
+            }
+            other => panic!("{}: {other:?}", db.name),
+        }
+        g2.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn dropping_a_guard_releases_at_once() {
+    let (dbs, _dir) = common::all("drop").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let g = l.lock("d").ttl(Duration::from_secs(60)).await.unwrap();
+        drop(g);
+        let took = common::time_until_free(l, "d", Duration::from_secs(5)).await;
+        let took = took.unwrap_or_else(|| panic!("{}: not released after drop", db.name));
+        assert!(
+            took < Duration::from_millis(500),
+            "{}: drop released after {took:?}",
+            db.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_acquire_leaves_no_hold_behind() {
+    let (dbs, _dir) = common::all("cancel").await;
+    for db in &dbs {
+        let l = &db.locker;
+        for i in 0..20 {
+            let key = format!("c{i}");
+            // Cancel after a varying slice of the round trip.
+            let cut = Duration::from_micros(50 + 100 * i);
+            let _ =
+                tokio::time::timeout(cut, l.lock(key.as_str()).ttl(Duration::from_secs(60))).await;
+            let took = common::time_until_free(l, &key, Duration::from_secs(5)).await;
+            assert!(
+                took.is_some(),
+                "{}: key {key} orphaned by a cancelled acquire",
+                db.name
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn force_release_and_purge_for_operators() {
+    let (dbs, _dir) = common::all("admin").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let stuck = l.lock("stuck").await.unwrap();
+        let other = l.lock("other").await.unwrap();
+        l.lock("free").await.unwrap().release().await.unwrap();
+        let held: Vec<_> = l.held().await.unwrap().into_iter().map(|i| i.key).collect();
+        assert_eq!(
+            held,
+            vec!["other".to_string(), "stuck".to_string()],
+            "{}",
+            db.name
+        );
+
+        assert!(l.force_release("stuck").await.unwrap(), "{}", db.name);
+        assert!(
+            !l.force_release("stuck").await.unwrap(),
+            "{}: second force_release",
+            db.name
+        );
+        assert!(!l.force_release("no-such-key").await.unwrap());
+        assert!(
+            matches!(stuck.release().await, Err(LockError::NotHeld { .. })),
+            "{}",
+            db.name
+        );
+        let next = l.lock("stuck").await.expect("free after force_release");
+        assert!(next.fencing_token() > 0);
+
+        // Nothing is purged that was freed less than an hour ago; held rows never.
+        assert_eq!(
+            l.purge(Duration::from_secs(3600)).await.unwrap(),
+            0,
+            "{}",
+            db.name
+        );
+        assert_eq!(
+            l.purge(Duration::ZERO).await.unwrap(),
+            1,
+            "{}: only `free` goes",
+            db.name
+        );
+        assert!(l.inspect("other").await.unwrap().unwrap().held);
+        other.release().await.unwrap();
+        next.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_and_safe_in_parallel() {
+    let (dbs, _dir) = common::all("migrate").await;
+    for db in &dbs {
+        let fresh = db.locker.table(&common::table_for("migrate_par"));
+        let runs: Vec<_> = (0..8)
+            .map(|_| {
+                tokio::spawn({
+                    let f = fresh.clone();
+                    async move { f.migrate().await }
+                })
+            })
+            .collect();
+        for r in runs {
+            r.await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{}: concurrent migrate: {e}", db.name));
+        }
+        fresh.migrate().await.unwrap();
+        fresh.lock("k").await.unwrap().release().await.unwrap();
+    }
+}
+
+/// 16 owners in one process doing read-modify-write on a counter that only the lock protects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_owners_never_overlap() {
+    let (dbs, _dir) = common::all("mutex16").await;
+    for db in &dbs {
+        let counter = Arc::new(AtomicU64::new(0));
+        let tokens = Arc::new(Mutex::new(Vec::new()));
+        let per_owner = 12;
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (l, counter, tokens) = (db.locker.clone(), counter.clone(), tokens.clone());
+                tokio::spawn(async move {
+                    for _ in 0..per_owner {
+                        let g = l
+                            .lock("counter")
+                            .wait(Duration::from_secs(60))
+                            .await
+                            .expect("lock");
+                        let seen = counter.load(Ordering::SeqCst);
+                        tokens.lock().unwrap().push(g.fencing_token());
+                        tokio::task::yield_now().await;
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                        counter.store(seen + 1, Ordering::SeqCst);
+                        g.release().await.expect("release");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            counter.load(Ordering::SeqCst),
+            16 * per_owner,
+            "{}: lost updates",
+            db.name
+        );
+        let tokens = tokens.lock().unwrap();
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "{}: tokens not strictly increasing",
+            db.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn postgres_busy_attempts_write_nothing() {
+    let (dbs, _dir) = common::all("pgquiet").await;
+    let Some(db) = dbs.iter().find(|d| d.name == "postgres") else {
+        return;
+    };
+    let g = db.locker.lock("hot").await.unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let table = db.locker.table_name().to_owned();
+    let q = format!("SELECT xmin::text, xmax::text FROM \"{table}\" WHERE lock_key = 'hot'");
+    let before: (String, String) = sqlx::query_as(sqlx::AssertSqlSafe(q.clone()))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    for _ in 0..50 {
+        assert!(db.locker.lock("hot").await.unwrap_err().is_busy());
+    }
+    let after: (String, String) = sqlx::query_as(sqlx::AssertSqlSafe(q))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // No new row version (xmin) and no row lock left behind (xmax) by 50 busy attempts.
+    assert_eq!(before, after);
+    assert_eq!(after.1, "0", "a busy attempt locked the row");
+    g.release().await.unwrap();
+}
+
+/// Lock statements stay correct and error-free on a pool whose connections default to
+/// SERIALIZABLE: serialization failures are rolled back by the server and retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_serializable_pool_retries_serialization_failures() {
+    if common::all("pgser")
+        .await
+        .0
+        .iter()
+        .all(|d| d.name != "postgres")
+    {
+        return;
+    }
+    use std::str::FromStr;
+    let opts = sqlx::postgres::PgConnectOptions::from_str(&common::postgres_url())
+        .unwrap()
+        .options([("default_transaction_isolation", "serializable")]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(opts)
+        .await
+        .unwrap();
+    let l = Locker::postgres(pool).table(&common::table_for("pgser"));
+    l.migrate().await.unwrap();
+    let counter = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (l, counter) = (l.clone(), counter.clone());
+            tokio::spawn(async move {
+                for _ in 0..15 {
+                    let g = l
+                        .lock("hot")
+                        .wait(Duration::from_secs(30))
+                        .await
+                        .expect("no error leaks out");
+                    let v = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(v + 1, Ordering::SeqCst);
+                    g.release().await.expect("release");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 120);
+}
+
+#[tokio::test]
+async fn database_down_is_a_typed_error() {
+    for url in [
+        "postgres://postgres@127.0.0.1:1/test",
+        "mysql://root@127.0.0.1:1/test",
+        "sqlite:///nonexistent-dir/for/dblock/locks.db",
+    ] {
+        let started = Instant::now();
+        match Locker::connect(url).await {
+            Err(LockError::Database(_)) => {}
+            other => panic!("{url}: expected Database error, got {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+    match Locker::connect("redis://127.0.0.1/").await {
+        Err(LockError::Config(msg)) => assert!(msg.contains("redis"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+    match Locker::connect("postgres://user:hunter2@[::1:bad/db").await {
+        Err(e) => assert!(!e.to_string().contains("hunter2"), "password leaked: {e}"),
+        Ok(_) => panic!("bad URL accepted"),
+    }
+}
+
+/// Connections killed from the server side while the pool holds them: the next lock call still
+/// works (the broken connection is replaced and the attempt recognised, not counted twice).
+#[tokio::test]
+async fn server_side_connection_kills_are_survived() {
+    let (dbs, _dir) = common::all("kills").await;
+    for db in dbs.iter().filter(|d| d.name != "sqlite") {
+        // A pool of its own, recognisable on the server, so other tests' connections live on.
+        let db = &isolated(db).await;
+        let l = &db.locker;
+        // Warm the pool so it holds idle connections.
+        let gs: Vec<_> = futures_join(l, 4).await;
+        for g in gs {
+            g.release().await.unwrap();
+        }
+        kill_other_connections(db).await;
+        let me = Owner::new();
+        let g = l
+            .lock("after-kill")
+            .owner(&me)
+            .await
+            .expect("lock after kill");
+        assert_eq!(g.hold_count(), 1, "{}", db.name);
+        assert_eq!(
+            l.inspect("after-kill").await.unwrap().unwrap().hold_count,
+            1,
+            "{}",
+            db.name
+        );
+        kill_other_connections(db).await;
+        g.release().await.expect("release after kill");
+        assert!(
+            !l.inspect("after-kill").await.unwrap().unwrap().held,
+            "{}",
+            db.name
+        );
+    }
+}
+
+async fn futures_join(l: &Locker, n: usize) -> Vec<dblock::LockGuard> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let l = l.clone();
+            tokio::spawn(async move { l.lock(format!("warm{i}")).await.unwrap() })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+const KILL_APP: &str = "dblock_kill_test";
+const KILL_DB: &str = "dblock_kill_test";
+
+/// The same backend through a pool that only this test uses: a PostgreSQL application_name,
+/// or a MariaDB database of its own.
+async fn isolated(db: &common::Db) -> common::Db {
+    let url = if db.name == "postgres" {
+        format!("{}?application_name={KILL_APP}", db.url)
+    } else {
+        let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE IF NOT EXISTS {KILL_DB}"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        format!("{}/{KILL_DB}", db.url.rsplit_once('/').unwrap().0)
+    };
+    let mut locker = Locker::connect(&url)
+        .await
+        .unwrap()
+        .table(db.locker.table_name());
+    if db.name == "mysql8-path" {
+        locker = locker.__without_returning();
+    }
+    locker.migrate().await.unwrap();
+    common::Db {
+        name: db.name,
+        url,
+        locker,
+    }
+}
+
+async fn kill_other_connections(db: &common::Db) {
+    if db.name == "postgres" {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE pid <> pg_backend_pid() AND datname = current_database()
+               AND application_name = 'dblock_kill_test' AND state = 'idle'",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+    } else {
+        let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND COMMAND = 'Sleep' AND DB = DATABASE()",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        for id in ids {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                .execute(&pool)
+                .await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}

@@ -1,0 +1,183 @@
+//! Mutual exclusion across OS processes, and a holder killed with SIGKILL. The children are this
+//! test binary itself, started with `DBLOCK_CHILD` set and told to run only `child_entry`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dblock::Locker;
+
+const CHILDREN: usize = 3;
+const ITERATIONS: u64 = 15;
+
+/// Runs only inside a child process (ignored in normal runs).
+#[tokio::test]
+#[ignore = "child process entry point, started by the other tests"]
+async fn child_entry() {
+    let role = std::env::var("DBLOCK_CHILD").expect("DBLOCK_CHILD");
+    let url = std::env::var("DBLOCK_CHILD_URL").unwrap();
+    let table = std::env::var("DBLOCK_CHILD_TABLE").unwrap();
+    let mut locker = Locker::connect(&url).await.unwrap().table(&table);
+    if std::env::var("DBLOCK_CHILD_COMPAT").is_ok() {
+        locker = locker.__without_returning();
+    }
+    match role.as_str() {
+        "counter" => {
+            let dir = std::env::var("DBLOCK_CHILD_DIR").unwrap();
+            let (counter, log) = (
+                Path::new(&dir).join("counter"),
+                Path::new(&dir).join("tokens"),
+            );
+            for _ in 0..ITERATIONS {
+                let g = locker
+                    .lock("shared-counter")
+                    .wait(Duration::from_secs(120))
+                    .await
+                    .unwrap();
+                let n: u64 = std::fs::read_to_string(&counter)
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(2)); // widen the race window
+                std::fs::write(&counter, format!("{}\n", n + 1)).unwrap();
+                let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+                writeln!(f, "{}", g.fencing_token()).unwrap();
+                drop(f);
+                g.release().await.unwrap();
+            }
+        }
+        "holder" => {
+            let g = locker
+                .lock("doomed")
+                .ttl(Duration::from_millis(1500))
+                .await
+                .unwrap();
+            println!("HELD {}", g.fencing_token());
+            std::io::stdout().flush().unwrap();
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            drop(g);
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn child(db: &common::Db, role: &str, dir: &Path) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "child_entry",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("DBLOCK_CHILD", role)
+    .env("DBLOCK_CHILD_URL", &db.url)
+    .env("DBLOCK_CHILD_TABLE", db.locker.table_name())
+    .env("DBLOCK_CHILD_DIR", dir);
+    if db.name == "mysql8-path" {
+        cmd.env("DBLOCK_CHILD_COMPAT", "1");
+    }
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_a_counter_without_lost_updates() {
+    let (dbs, _dir) = common::all("procs").await;
+    for db in &dbs {
+        let work = tempfile::tempdir().unwrap();
+        std::fs::write(work.path().join("counter"), "0\n").unwrap();
+        std::fs::write(work.path().join("tokens"), "").unwrap();
+        let children: Vec<_> = (0..CHILDREN)
+            .map(|_| {
+                child(db, "counter", work.path())
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut c in children {
+            let status = tokio::task::spawn_blocking(move || c.wait())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(status.success(), "{}: child failed: {status}", db.name);
+        }
+        let count: u64 = std::fs::read_to_string(work.path().join("counter"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            count,
+            CHILDREN as u64 * ITERATIONS,
+            "{}: lost updates across processes",
+            db.name
+        );
+        let tokens: Vec<u64> = std::fs::read_to_string(work.path().join("tokens"))
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(tokens.len() as u64, count);
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "{}: tokens not strictly increasing: {tokens:?}",
+            db.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_blocks_others_only_until_its_ttl_ends() {
+    let (dbs, _dir) = common::all("sigkill").await;
+    for db in &dbs {
+        let work = tempfile::tempdir().unwrap();
+        let mut c = child(db, "holder", work.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = c.stdout.take().unwrap();
+        let line = tokio::task::spawn_blocking(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                // libtest may have printed "test child_entry ... " on the same line.
+                .find_map(|l| {
+                    l.split_once("HELD ")
+                        .map(|(_, token)| token.trim().to_owned())
+                })
+        })
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{}: holder never reported", db.name));
+        let held_at = Instant::now();
+        let dead_token: u64 = line.parse().unwrap();
+
+        c.kill().unwrap(); // SIGKILL: no release, no destructor
+        c.wait().unwrap();
+        assert!(
+            db.locker.lock("doomed").await.unwrap_err().is_busy(),
+            "{}: free before its ttl",
+            db.name
+        );
+
+        let g = db
+            .locker
+            .lock("doomed")
+            .wait(Duration::from_secs(10))
+            .await
+            .expect("free after ttl");
+        let after = held_at.elapsed();
+        assert!(
+            after < Duration::from_millis(1500 + 1000),
+            "{}: took {after:?} after a 1.5 s ttl",
+            db.name
+        );
+        assert!(g.fencing_token() > dead_token, "{}", db.name);
+        g.release().await.unwrap();
+    }
+}
