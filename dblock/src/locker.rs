@@ -245,6 +245,13 @@ impl Locker {
             .map_err(|e| LockError::Config(e.clone()))
     }
 
+    /// The SQL text of the lock statements (acquire, release, extend), for the benchmark's
+    /// raw-sqlx ceiling. Not part of the API.
+    #[doc(hidden)]
+    pub fn __statements(&self) -> Vec<(&'static str, String)> {
+        self.backend().map(Backend::statements).unwrap_or_default()
+    }
+
     /// Uses the MySQL 8 statements (no `RETURNING`) even on MariaDB. For tests of that path.
     #[doc(hidden)]
     pub fn __without_returning(&self) -> Locker {

@@ -96,6 +96,10 @@ impl Backend {
         dispatch!(self, _b => _b.name())
     }
 
+    pub(crate) fn statements(&self) -> Vec<(&'static str, String)> {
+        dispatch!(self, b => b.statements())
+    }
+
     pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
         dispatch!(self, b => b.migrate().await)
     }
@@ -229,5 +233,174 @@ mod tests {
             include_str!("../../../migrations/sqlite/0001_dblock_locks.sql")
                 .ends_with(&super::sqlite::DDL.replace("{table}", "\"dblock_locks\""))
         );
+    }
+}
+
+/// The statements themselves, below the public API: what only they can show.
+#[cfg(all(test, feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod statement_tests {
+    use super::*;
+    use crate::Locker;
+
+    /// SQLite in memory, and the servers of the integration tests when they are reachable.
+    async fn lockers() -> Vec<(String, Locker)> {
+        let table = format!("t_stmt_{}_{}", std::process::id(), fastrand::u32(..));
+        let mut out = vec![(
+            "sqlite".to_owned(),
+            Locker::connect("sqlite::memory:").await.unwrap(),
+        )];
+        let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
+        for (name, var, default) in [
+            (
+                "postgres",
+                "DBLOCK_POSTGRES_URL",
+                "postgres://postgres@127.0.0.1:5432/test",
+            ),
+            (
+                "mariadb",
+                "DBLOCK_MYSQL_URL",
+                "mysql://root@127.0.0.1:3306/test",
+            ),
+        ] {
+            let url = std::env::var(var).unwrap_or_else(|_| default.into());
+            match Locker::connect(&url).await {
+                Ok(l) => {
+                    if name == "mariadb" {
+                        out.push(("mysql8-path".into(), l.__without_returning()));
+                    }
+                    out.push((name.into(), l));
+                }
+                Err(e) if !require => eprintln!("!!!!! SKIPPING {name}: {e}"),
+                Err(e) => panic!("{name} unreachable and DBLOCK_REQUIRE_SERVERS=1: {e}"),
+            }
+        }
+        let mut tabled = Vec::new();
+        for (name, l) in out {
+            let l = l.table(&table);
+            l.migrate().await.unwrap();
+            tabled.push((name, l));
+        }
+        tabled
+    }
+
+    fn grant(a: Attempt) -> Grant {
+        match a {
+            Attempt::Acquired(g) => g,
+            Attempt::Busy { .. } => panic!("expected a grant"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_repeated_attempt_is_recognised_not_counted_twice() {
+        for (name, l) in lockers().await {
+            let b = l.backend().unwrap();
+            let mut p = AcquireParams {
+                key: "idem",
+                owner: "owner-1",
+                ttl_us: 30_000_000,
+                holder: "h",
+                attempt: 7,
+            };
+            let first = grant(b.acquire(&p).await.unwrap());
+            let repeat = grant(b.acquire(&p).await.unwrap());
+            assert_eq!(
+                (first.hold_count, repeat.hold_count),
+                (1, 1),
+                "{name}: repeat counted twice"
+            );
+            assert_eq!(first.fencing_token, repeat.fencing_token, "{name}");
+            p.attempt = 8;
+            assert_eq!(
+                grant(b.acquire(&p).await.unwrap()).hold_count,
+                2,
+                "{name}: new attempt is re-entry"
+            );
+            assert_eq!(
+                grant(b.acquire(&p).await.unwrap()).hold_count,
+                2,
+                "{name}: repeat of re-entry"
+            );
+            assert_eq!(
+                l.inspect("idem").await.unwrap().unwrap().hold_count,
+                2,
+                "{name}"
+            );
+
+            // Another owner's attempt with the same id is still busy.
+            let other = AcquireParams {
+                owner: "owner-2",
+                ..p
+            };
+            assert!(
+                matches!(b.acquire(&other).await.unwrap(), Attempt::Busy { .. }),
+                "{name}"
+            );
+
+            // Release: a retry conditioned on the guard's level does not decrement twice.
+            let h = HoldRef {
+                key: "idem",
+                owner: "owner-1",
+                fencing_token: first.fencing_token,
+            };
+            assert_eq!(
+                b.release(&h, 2).await.unwrap(),
+                Released::StillHeld(1),
+                "{name}"
+            );
+            assert_eq!(
+                b.release(&h, 2).await.unwrap(),
+                Released::NotHeld,
+                "{name}: applied twice"
+            );
+            let stale = HoldRef {
+                fencing_token: first.fencing_token - 1,
+                ..h
+            };
+            assert_eq!(
+                b.release(&stale, 1).await.unwrap(),
+                Released::NotHeld,
+                "{name}: other tenure"
+            );
+            assert_eq!(b.release(&h, 1).await.unwrap(), Released::Free, "{name}");
+            assert_eq!(b.release(&h, 1).await.unwrap(), Released::NotHeld, "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn busy_attempts_report_the_holders_time_left_where_the_dialect_can() {
+        for (name, l) in lockers().await {
+            let b = l.backend().unwrap();
+            let p = AcquireParams {
+                key: "left",
+                owner: "a",
+                ttl_us: 10_000_000,
+                holder: "h",
+                attempt: 1,
+            };
+            grant(b.acquire(&p).await.unwrap());
+            let q = AcquireParams {
+                owner: "b",
+                attempt: 2,
+                ..p
+            };
+            match b.acquire(&q).await.unwrap() {
+                Attempt::Busy {
+                    retry_after: Some(left),
+                } => {
+                    assert!(
+                        left > std::time::Duration::from_secs(8)
+                            && left <= std::time::Duration::from_secs(10),
+                        "{name}: {left:?}"
+                    );
+                }
+                Attempt::Busy { retry_after: None } => {
+                    assert!(
+                        name == "sqlite" || name == "mysql8-path",
+                        "{name}: no time left reported"
+                    )
+                }
+                Attempt::Acquired(_) => panic!("{name}: double grant"),
+            }
+        }
     }
 }

@@ -1,0 +1,325 @@
+//! Lock + unlock cycles through dblock's `Locker`, against the same SQL statements sent directly
+//! through sqlx on an identically configured pool (the ceiling), on every reachable backend.
+//!
+//! `cargo bench -p dblock --all-features --bench lock_cycle` (release build). Prints a Markdown
+//! table with cycles/s, p50/p99 latency per cycle and the dblock/ceiling ratio.
+//! `DBLOCK_BENCH_SECS` sets the measured seconds per side and cell (default 5), split over 10
+//! alternating rounds; the ratio printed is the median of the per-round ratios, so slow drift of
+//! the machine hits both sides alike. `DBLOCK_BENCH_ONLY=postgres,mariadb`
+//! limits the backends.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dblock::Locker;
+use sqlx::{AssertSqlSafe, Row};
+
+const TTL: Duration = Duration::from_secs(30);
+const KEYS_PER_OWNER: usize = 64;
+/// Measured rounds per cell, alternating raw and dblock.
+const ROUNDS: usize = 10;
+
+type BoxFut<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// One lock+unlock cycle on `key`, by one of the two implementations.
+trait Cycle: Send + Sync + 'static {
+    fn cycle<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFut<'a>;
+}
+
+struct Dblock(Locker);
+
+impl Cycle for Dblock {
+    fn cycle<'a>(&'a self, key: &'a str, _owner: &'a str) -> BoxFut<'a> {
+        Box::pin(async move {
+            let g = self.0.lock(key).ttl(TTL).await.expect("dblock lock");
+            g.release().await.expect("dblock release");
+        })
+    }
+}
+
+/// The ceiling: dblock's own statements, bound and sent by hand.
+enum Raw {
+    Pg(sqlx::PgPool, String, String),
+    My(sqlx::MySqlPool, String, String),
+    Lite(sqlx::SqlitePool, String, String),
+}
+
+impl Cycle for Raw {
+    fn cycle<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFut<'a> {
+        let attempt = fastrand::i64(1..i64::MAX);
+        let ttl_us = TTL.as_micros() as i64;
+        Box::pin(async move {
+            match self {
+                Raw::Pg(pool, acquire, release) => {
+                    let row = sqlx::query(AssertSqlSafe(acquire.as_str()))
+                        .bind(key)
+                        .bind(owner)
+                        .bind(ttl_us as f64)
+                        .bind("bench")
+                        .bind(attempt)
+                        .fetch_one(pool)
+                        .await
+                        .unwrap();
+                    assert!(row.get::<bool, _>(0));
+                    let token: i64 = row.get(2);
+                    sqlx::query(AssertSqlSafe(release.as_str()))
+                        .bind(key)
+                        .bind(owner)
+                        .bind(token)
+                        .bind(1i32)
+                        .fetch_optional(pool)
+                        .await
+                        .unwrap()
+                        .expect("released");
+                }
+                Raw::My(pool, acquire, release) => {
+                    let rows = sqlx::query(AssertSqlSafe(acquire.as_str()))
+                        .bind(key)
+                        .bind(owner)
+                        .bind(ttl_us)
+                        .bind("bench")
+                        .bind(attempt)
+                        .bind(owner)
+                        .fetch_all(pool)
+                        .await
+                        .unwrap();
+                    let row = rows.last().unwrap();
+                    assert!(row.get::<bool, _>(0));
+                    let token: i64 = row.get(2);
+                    let done = sqlx::query(AssertSqlSafe(release.as_str()))
+                        .bind(key)
+                        .bind(owner)
+                        .bind(token)
+                        .bind(1i32)
+                        .execute(pool)
+                        .await
+                        .unwrap();
+                    assert_eq!(done.rows_affected(), 1);
+                }
+                Raw::Lite(pool, acquire, release) => {
+                    let row = sqlx::query(AssertSqlSafe(acquire.as_str()))
+                        .bind(key)
+                        .bind(owner)
+                        .bind(ttl_us / 1000)
+                        .bind("bench")
+                        .bind(attempt)
+                        .fetch_one(pool)
+                        .await
+                        .unwrap();
+                    let token: i64 = row.get(1);
+                    sqlx::query(AssertSqlSafe(release.as_str()))
+                        .bind(key)
+                        .bind(owner)
+                        .bind(token)
+                        .bind(1i64)
+                        .fetch_optional(pool)
+                        .await
+                        .unwrap()
+                        .expect("released");
+                }
+            }
+        })
+    }
+}
+
+struct Stats {
+    cycles: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Stats {
+    fn rate(&self) -> f64 {
+        self.cycles as f64 / self.elapsed.as_secs_f64()
+    }
+    fn pct(&mut self, p: f64) -> Duration {
+        self.latencies.sort_unstable();
+        let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies.get(i).copied().unwrap_or_default()
+    }
+}
+
+/// `owners` tasks, each cycling over keys of its own, for `secs`.
+async fn run(imp: Arc<dyn Cycle>, owners: usize, secs: Duration, tag: &str) -> Stats {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..owners)
+        .map(|o| {
+            let imp = imp.clone();
+            let tag = tag.to_owned();
+            tokio::spawn(async move {
+                let owner = dblock::Owner::new().id().to_owned();
+                let keys: Vec<String> = (0..KEYS_PER_OWNER)
+                    .map(|k| format!("bench:{tag}:{o}:{k}"))
+                    .collect();
+                let mut lat = Vec::new();
+                let mut i = 0;
+                while start.elapsed() < secs {
+                    let t = Instant::now();
+                    imp.cycle(&keys[i % KEYS_PER_OWNER], &owner).await;
+                    lat.push(t.elapsed());
+                    i += 1;
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.unwrap());
+    }
+    Stats {
+        cycles: latencies.len(),
+        elapsed: start.elapsed(),
+        latencies,
+    }
+}
+
+fn merge(a: &mut Option<Stats>, b: Stats) {
+    match a {
+        None => *a = Some(b),
+        Some(s) => {
+            s.cycles += b.cycles;
+            s.elapsed += b.elapsed;
+            s.latencies.extend(b.latencies);
+        }
+    }
+}
+
+async fn raw_for(name: &str, url: &str, locker: &Locker) -> Raw {
+    let sql = locker.__statements();
+    let get = |n: &str| sql.iter().find(|(k, _)| *k == n).unwrap().1.clone();
+    let (acquire, release) = (get("acquire"), get("release"));
+    // Pools configured exactly as `Locker::connect` configures its own.
+    match name {
+        "postgres" => {
+            let opts = sqlx::postgres::PgConnectOptions::from_str(url)
+                .unwrap()
+                .options([("default_transaction_isolation", "read committed")]);
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(10)
+                .test_before_acquire(false)
+                .connect_with(opts)
+                .await
+                .unwrap();
+            Raw::Pg(pool, acquire, release)
+        }
+        "mariadb" => {
+            let opts = sqlx::mysql::MySqlConnectOptions::from_str(url).unwrap();
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(10)
+                .test_before_acquire(false)
+                .after_connect(|c, _| {
+                    Box::pin(async move {
+                        use sqlx::Executor as _;
+                        c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                            .await?;
+                        c.execute("SET SESSION wsrep_retry_autocommit = 0, wsrep_sync_wait = 1")
+                            .await?;
+                        Ok(())
+                    })
+                })
+                .connect_with(opts)
+                .await
+                .unwrap();
+            Raw::My(pool, acquire, release)
+        }
+        _ => {
+            use sqlx::sqlite::{
+                SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+            };
+            let opts = SqliteConnectOptions::from_str(url)
+                .unwrap()
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(Duration::from_secs(10));
+            let pool = SqlitePoolOptions::new()
+                .max_connections(8)
+                .test_before_acquire(false)
+                .connect_with(opts)
+                .await
+                .unwrap();
+            Raw::Lite(pool, acquire, release)
+        }
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let secs: f64 = std::env::var("DBLOCK_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5.0);
+    let round = Duration::from_secs_f64(secs / ROUNDS as f64);
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite_url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("bench.db").display()
+    );
+    let pg = std::env::var("DBLOCK_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let my = std::env::var("DBLOCK_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+
+    println!("| backend | owners | impl | cycles/s | p50 | p99 | dblock / ceiling |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, url) in [
+        ("sqlite", sqlite_url.as_str()),
+        ("postgres", pg.as_str()),
+        ("mariadb", my.as_str()),
+    ] {
+        if std::env::var("DBLOCK_BENCH_ONLY").is_ok_and(|only| !only.split(',').any(|o| o == name))
+        {
+            continue;
+        }
+        let locker = match Locker::connect(url).await {
+            Ok(l) => l.table("dblock_bench"),
+            Err(e) => {
+                println!("| {name} | – | skipped: {e} | | | | |");
+                continue;
+            }
+        };
+        locker.migrate().await.unwrap();
+        locker.purge(Duration::ZERO).await.unwrap();
+        let dblock: Arc<dyn Cycle> = Arc::new(Dblock(locker.clone()));
+        let raw: Arc<dyn Cycle> = Arc::new(raw_for(name, url, &locker).await);
+        for owners in [1, 8] {
+            // Warm both pools and statement caches.
+            run(raw.clone(), owners, Duration::from_millis(300), "raw").await;
+            run(dblock.clone(), owners, Duration::from_millis(300), "dblock").await;
+            let (mut r, mut d) = (None, None);
+            let mut ratios = Vec::new();
+            for i in 0..ROUNDS {
+                // Alternate which side goes first, so neither always runs on a warmer cache.
+                let (a, b) = if i % 2 == 0 {
+                    let a = run(raw.clone(), owners, round, "raw").await;
+                    (a, run(dblock.clone(), owners, round, "dblock").await)
+                } else {
+                    let b = run(dblock.clone(), owners, round, "dblock").await;
+                    (run(raw.clone(), owners, round, "raw").await, b)
+                };
+                ratios.push(b.rate() / a.rate());
+                merge(&mut r, a);
+                merge(&mut d, b);
+            }
+            let (mut r, mut d) = (r.unwrap(), d.unwrap());
+            ratios.sort_by(f64::total_cmp);
+            // The median of per-round ratios: each round compares the two sides under the same
+            // machine conditions, which vary a lot on a small VM (fsync latency above all).
+            let ratio = ratios[ratios.len() / 2];
+            for (label, s, ratio) in [
+                ("raw sqlx (ceiling)", &mut r, String::new()),
+                ("dblock", &mut d, format!("{ratio:.2}")),
+            ] {
+                println!(
+                    "| {name} | {owners} | {label} | {:.0} | {:.2} ms | {:.2} ms | {ratio} |",
+                    s.rate(),
+                    s.pct(0.50).as_secs_f64() * 1e3,
+                    s.pct(0.99).as_secs_f64() * 1e3,
+                );
+            }
+        }
+    }
+}

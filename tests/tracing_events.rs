@@ -1,0 +1,60 @@
+//! dblock reports what it does through `tracing`: spans around lock calls, events for
+//! acquisition, contention, release and errors.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn acquire_contention_release_and_errors_are_traced() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let locker = dblock::Locker::connect("sqlite::memory:").await.unwrap();
+    locker.migrate().await.unwrap();
+    let g = locker.lock("traced").await.unwrap();
+    let _ = locker
+        .lock("traced")
+        .wait(Duration::from_millis(30))
+        .await
+        .unwrap_err();
+    g.release().await.unwrap();
+    let _ = locker
+        .table("no_such_table")
+        .lock("traced")
+        .await
+        .unwrap_err();
+
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    for needle in [
+        "dblock.lock",
+        "key=traced",
+        "acquired",
+        "fencing_token=",
+        "busy: waiting",
+        "busy: giving up",
+        "released",
+        "acquire failed",
+    ] {
+        assert!(text.contains(needle), "no `{needle}` in the trace:\n{text}");
+    }
+}
