@@ -1,16 +1,19 @@
 //! The `#[distributed_lock]` attribute of [dblock](https://docs.rs/dblock).
 //!
-//! Use it through the `dblock` crate (`dblock::distributed_lock`); this crate only
-//! rewrites the function, all behaviour lives in the runtime.
+//! Use it through the runtime crate, as `dblock::distributed_lock`; its documentation is there.
+//! This crate only rewrites the function (parse → validate, all errors at once → expand); every
+//! behaviour lives in the runtime's `__private::locked`, where it is tested against databases.
 
 use proc_macro::TokenStream;
 
-/// Placeholder until the attribute lands: emits the item unchanged with an error.
+mod attr;
+mod duration;
+mod errors;
+mod expand;
+mod template;
+
+/// Runs an `async fn` while holding a distributed lock. Documented in the `dblock` crate.
 #[proc_macro_attribute]
-pub fn distributed_lock(_args: TokenStream, item: TokenStream) -> TokenStream {
-    let mut out: TokenStream = "compile_error!(\"#[distributed_lock] is not implemented yet\");"
-        .parse()
-        .unwrap_or_default();
-    out.extend(item);
-    out
+pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::expand(args.into(), item.into()).into()
 }

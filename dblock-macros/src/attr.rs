@@ -1,0 +1,157 @@
+//! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ..., crate = ...`.
+
+use std::time::Duration;
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream, Parser};
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+
+use crate::duration;
+use crate::errors::Errors;
+
+const VALID: &str = "`key`, `ttl`, `wait`, `locker`, `renew`, `crate`";
+
+pub(crate) enum Key {
+    /// A string literal: a template checked against the parameters.
+    Template(LitStr),
+    /// Any other expression, formatted with `Display`.
+    Expr(Expr),
+}
+
+pub(crate) enum Dur {
+    /// A literal parsed at compile time; the span is the literal's.
+    Lit(Duration, Span),
+    /// Any expression of type `Duration`.
+    Expr(Expr),
+}
+
+#[derive(Default)]
+pub(crate) struct Args {
+    pub key: Option<Key>,
+    pub ttl: Option<Dur>,
+    pub wait: Option<Dur>,
+    pub locker: Option<Expr>,
+    pub renew: Option<Expr>,
+    pub krate: Option<Path>,
+}
+
+/// One `name = value` pair, before it is checked.
+struct Pair {
+    name: Ident,
+    value: Expr,
+}
+
+impl Parse for Pair {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Pair> {
+        pair(input)
+    }
+}
+
+fn pair(input: ParseStream<'_>) -> syn::Result<Pair> {
+    let name = input.call(Ident::parse_any)?;
+    if !input.peek(Token![=]) {
+        return Err(syn::Error::new(
+            name.span(),
+            format!("expected `{name} = ...`; arguments are written `name = value` (valid names: {VALID})"),
+        ));
+    }
+    input.parse::<Token![=]>()?;
+    let value = input.parse()?;
+    Ok(Pair { name, value })
+}
+
+/// Parses every argument, recording every problem in `errors` (all are reported together).
+pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Args {
+    let mut args = Args::default();
+    let pairs = match Punctuated::<Pair, Token![,]>::parse_terminated.parse2(tokens) {
+        Ok(p) => p,
+        Err(e) => {
+            errors.push(e);
+            return args;
+        }
+    };
+    for Pair { name, value } in pairs {
+        let label = name.unraw().to_string();
+        match label.as_str() {
+            "key" => set(&mut args.key, key(value), &name, errors),
+            "ttl" => {
+                let d = duration_arg(value, "ttl", errors);
+                set(&mut args.ttl, d, &name, errors)
+            }
+            "wait" => {
+                let d = duration_arg(value, "wait", errors);
+                set(&mut args.wait, d, &name, errors)
+            }
+            "locker" => set(&mut args.locker, Some(value), &name, errors),
+            "renew" => set(&mut args.renew, Some(value), &name, errors),
+            "crate" => {
+                let p = crate_path(value, errors);
+                set(&mut args.krate, p, &name, errors)
+            }
+            other => errors.push(syn::Error::new(
+                name.span(),
+                format!("unknown argument `{other}`; expected one of {VALID}"),
+            )),
+        }
+    }
+    args
+}
+
+/// Stores an argument, or reports it as a duplicate. The one place that checks duplicates.
+fn set<T>(slot: &mut Option<T>, value: Option<T>, name: &Ident, errors: &mut Errors) {
+    if slot.is_some() {
+        errors.push(syn::Error::new(name.span(), format!("duplicate argument `{name}`")));
+    } else {
+        *slot = value;
+    }
+}
+
+fn key(value: Expr) -> Option<Key> {
+    Some(match value {
+        Expr::Lit(ExprLit { lit: Lit::Str(s), attrs }) if attrs.is_empty() => Key::Template(s),
+        other => Key::Expr(other),
+    })
+}
+
+fn duration_arg(value: Expr, which: &str, errors: &mut Errors) -> Option<Dur> {
+    match value {
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match duration::parse(&s.value()) {
+            Ok(d) if d.is_zero() && which == "ttl" => {
+                errors.push(syn::Error::new(s.span(), "ttl must be greater than zero"));
+                None
+            }
+            Ok(d) => Some(Dur::Lit(d, s.span())),
+            Err(msg) => {
+                errors.push(syn::Error::new(s.span(), format!("bad {which}: {msg}")));
+                None
+            }
+        },
+        Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => {
+            errors.push(syn::Error::new(
+                i.span(),
+                format!("{which} needs a unit: write it as a string like \"{i}s\" or \"{i}ms\", or pass a `Duration`"),
+            ));
+            None
+        }
+        other => Some(Dur::Expr(other)),
+    }
+}
+
+fn crate_path(value: Expr, errors: &mut Errors) -> Option<Path> {
+    match value {
+        Expr::Path(p) if p.qself.is_none() => Some(p.path),
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match s.parse::<Path>() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                errors.push(syn::Error::new(s.span(), "`crate` must be a path, like `::dblock` or `my_crate::locks`"));
+                None
+            }
+        },
+        other => {
+            errors.push(syn::Error::new_spanned(other, "`crate` must be a path, like `::dblock`"));
+            None
+        }
+    }
+}

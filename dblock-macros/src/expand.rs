@@ -1,0 +1,281 @@
+//! Code generation: only the body changes; the signature is emitted as written.
+//!
+//! Input:
+//! ```text
+//! #[distributed_lock(key = "order:{id}", ttl = "30s")]
+//! async fn settle(id: u64) -> Result<Receipt, AppError> { body }
+//! ```
+//! Output:
+//! ```text
+//! async fn settle(id: u64) -> Result<Receipt, AppError> {
+//!     let key = format!("order:{}", key_part(&id));          // on entry, before any .await
+//!     let locker = default_locker();                          // or the `locker = ...` expression
+//!     ::dblock::__private::locked(locker, Spec { key, ttl, wait, renew, function },
+//!                                 async move { body }).await
+//! }
+//! ```
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
+
+use crate::attr::{self, Args, Dur, Key};
+use crate::errors::Errors;
+use crate::template::{self, Piece};
+
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let args = attr::parse(args, &mut errors);
+    let func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(_) => {
+            let span = item.clone().into_iter().next().map_or_else(Span::call_site, |t| t.span());
+            errors.push(syn::Error::new(
+                span,
+                "#[distributed_lock] only applies to `async fn` items (with a body)",
+            ));
+            let errors = errors.into_compile_errors();
+            return quote! { #errors #item };
+        }
+    };
+
+    check_signature(&func, &mut errors);
+    let params = parameter_names(&func);
+    let key = match &args.key {
+        None => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                "missing `key`: write #[distributed_lock(key = \"order:{order_id}\")]",
+            ));
+            None
+        }
+        Some(Key::Template(lit)) => key_from_template(lit, &params, &args, &mut errors),
+        Some(Key::Expr(e)) => {
+            let krate = krate(&args);
+            Some(quote_spanned! {e.span()=> #krate::__private::key_string(&(#e)) })
+        }
+    };
+
+    match (errors.into_compile_errors(), key) {
+        (None, Some(key)) => rewrite(func, &args, key),
+        (errors, _) => quote! { #errors #item },
+    }
+}
+
+fn krate(args: &Args) -> TokenStream {
+    args.krate
+        .as_ref()
+        .map_or_else(|| quote!(::dblock), ToTokens::to_token_stream)
+}
+
+fn check_signature(func: &ItemFn, errors: &mut Errors) {
+    let sig = &func.sig;
+    if let Some(c) = &sig.constness {
+        errors.push(syn::Error::new(c.span, "#[distributed_lock] cannot be used on a `const fn`"));
+    }
+    if let Some(abi) = &sig.abi {
+        errors.push(syn::Error::new(abi.extern_token.span, "#[distributed_lock] cannot be used on an `extern` fn"));
+    }
+    if sig.asyncness.is_none() {
+        errors.push(syn::Error::new(
+            sig.fn_token.span,
+            "#[distributed_lock] requires an `async fn`: the lock is taken with `.await`",
+        ));
+    }
+    if let ReturnType::Default = sig.output {
+        errors.push(syn::Error::new(
+            sig.paren_token.span.close(),
+            "a #[distributed_lock] function must return `Result<T, E>` where `E: From<dblock::LockError>` \
+             (so a busy lock can be returned as an error); add `-> Result<(), YourError>`",
+        ));
+    }
+}
+
+/// The names a template may use: `self` (with a receiver) and every binding in the patterns.
+fn parameter_names(func: &ItemFn) -> Vec<String> {
+    let mut names = Vec::new();
+    for input in &func.sig.inputs {
+        match input {
+            FnArg::Receiver(_) => names.push("self".to_owned()),
+            FnArg::Typed(t) => bindings(&t.pat, &mut names),
+        }
+    }
+    names
+}
+
+fn bindings(pat: &Pat, out: &mut Vec<String>) {
+    match pat {
+        Pat::Ident(p) => {
+            out.push(p.ident.unraw_string());
+            if let Some((_, sub)) = &p.subpat {
+                bindings(sub, out);
+            }
+        }
+        Pat::Reference(p) => bindings(&p.pat, out),
+        Pat::Tuple(p) => p.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::TupleStruct(p) => p.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::Struct(p) => p.fields.iter().for_each(|f| bindings(&f.pat, out)),
+        Pat::Slice(p) => p.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::Type(p) => bindings(&p.pat, out),
+        Pat::Paren(p) => bindings(&p.pat, out),
+        // Shapes that bind nothing (or that rustc will reject with a better message).
+        _ => {}
+    }
+}
+
+trait UnrawString {
+    fn unraw_string(&self) -> String;
+}
+
+impl UnrawString for Ident {
+    fn unraw_string(&self) -> String {
+        let s = self.to_string();
+        s.strip_prefix("r#").map_or(s.clone(), str::to_owned)
+    }
+}
+
+/// `"order:{id}"` → `format!("order:{}", key_part(&id))`, every generated token spanned at the
+/// literal, so a missing `Display` or unknown field underlines the string the user wrote.
+fn key_from_template(lit: &LitStr, params: &[String], args: &Args, errors: &mut Errors) -> Option<TokenStream> {
+    let span = lit.span();
+    let pieces = match template::parse(&lit.value()) {
+        Ok(p) => p,
+        Err(msg) => {
+            errors.push(syn::Error::new(span, msg));
+            return None;
+        }
+    };
+    if pieces.is_empty() {
+        errors.push(syn::Error::new(span, "the key template is empty; a lock key needs at least one character"));
+        return None;
+    }
+    let krate = krate(args);
+    let mut format = String::new();
+    let mut values = Vec::new();
+    let mut ok = true;
+    for piece in &pieces {
+        match piece {
+            Piece::Text(t) => format.push_str(&t.replace('{', "{{").replace('}', "}}")),
+            Piece::Path(path) => {
+                let root = &path[0];
+                if !params.iter().any(|p| p == root) {
+                    ok = false;
+                    let msg = if root == "self" {
+                        "`{self...}` in the key template, but this function has no `self` parameter (it is not a method)"
+                            .to_owned()
+                    } else if params.is_empty() {
+                        format!("unknown parameter `{root}` in the key template; this function has no parameters")
+                    } else {
+                        let list = params.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ");
+                        format!("unknown parameter `{root}` in the key template; parameters are: {list}")
+                    };
+                    errors.push(syn::Error::new(span, msg));
+                    continue;
+                }
+                format.push_str("{}");
+                let root_tokens = if root == "self" {
+                    quote_spanned!(span=> self)
+                } else {
+                    Ident::new(root, span).into_token_stream()
+                };
+                let fields = path[1..].iter().map(|seg| match seg.parse::<u32>() {
+                    Ok(index) => syn::Index { index, span }.into_token_stream(),
+                    Err(_) => Ident::new(seg, span).into_token_stream(),
+                });
+                values.push(quote_spanned! {span=> #krate::__private::key_part(&#root_tokens #(.#fields)*) });
+            }
+        }
+    }
+    if !ok {
+        return None;
+    }
+    Some(if values.is_empty() {
+        quote_spanned! {span=> ::std::string::String::from(#format) }
+    } else {
+        let format = LitStr::new(&format, span);
+        quote_spanned! {span=> ::std::format!(#format, #(#values),*) }
+    })
+}
+
+fn duration_tokens(d: Option<&Dur>, default: TokenStream) -> TokenStream {
+    match d {
+        None => default,
+        Some(Dur::Lit(d, span)) => {
+            let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+            quote_spanned! {*span=> ::core::time::Duration::new(#secs, #nanos) }
+        }
+        Some(Dur::Expr(e)) => {
+            let d = Ident::new("__dblock_duration", Span::mixed_site());
+            quote_spanned! {e.span()=> { let #d: ::core::time::Duration = #e; #d } }
+        }
+    }
+}
+
+fn contains_impl_trait(ty: &Type) -> bool {
+    ty.to_token_stream().into_iter().any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
+}
+
+fn rewrite(func: ItemFn, args: &Args, key: TokenStream) -> TokenStream {
+    let ItemFn { attrs, vis, sig, block } = func;
+    let krate = krate(args);
+    // Generated locals: mixed-site hygiene, so the body cannot name (or shadow) them.
+    let key_var = Ident::new("__dblock_key", Span::mixed_site());
+    let locker_var = Ident::new("__dblock_locker", Span::mixed_site());
+    let ret_var = Ident::new("__dblock_ret", Span::mixed_site());
+
+    let ttl = duration_tokens(args.ttl.as_ref(), quote!(::core::time::Duration::from_secs(30)));
+    let wait = duration_tokens(args.wait.as_ref(), quote!(::core::time::Duration::ZERO));
+    let renew = match &args.renew {
+        None => quote!(true),
+        Some(e) => {
+            let r = Ident::new("__dblock_renew", Span::mixed_site());
+            quote_spanned! {e.span()=> { let #r: bool = #e; #r } }
+        }
+    };
+    let locker = match &args.locker {
+        None => quote!(#krate::__private::default_locker()),
+        Some(e) => quote_spanned! {e.span()=> ::core::result::Result::Ok(#krate::__private::to_locker(&(#e))) },
+    };
+    let function = sig.ident.unraw_string();
+
+    // The declared return type, tied to the body (a "fake return edge") and checked against the
+    // rule `Result<T, E: From<LockError>>` with the error spanned at the return type.
+    let (return_check, return_edge) = match &sig.output {
+        ReturnType::Type(_, ty) if !contains_impl_trait(ty) => (
+            quote_spanned! {ty.span()=> #krate::__private::must_return_result::<#ty>(); },
+            quote! {
+                #[allow(unreachable_code, clippy::diverging_sub_expression)]
+                if false {
+                    let #ret_var: #ty = loop {};
+                    return #ret_var;
+                }
+            },
+        ),
+        _ => (TokenStream::new(), TokenStream::new()),
+    };
+
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #return_check
+            let #key_var: ::std::string::String = #key;
+            let #locker_var = #locker;
+            #krate::__private::locked(
+                #locker_var,
+                #krate::__private::Spec {
+                    key: #key_var,
+                    ttl: #ttl,
+                    wait: #wait,
+                    renew: #renew,
+                    function: ::core::concat!(::core::module_path!(), "::", #function),
+                },
+                async move {
+                    #return_edge
+                    #block
+                },
+            )
+            .await
+        }
+    }
+}
