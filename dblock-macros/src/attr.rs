@@ -102,7 +102,10 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
 /// Stores an argument, or reports it as a duplicate. The one place that checks duplicates.
 fn set<T>(slot: &mut Option<T>, value: Option<T>, name: &Ident, errors: &mut Errors) {
     if slot.is_some() {
-        errors.push(syn::Error::new(name.span(), format!("duplicate argument `{name}`")));
+        errors.push(syn::Error::new(
+            name.span(),
+            format!("duplicate argument `{name}`"),
+        ));
     } else {
         *slot = value;
     }
@@ -110,14 +113,19 @@ fn set<T>(slot: &mut Option<T>, value: Option<T>, name: &Ident, errors: &mut Err
 
 fn key(value: Expr) -> Option<Key> {
     Some(match value {
-        Expr::Lit(ExprLit { lit: Lit::Str(s), attrs }) if attrs.is_empty() => Key::Template(s),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s),
+            attrs,
+        }) if attrs.is_empty() => Key::Template(s),
         other => Key::Expr(other),
     })
 }
 
 fn duration_arg(value: Expr, which: &str, errors: &mut Errors) -> Option<Dur> {
     match value {
-        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match duration::parse(&s.value()) {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => match duration::parse(&s.value()) {
             Ok(d) if d.is_zero() && which == "ttl" => {
                 errors.push(syn::Error::new(s.span(), "ttl must be greater than zero"));
                 None
@@ -128,7 +136,9 @@ fn duration_arg(value: Expr, which: &str, errors: &mut Errors) -> Option<Dur> {
                 None
             }
         },
-        Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => {
             errors.push(syn::Error::new(
                 i.span(),
                 format!("{which} needs a unit: write it as a string like \"{i}s\" or \"{i}ms\", or pass a `Duration`"),
@@ -142,15 +152,23 @@ fn duration_arg(value: Expr, which: &str, errors: &mut Errors) -> Option<Dur> {
 fn crate_path(value: Expr, errors: &mut Errors) -> Option<Path> {
     match value {
         Expr::Path(p) if p.qself.is_none() => Some(p.path),
-        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match s.parse::<Path>() {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => match s.parse::<Path>() {
             Ok(p) => Some(p),
             Err(_) => {
-                errors.push(syn::Error::new(s.span(), "`crate` must be a path, like `::dblock` or `my_crate::locks`"));
+                errors.push(syn::Error::new(
+                    s.span(),
+                    "`crate` must be a path, like `::dblock` or `my_crate::locks`",
+                ));
                 None
             }
         },
         other => {
-            errors.push(syn::Error::new_spanned(other, "`crate` must be a path, like `::dblock`"));
+            errors.push(syn::Error::new_spanned(
+                other,
+                "`crate` must be a path, like `::dblock`",
+            ));
             None
         }
     }

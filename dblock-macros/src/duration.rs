@@ -11,7 +11,9 @@ pub(crate) fn parse(text: &str) -> Result<Duration, String> {
         return Err("empty duration; write it like \"30s\", \"500ms\", \"1m30s\" or \"2h\"".into());
     }
     if s.starts_with('-') {
-        return Err(format!("negative duration `{s}`; durations must be positive"));
+        return Err(format!(
+            "negative duration `{s}`; durations must be positive"
+        ));
     }
     let mut total: u128 = 0; // nanoseconds
     let mut rest = s;
@@ -51,7 +53,8 @@ pub(crate) fn parse(text: &str) -> Result<Duration, String> {
             .and_then(|n| total.checked_add(n))
             .ok_or_else(|| format!("duration `{s}` is too large"))?;
     }
-    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| format!("duration `{s}` is too large"))?;
+    let secs =
+        u64::try_from(total / 1_000_000_000).map_err(|_| format!("duration `{s}` is too large"))?;
     Ok(Duration::new(secs, (total % 1_000_000_000) as u32))
 }
 
@@ -74,7 +77,18 @@ mod tests {
 
     #[test]
     fn refuses_malformed_input_with_a_reason() {
-        for bad in ["", "30x", "-1s", "s", "30", "1.5s", "30 s", "1m 30s", "ms30", "99999999999999999999999999999999999999999h"] {
+        for bad in [
+            "",
+            "30x",
+            "-1s",
+            "s",
+            "30",
+            "1.5s",
+            "30 s",
+            "1m 30s",
+            "ms30",
+            "99999999999999999999999999999999999999999h",
+        ] {
             let e = parse(bad).expect_err(bad);
             assert!(!e.is_empty());
         }

@@ -30,7 +30,11 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(_) => {
-            let span = item.clone().into_iter().next().map_or_else(Span::call_site, |t| t.span());
+            let span = item
+                .clone()
+                .into_iter()
+                .next()
+                .map_or_else(Span::call_site, |t| t.span());
             errors.push(syn::Error::new(
                 span,
                 "#[distributed_lock] only applies to `async fn` items (with a body)",
@@ -72,10 +76,16 @@ fn krate(args: &Args) -> TokenStream {
 fn check_signature(func: &ItemFn, errors: &mut Errors) {
     let sig = &func.sig;
     if let Some(c) = &sig.constness {
-        errors.push(syn::Error::new(c.span, "#[distributed_lock] cannot be used on a `const fn`"));
+        errors.push(syn::Error::new(
+            c.span,
+            "#[distributed_lock] cannot be used on a `const fn`",
+        ));
     }
     if let Some(abi) = &sig.abi {
-        errors.push(syn::Error::new(abi.extern_token.span, "#[distributed_lock] cannot be used on an `extern` fn"));
+        errors.push(syn::Error::new(
+            abi.extern_token.span,
+            "#[distributed_lock] cannot be used on an `extern` fn",
+        ));
     }
     if sig.asyncness.is_none() {
         errors.push(syn::Error::new(
@@ -137,7 +147,12 @@ impl UnrawString for Ident {
 
 /// `"order:{id}"` → `format!("order:{}", key_part(&id))`, every generated token spanned at the
 /// literal, so a missing `Display` or unknown field underlines the string the user wrote.
-fn key_from_template(lit: &LitStr, params: &[String], args: &Args, errors: &mut Errors) -> Option<TokenStream> {
+fn key_from_template(
+    lit: &LitStr,
+    params: &[String],
+    args: &Args,
+    errors: &mut Errors,
+) -> Option<TokenStream> {
     let span = lit.span();
     let pieces = match template::parse(&lit.value()) {
         Ok(p) => p,
@@ -147,7 +162,10 @@ fn key_from_template(lit: &LitStr, params: &[String], args: &Args, errors: &mut 
         }
     };
     if pieces.is_empty() {
-        errors.push(syn::Error::new(span, "the key template is empty; a lock key needs at least one character"));
+        errors.push(syn::Error::new(
+            span,
+            "the key template is empty; a lock key needs at least one character",
+        ));
         return None;
     }
     let krate = krate(args);
@@ -158,7 +176,7 @@ fn key_from_template(lit: &LitStr, params: &[String], args: &Args, errors: &mut 
         match piece {
             Piece::Text(t) => format.push_str(&t.replace('{', "{{").replace('}', "}}")),
             Piece::Path(path) => {
-                let root = &path[0];
+                let root = path[0].strip_prefix("r#").unwrap_or(&path[0]);
                 if !params.iter().any(|p| p == root) {
                     ok = false;
                     let msg = if root == "self" {
@@ -167,7 +185,11 @@ fn key_from_template(lit: &LitStr, params: &[String], args: &Args, errors: &mut 
                     } else if params.is_empty() {
                         format!("unknown parameter `{root}` in the key template; this function has no parameters")
                     } else {
-                        let list = params.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ");
+                        let list = params
+                            .iter()
+                            .map(|p| format!("`{p}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ");
                         format!("unknown parameter `{root}` in the key template; parameters are: {list}")
                     };
                     errors.push(syn::Error::new(span, msg));
@@ -177,11 +199,11 @@ fn key_from_template(lit: &LitStr, params: &[String], args: &Args, errors: &mut 
                 let root_tokens = if root == "self" {
                     quote_spanned!(span=> self)
                 } else {
-                    Ident::new(root, span).into_token_stream()
+                    ident(&path[0], span).into_token_stream()
                 };
                 let fields = path[1..].iter().map(|seg| match seg.parse::<u32>() {
                     Ok(index) => syn::Index { index, span }.into_token_stream(),
-                    Err(_) => Ident::new(seg, span).into_token_stream(),
+                    Err(_) => ident(seg, span).into_token_stream(),
                 });
                 values.push(quote_spanned! {span=> #krate::__private::key_part(&#root_tokens #(.#fields)*) });
             }
@@ -196,6 +218,14 @@ fn key_from_template(lit: &LitStr, params: &[String], args: &Args, errors: &mut 
         let format = LitStr::new(&format, span);
         quote_spanned! {span=> ::std::format!(#format, #(#values),*) }
     })
+}
+
+/// An identifier from a template segment, raw (`r#type`) when written so.
+fn ident(segment: &str, span: Span) -> Ident {
+    match segment.strip_prefix("r#") {
+        Some(raw) => Ident::new_raw(raw, span),
+        None => Ident::new(segment, span),
+    }
 }
 
 fn duration_tokens(d: Option<&Dur>, default: TokenStream) -> TokenStream {
@@ -213,18 +243,28 @@ fn duration_tokens(d: Option<&Dur>, default: TokenStream) -> TokenStream {
 }
 
 fn contains_impl_trait(ty: &Type) -> bool {
-    ty.to_token_stream().into_iter().any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
+    ty.to_token_stream()
+        .into_iter()
+        .any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
 }
 
 fn rewrite(func: ItemFn, args: &Args, key: TokenStream) -> TokenStream {
-    let ItemFn { attrs, vis, sig, block } = func;
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = func;
     let krate = krate(args);
     // Generated locals: mixed-site hygiene, so the body cannot name (or shadow) them.
     let key_var = Ident::new("__dblock_key", Span::mixed_site());
     let locker_var = Ident::new("__dblock_locker", Span::mixed_site());
     let ret_var = Ident::new("__dblock_ret", Span::mixed_site());
 
-    let ttl = duration_tokens(args.ttl.as_ref(), quote!(::core::time::Duration::from_secs(30)));
+    let ttl = duration_tokens(
+        args.ttl.as_ref(),
+        quote!(::core::time::Duration::from_secs(30)),
+    );
     let wait = duration_tokens(args.wait.as_ref(), quote!(::core::time::Duration::ZERO));
     let renew = match &args.renew {
         None => quote!(true),
@@ -235,15 +275,18 @@ fn rewrite(func: ItemFn, args: &Args, key: TokenStream) -> TokenStream {
     };
     let locker = match &args.locker {
         None => quote!(#krate::__private::default_locker()),
-        Some(e) => quote_spanned! {e.span()=> ::core::result::Result::Ok(#krate::__private::to_locker(&(#e))) },
+        Some(e) => {
+            quote_spanned! {e.span()=> ::core::result::Result::Ok(#krate::__private::to_locker(&(#e))) }
+        }
     };
     let function = sig.ident.unraw_string();
 
     // The declared return type, tied to the body (a "fake return edge") and checked against the
     // rule `Result<T, E: From<LockError>>` with the error spanned at the return type.
+    let on_error = Ident::new("__dblock_on_error", Span::mixed_site());
     let (return_check, return_edge) = match &sig.output {
         ReturnType::Type(_, ty) if !contains_impl_trait(ty) => (
-            quote_spanned! {ty.span()=> #krate::__private::must_return_result::<#ty>(); },
+            quote_spanned! {ty.span()=> let #on_error = #krate::__private::must_return_result::<#ty>(); },
             quote! {
                 #[allow(unreachable_code, clippy::diverging_sub_expression)]
                 if false {
@@ -252,7 +295,10 @@ fn rewrite(func: ItemFn, args: &Args, key: TokenStream) -> TokenStream {
                 }
             },
         ),
-        _ => (TokenStream::new(), TokenStream::new()),
+        _ => (
+            quote! { let #on_error = #krate::__private::must_return_result(); },
+            TokenStream::new(),
+        ),
     };
 
     quote! {
@@ -270,6 +316,7 @@ fn rewrite(func: ItemFn, args: &Args, key: TokenStream) -> TokenStream {
                     renew: #renew,
                     function: ::core::concat!(::core::module_path!(), "::", #function),
                 },
+                #on_error,
                 async move {
                     #return_edge
                     #block

@@ -26,11 +26,9 @@ pub(crate) fn parse(template: &str) -> Result<Vec<Piece>, String> {
                 chars.next();
                 text.push('}');
             }
-            '}' => {
-                return Err(format!(
-                    "unmatched `}}` at byte {at} of the key template; write `}}}}` for a literal brace"
-                ))
-            }
+            '}' => return Err(format!(
+                "unmatched `}}` at byte {at} of the key template; write `}}}}` for a literal brace"
+            )),
             '{' => {
                 let start = at + 1;
                 let end = loop {
@@ -46,7 +44,10 @@ pub(crate) fn parse(template: &str) -> Result<Vec<Piece>, String> {
                 };
                 let inner = template[start..end].trim();
                 if inner.is_empty() {
-                    return Err("positional `{}` in the key template; name a parameter, like `{order_id}`".into());
+                    return Err(
+                        "positional `{}` in the key template; name a parameter, like `{order_id}`"
+                            .into(),
+                    );
                 }
                 if inner.contains(':') {
                     return Err(format!(
@@ -54,7 +55,11 @@ pub(crate) fn parse(template: &str) -> Result<Vec<Piece>, String> {
                     ));
                 }
                 let path: Vec<String> = inner.split('.').map(|s| s.trim().to_owned()).collect();
-                if let Some(bad) = path.iter().enumerate().find_map(|(i, seg)| (!valid_segment(seg, i == 0)).then_some(seg)) {
+                if let Some(bad) = path
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, seg)| (!valid_segment(seg, i == 0)).then_some(seg))
+                {
                     return Err(format!(
                         "`{{{inner}}}` in the key template is not a parameter name or field path (at `{bad}`)"
                     ));
@@ -73,11 +78,14 @@ pub(crate) fn parse(template: &str) -> Result<Vec<Piece>, String> {
     Ok(pieces)
 }
 
-/// An identifier, or (after the first segment) a tuple index such as `0`.
+/// An identifier (raw `r#type` too), or (after the first segment) a tuple index such as `0`.
 fn valid_segment(seg: &str, first: bool) -> bool {
+    let seg = seg.strip_prefix("r#").unwrap_or(seg);
     let mut chars = seg.chars();
     match chars.next() {
-        Some(c) if c.is_alphabetic() || c == '_' => chars.all(|c| c.is_alphanumeric() || c == '_') && seg != "_",
+        Some(c) if c.is_alphabetic() || c == '_' => {
+            chars.all(|c| c.is_alphanumeric() || c == '_') && seg != "_"
+        }
         Some(c) if c.is_ascii_digit() && !first => seg.chars().all(|c| c.is_ascii_digit()),
         _ => false,
     }
@@ -96,13 +104,27 @@ mod tests {
 
     #[test]
     fn parses_names_paths_and_escapes() {
-        assert_eq!(parse("order:{order_id}").unwrap(), vec![text("order:"), path(&["order_id"])]);
-        assert_eq!(parse("{self.tenant}/{job.spec.id}").unwrap(), vec![path(&["self", "tenant"]), text("/"), path(&["job", "spec", "id"])]);
+        assert_eq!(
+            parse("order:{order_id}").unwrap(),
+            vec![text("order:"), path(&["order_id"])]
+        );
+        assert_eq!(
+            parse("{self.tenant}/{job.spec.id}").unwrap(),
+            vec![
+                path(&["self", "tenant"]),
+                text("/"),
+                path(&["job", "spec", "id"])
+            ]
+        );
         assert_eq!(parse("{{literal}}").unwrap(), vec![text("{literal}")]);
         assert_eq!(parse("{pair.0}").unwrap(), vec![path(&["pair", "0"])]);
         assert_eq!(parse("plain").unwrap(), vec![text("plain")]);
         assert_eq!(parse("").unwrap(), vec![]);
         assert_eq!(parse("{ a }").unwrap(), vec![path(&["a"])]);
+        assert_eq!(
+            parse("{r#type.r#match}").unwrap(),
+            vec![path(&["r#type", "r#match"])]
+        );
     }
 
     #[test]

@@ -39,6 +39,9 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
 mod backend;
 mod error;
 mod guard;

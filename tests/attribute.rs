@@ -1,0 +1,318 @@
+//! `#[distributed_lock]` end to end, on every reachable backend: keys, reentrancy, every exit
+//! path releasing, busy, the locker argument and `dblock::current()`.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dblock::{distributed_lock, LockError, Locker};
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error("app failure: {0}")]
+    App(&'static str),
+}
+
+struct Customer {
+    id: u64,
+}
+struct Order {
+    customer: Customer,
+    number: u32,
+}
+
+/// What the body saw, so tests can check the row while the body runs.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    key: String,
+    token: u64,
+    hold_count_in_row: u32,
+}
+
+#[distributed_lock(key = "order:{order.customer.id}/{order.number}:{{x}}", locker = locker)]
+async fn templated(locker: &Locker, order: &Order) -> Result<Seen, AppError> {
+    let held = dblock::current().expect("inside a locked body");
+    let row = locker.inspect(&held.key).await?.expect("row");
+    Ok(Seen {
+        key: held.key,
+        token: held.fencing_token,
+        hold_count_in_row: row.hold_count,
+    })
+}
+
+#[tokio::test]
+async fn template_keys_are_exact_and_current_reports_the_lock() {
+    let (dbs, _dir) = common::all("attr_tpl").await;
+    for db in &dbs {
+        let order = Order {
+            customer: Customer { id: 42 },
+            number: 7,
+        };
+        let seen = templated(&db.locker, &order).await.unwrap();
+        assert_eq!(seen.key, "order:42/7:{x}", "{}", db.name);
+        assert_eq!(seen.hold_count_in_row, 1);
+        let info = db
+            .locker
+            .inspect("order:42/7:{x}")
+            .await
+            .unwrap()
+            .expect("row with the exact key");
+        assert!(!info.held, "{}: released after the call", db.name);
+        assert_eq!(info.fencing_token, seen.token);
+        assert!(
+            info.holder.unwrap().ends_with("attribute::templated"),
+            "{}",
+            db.name
+        );
+        assert!(dblock::current().is_none(), "current() outside a body");
+    }
+}
+
+#[distributed_lock(key = "nest:{id}", locker = locker)]
+async fn outer(locker: &Locker, id: u32) -> Result<(Seen, Seen), AppError> {
+    let before = dblock::current().unwrap();
+    let inner = inner(locker, id).await?;
+    let after = dblock::current().unwrap();
+    assert_eq!(
+        before, after,
+        "innermost lock restored after the inner call"
+    );
+    let row = locker.inspect(&before.key).await?.unwrap();
+    Ok((
+        Seen {
+            key: before.key,
+            token: before.fencing_token,
+            hold_count_in_row: row.hold_count,
+        },
+        inner,
+    ))
+}
+
+#[distributed_lock(key = "nest:{id}", locker = locker)]
+async fn inner(locker: &Locker, id: u32) -> Result<Seen, AppError> {
+    let held = dblock::current().unwrap();
+    let row = locker.inspect(&held.key).await?.unwrap();
+    Ok(Seen {
+        key: held.key,
+        token: held.fencing_token,
+        hold_count_in_row: row.hold_count,
+    })
+}
+
+#[tokio::test]
+async fn nested_locked_calls_in_one_task_are_reentrant() {
+    let (dbs, _dir) = common::all("attr_nest").await;
+    for db in &dbs {
+        let (o, i) = outer(&db.locker, 5).await.unwrap();
+        assert_eq!(
+            i.hold_count_in_row, 2,
+            "{}: inner call holds count 2",
+            db.name
+        );
+        assert_eq!(
+            o.hold_count_in_row, 1,
+            "{}: back to 1 after the inner call",
+            db.name
+        );
+        assert_eq!(o.token, i.token, "{}", db.name);
+        assert!(!db.locker.inspect("nest:5").await.unwrap().unwrap().held);
+        // Another task is another owner: busy while `outer` holds.
+        let l = db.locker.clone();
+        let blocker = db.locker.lock("nest:6").await.unwrap();
+        let r = tokio::spawn(async move { inner(&l, 6).await })
+            .await
+            .unwrap();
+        assert!(
+            matches!(r, Err(AppError::Lock(LockError::Busy { .. }))),
+            "{}",
+            db.name
+        );
+        blocker.release().await.unwrap();
+    }
+}
+
+#[distributed_lock(key = "busy", locker = locker)]
+async fn guarded(locker: &Locker, ran: &AtomicUsize) -> Result<(), AppError> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_busy_lock_returns_err_without_running_the_body() {
+    let (dbs, _dir) = common::all("attr_busy").await;
+    for db in &dbs {
+        let ran = AtomicUsize::new(0);
+        let g = db.locker.lock("busy").await.unwrap();
+        let err = guarded(&db.locker, &ran).await.unwrap_err();
+        assert!(
+            matches!(err, AppError::Lock(LockError::Busy { .. })),
+            "{}: {err:?}",
+            db.name
+        );
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            0,
+            "{}: body ran without the lock",
+            db.name
+        );
+        g.release().await.unwrap();
+        guarded(&db.locker, &ran).await.unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+}
+
+enum Exit {
+    Value,
+    Return,
+    Question,
+    Panic,
+    Hang,
+}
+
+#[distributed_lock(key = "exit", locker = locker, ttl = "60s")]
+async fn exits(locker: &Locker, how: Exit) -> Result<u32, AppError> {
+    match how {
+        Exit::Value => {}
+        Exit::Return => return Ok(2),
+        Exit::Question => Err(AppError::App("failed"))?,
+        Exit::Panic => panic!("boom inside the lock"),
+        Exit::Hang => tokio::time::sleep(Duration::from_secs(3600)).await,
+    }
+    Ok(1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_exit_path_releases_quickly() {
+    let (dbs, _dir) = common::all("attr_exit").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let quick = Duration::from_millis(100);
+        assert_eq!(exits(l, Exit::Value).await.unwrap(), 1);
+        assert!(
+            common::time_until_free(l, "exit", quick).await.is_some(),
+            "{}: value",
+            db.name
+        );
+        assert_eq!(exits(l, Exit::Return).await.unwrap(), 2);
+        assert!(
+            common::time_until_free(l, "exit", quick).await.is_some(),
+            "{}: return",
+            db.name
+        );
+        assert!(matches!(
+            exits(l, Exit::Question).await,
+            Err(AppError::App(_))
+        ));
+        assert!(
+            common::time_until_free(l, "exit", quick).await.is_some(),
+            "{}: ?",
+            db.name
+        );
+
+        // Panic: the panic propagates, the lock is released in the background.
+        let l2 = l.clone();
+        let panicked = tokio::spawn(async move { exits(&l2, Exit::Panic).await }).await;
+        assert!(
+            panicked.unwrap_err().is_panic(),
+            "{}: panic swallowed",
+            db.name
+        );
+        let t = common::time_until_free(l, "exit", Duration::from_secs(5)).await;
+        assert!(
+            t.is_some_and(|t| t < quick),
+            "{}: after panic: {t:?}",
+            db.name
+        );
+
+        // Cancellation by timeout, then by select!.
+        let started = Instant::now();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), exits(l, Exit::Hang))
+                .await
+                .is_err()
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let t = common::time_until_free(l, "exit", Duration::from_secs(5)).await;
+        assert!(
+            t.is_some_and(|t| t < quick),
+            "{}: after timeout: {t:?}",
+            db.name
+        );
+
+        tokio::select! {
+            _ = exits(l, Exit::Hang) => panic!("hang returned"),
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        let t = common::time_until_free(l, "exit", Duration::from_secs(5)).await;
+        assert!(
+            t.is_some_and(|t| t < quick),
+            "{}: after select!: {t:?}",
+            db.name
+        );
+    }
+}
+
+struct Service {
+    locks: Locker,
+    tenant: String,
+    counter: AtomicU64,
+    tokens: Mutex<Vec<u64>>,
+}
+
+impl Service {
+    #[distributed_lock(key = "{self.tenant}:counter", locker = self.locks, wait = "60s")]
+    async fn bump(&self) -> Result<(), AppError> {
+        let seen = self.counter.load(Ordering::SeqCst);
+        self.tokens
+            .lock()
+            .unwrap()
+            .push(dblock::current().unwrap().fencing_token);
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_micros(300)).await;
+        self.counter.store(seen + 1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_attribute_excludes_sixteen_tasks() {
+    let (dbs, _dir) = common::all("attr_mutex").await;
+    for db in &dbs {
+        let svc = Arc::new(Service {
+            locks: db.locker.clone(),
+            tenant: "acme".into(),
+            counter: AtomicU64::new(0),
+            tokens: Mutex::new(Vec::new()),
+        });
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let svc = svc.clone();
+                tokio::spawn(async move {
+                    for _ in 0..8 {
+                        svc.bump().await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            svc.counter.load(Ordering::SeqCst),
+            128,
+            "{}: lost updates",
+            db.name
+        );
+        let increasing = svc.tokens.lock().unwrap().windows(2).all(|w| w[0] < w[1]);
+        assert!(increasing, "{}: tokens not strictly increasing", db.name);
+        assert!(
+            db.locker.inspect("acme:counter").await.unwrap().is_some(),
+            "{}: key from self.tenant",
+            db.name
+        );
+    }
+}

@@ -1,0 +1,6 @@
+#[dblock::distributed_lock(key = "k", ttl = 30)]
+async fn settle() -> Result<(), dblock::LockError> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,6 @@
+#[dblock::distributed_lock(key = "k")]
+async fn settle() -> Result<(), String> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,6 @@
+#[dblock::distributed_lock(key = "k", wait = "-1s")]
+async fn settle() -> Result<(), dblock::LockError> {
+    Ok(())
+}
+
+fn main() {}

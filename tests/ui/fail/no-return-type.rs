@@ -1,0 +1,4 @@
+#[dblock::distributed_lock(key = "k")]
+async fn settle() {}
+
+fn main() {}

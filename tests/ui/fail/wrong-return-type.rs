@@ -1,0 +1,6 @@
+#[dblock::distributed_lock(key = "k")]
+async fn settle() -> u64 {
+    7
+}
+
+fn main() {}
