@@ -1,113 +1,113 @@
-//! Four workers race to settle the same ten orders. The lock makes each order settle exactly
-//! once; each settlement records the fencing token it ran under.
+//! Four workers race to settle the same ten orders. `#[distributed_lock]` makes each order settle
+//! exactly once; each settlement records the fencing token it ran under.
 //!
 //! Runs on SQLite with no server: `cargo run --example settle_orders`.
-//! Point it at a server with `DBLOCK_URL=postgres://… cargo run --all-features --example settle_orders`.
+//! Against a server: `DBLOCK_URL=postgres://… cargo run --all-features --example settle_orders`.
 
 use std::time::Duration;
 
-use dblock::{LockError, Locker};
-use sqlx::AssertSqlSafe;
+use dblock::{distributed_lock, LockError, Locker};
+use sqlx::SqlitePool;
 
-const WORKERS: usize = 4;
+const WORKERS: u32 = 4;
 const ORDERS: u32 = 10;
 
+#[derive(Debug, thiserror::Error)]
+enum SettleError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Ledger(#[from] sqlx::Error),
+}
+
+/// Check-then-act on the ledger: safe only because no two callers run it at once for an order.
+#[distributed_lock(key = "order:{order_id}", ttl = "30s", wait = "5s")]
+async fn settle(
+    ledger: &SqlitePool,
+    order_id: u32,
+    worker: u32,
+) -> Result<Option<u64>, SettleError> {
+    let done: i64 = sqlx::query_scalar("SELECT count(*) FROM settlements WHERE order_id = ?")
+        .bind(order_id)
+        .fetch_one(ledger)
+        .await?;
+    if done > 0 {
+        return Ok(None); // someone settled it first
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await; // the payment call
+    let token = dblock::current().expect("inside the lock").fencing_token;
+    sqlx::query("INSERT INTO settlements (order_id, worker, token) VALUES (?, ?, ?)")
+        .bind(order_id)
+        .bind(worker)
+        .bind(i64::try_from(token).unwrap_or(i64::MAX))
+        .execute(ledger)
+        .await?;
+    Ok(Some(token))
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let default_url = format!(
-        "sqlite://{}?mode=rwc",
-        std::env::temp_dir()
-            .join("dblock-settle-orders.db")
-            .display()
-    );
-    let url = std::env::var("DBLOCK_URL").unwrap_or(default_url);
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let tmp = std::env::temp_dir();
+    let url = std::env::var("DBLOCK_URL").unwrap_or_else(|_| {
+        format!(
+            "sqlite://{}?mode=rwc",
+            tmp.join("dblock-example-locks.db").display()
+        )
+    });
     let locker = Locker::connect(&url).await?;
     locker.migrate().await?;
+    dblock::set_default(locker);
 
-    // The "business" table the lock protects, in a SQLite file next to the locks.
-    let db = sqlx::SqlitePool::connect(&format!(
+    // The table the lock protects, in a SQLite file of its own.
+    let ledger = SqlitePool::connect(&format!(
         "sqlite://{}?mode=rwc",
-        std::env::temp_dir()
-            .join("dblock-settle-orders-ledger.db")
-            .display()
+        tmp.join("dblock-example-ledger.db").display()
     ))
     .await?;
     sqlx::raw_sql(
         "DROP TABLE IF EXISTS settlements;
          CREATE TABLE settlements (order_id INTEGER NOT NULL, worker INTEGER NOT NULL, token INTEGER NOT NULL);",
     )
-    .execute(&db)
+    .execute(&ledger)
     .await?;
 
-    let workers: Vec<_> = (0..WORKERS)
+    let workers: Vec<_> = (1..=WORKERS)
         .map(|worker| {
-            let (locker, db) = (locker.clone(), db.clone());
-            tokio::spawn(async move { work(worker, locker, db).await })
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                for order_id in 1..=ORDERS {
+                    match settle(&ledger, order_id, worker).await {
+                        Ok(Some(token)) => println!(
+                            "worker {worker} settled order {order_id:>2} (fencing token {token})"
+                        ),
+                        Ok(None) | Err(SettleError::Lock(LockError::Busy { .. })) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            })
         })
         .collect();
     for w in workers {
         w.await??;
     }
 
-    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(AssertSqlSafe(
-        "SELECT order_id, worker, token FROM settlements ORDER BY order_id",
-    ))
-    .fetch_all(&db)
-    .await?;
+    let rows: Vec<(i64, i64, i64)> =
+        sqlx::query_as("SELECT order_id, worker, token FROM settlements ORDER BY order_id")
+            .fetch_all(&ledger)
+            .await?;
     println!("\norder  settled by  fencing token");
     for (order, worker, token) in &rows {
         println!("{order:>5}  worker {worker:<4}  {token}");
     }
-    let once = (1..=i64::from(ORDERS)).all(|o| rows.iter().filter(|r| r.0 == o).count() == 1);
+    let exactly_once =
+        (1..=i64::from(ORDERS)).all(|o| rows.iter().filter(|r| r.0 == o).count() == 1);
+    if !exactly_once {
+        return Err(format!("DOUBLE OR MISSED SETTLEMENT: {rows:?}").into());
+    }
     println!(
-        "\n{} orders, {} settlements: {}",
-        ORDERS,
-        rows.len(),
-        if once {
-            "each order settled exactly once"
-        } else {
-            "DOUBLE SETTLEMENT"
-        }
+        "\n{ORDERS} orders, {} settlements: each order settled exactly once",
+        rows.len()
     );
-    if !once {
-        std::process::exit(1);
-    }
-    Ok(())
-}
-
-/// Every worker tries every order; whoever gets the lock first settles it, the rest see it done.
-async fn work(worker: usize, locker: Locker, db: sqlx::SqlitePool) -> Result<(), LockError> {
-    for order in 1..=ORDERS {
-        let guard = match locker
-            .lock(format!("order:{order}"))
-            .ttl(Duration::from_secs(30))
-            .wait(Duration::from_secs(5))
-            .await
-        {
-            Ok(guard) => guard,
-            Err(LockError::Busy { .. }) => continue,
-            Err(e) => return Err(e),
-        };
-        // Inside the lock: check, then act. Without the lock, two workers could both see
-        // "not settled" here.
-        let done: i64 = sqlx::query_scalar("SELECT count(*) FROM settlements WHERE order_id = ?")
-            .bind(order)
-            .fetch_one(&db)
-            .await?;
-        if done == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await; // the "payment call"
-            sqlx::query("INSERT INTO settlements (order_id, worker, token) VALUES (?, ?, ?)")
-                .bind(order)
-                .bind(worker as i64)
-                .bind(guard.fencing_token() as i64)
-                .execute(&db)
-                .await?;
-            println!(
-                "worker {worker} settled order {order:>2} (fencing token {})",
-                guard.fencing_token()
-            );
-        }
-        guard.release().await?;
-    }
     Ok(())
 }

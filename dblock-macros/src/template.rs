@@ -26,9 +26,11 @@ pub(crate) fn parse(template: &str) -> Result<Vec<Piece>, String> {
                 chars.next();
                 text.push('}');
             }
-            '}' => return Err(format!(
+            '}' => {
+                return Err(format!(
                 "unmatched `}}` at byte {at} of the key template; write `}}}}` for a literal brace"
-            )),
+            ))
+            }
             '{' => {
                 let start = at + 1;
                 let end = loop {

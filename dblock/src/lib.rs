@@ -55,6 +55,130 @@ pub use guard::LockGuard;
 pub use locker::{default_locker, set_default, LockRequest, Locker, DEFAULT_TTL, MAX_KEY_LEN};
 pub use owner::{current, HeldLock, Owner};
 
+/// Runs an `async fn` while holding a distributed lock.
+///
+/// ```
+/// # #[derive(Debug)] struct AppError;
+/// # impl From<dblock::LockError> for AppError { fn from(_: dblock::LockError) -> Self { AppError } }
+/// # struct Receipt;
+/// #[dblock::distributed_lock(key = "order:{order_id}", ttl = "30s", wait = "5s")]
+/// async fn settle(order_id: u64) -> Result<Receipt, AppError> {
+///     // only one process at a time gets here for a given order
+///     Ok(Receipt)
+/// }
+/// # async fn demo() -> Result<(), AppError> {
+/// # dblock::set_default(dblock::Locker::connect("sqlite::memory:").await?);
+/// # dblock::default_locker()?.migrate().await?;
+/// settle(42).await?;
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+///
+/// The key is built on entry, the lock taken, the body run, and the lock released on every
+/// exit: return, `return`, `?`, a panic (which then continues) and the future being dropped
+/// half-way (`tokio::time::timeout`, `select!`), the last two in the background at once. A lock
+/// that stays busy for the whole `wait` makes the call return `Err(E::from(LockError::Busy { .. }))`
+/// without running the body.
+///
+/// # Arguments
+///
+/// | argument | meaning | default |
+/// |---|---|---|
+/// | `key` | string literal template, or any expression whose value is `impl Display` | required |
+/// | `ttl` | lease: `"30s"`, `"500ms"`, `"1m30s"`, `"2h"` (checked at compile time) or a `Duration` expression | `"30s"` |
+/// | `wait` | how long to keep trying; `"0s"` = one attempt | `"0s"` |
+/// | `locker` | expression giving `Locker` or `&Locker` (also `Arc<Locker>`), evaluated on entry | [`set_default`] |
+/// | `renew` | keep extending the lease while the body runs | `true` |
+/// | `crate` | path to this crate when re-exported under another name | `::dblock` |
+///
+/// **`key`**: `{param}` is a parameter, `{param.field.sub}` a field path (`{pair.0}` for tuples),
+/// `{self.field}` a receiver field; values are formatted with `Display`; `{{` and `}}` are
+/// literal braces. Unknown names, positional `{}`, unclosed braces and `self` outside a method are
+/// compile errors at the key string. Any other expression is formatted with `Display`:
+///
+/// ```
+/// # use dblock::{distributed_lock, LockError};
+/// struct Job { tenant: String, id: u32 }
+///
+/// #[distributed_lock(key = "job:{job.tenant}/{job.id}")]
+/// async fn run(job: &Job) -> Result<(), LockError> { Ok(()) }
+///
+/// #[distributed_lock(key = format!("report-{}", day.to_uppercase()))]
+/// async fn report(day: &str) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// **`ttl`** and **`wait`**: literals in `h`, `m`, `s`, `ms`, `us`, combined (`"1m30s"`), or any
+/// expression of type [`Duration`]:
+///
+/// ```
+/// # use dblock::{distributed_lock, LockError};
+/// # use std::time::Duration;
+/// # const LEASE: Duration = Duration::from_secs(10);
+/// #[distributed_lock(key = "nightly", ttl = "2h", wait = "1m30s")]
+/// async fn nightly() -> Result<(), LockError> { Ok(()) }
+///
+/// #[distributed_lock(key = "sync", ttl = LEASE, wait = Duration::from_millis(250))]
+/// async fn sync() -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// **`locker`**: which [`Locker`] to use; without it, the process default from [`set_default`]
+/// (or `Err(LockError::NoLocker)`).
+///
+/// ```
+/// # use dblock::{distributed_lock, LockError, Locker};
+/// struct Billing { locks: Locker }
+///
+/// impl Billing {
+///     #[distributed_lock(key = "invoice:{id}", locker = self.locks)]
+///     async fn invoice(&self, id: u64) -> Result<(), LockError> { Ok(()) }
+/// }
+/// ```
+///
+/// **`renew`**: with `true` (the default) the lease is extended about every ttl/3 while the body
+/// runs, so a short ttl only matters when the process dies; if an extension finds the lock gone,
+/// the body is dropped at its next `.await` and the call returns `Err(LockError::Lost)`. With
+/// `false` the lease simply ends at `ttl`.
+///
+/// ```
+/// # use dblock::{distributed_lock, LockError};
+/// #[distributed_lock(key = "quick", ttl = "5s", renew = false)]
+/// async fn quick() -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// **`crate`**: for code that re-exports dblock under another path.
+///
+/// ```
+/// mod infra { pub use dblock as locks; }
+///
+/// #[dblock::distributed_lock(key = "k", crate = infra::locks)]
+/// async fn f() -> Result<(), infra::locks::LockError> { Ok(()) }
+/// ```
+///
+/// # Owners, reentrancy, fencing
+/// The body runs as the lock's owner: a nested locked call in the same task (also on the same
+/// key) is reentrant (`hold_count` 2 in the row meanwhile), and [`current()`] gives the body the
+/// innermost lock's key and fencing token. A spawned task is a new owner unless it runs in
+/// [`Owner::scope`].
+///
+/// ```
+/// # use dblock::{distributed_lock, LockError};
+/// #[distributed_lock(key = "account:{id}")]
+/// async fn transfer(id: u64) -> Result<u64, LockError> {
+///     let token = dblock::current().expect("inside a locked body").fencing_token;
+///     audit(id).await?; // same key, same task: reentrant
+///     Ok(token)
+/// }
+///
+/// #[distributed_lock(key = "account:{id}")]
+/// async fn audit(id: u64) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// # Rules checked at compile time
+/// The function must be `async` (not `const`, not `extern`) and return `Result<T, E>` with
+/// `E: From<LockError>` (aliases such as `anyhow::Result<T>` work). Every mistake is reported in
+/// one build, spanned at the offending token, and the function is still emitted so the IDE keeps
+/// working. The generated future is `Send` exactly when the body's is, and allocates nothing
+/// beyond the key string.
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use dblock_macros::distributed_lock;
