@@ -58,3 +58,50 @@ async fn acquire_contention_release_and_errors_are_traced() {
         assert!(text.contains(needle), "no `{needle}` in the trace:\n{text}");
     }
 }
+
+/// Renewal is one statement per tick for all of a locker's leases, not one per lock: the task
+/// reports each batch with its size.
+#[tokio::test]
+async fn due_leases_are_extended_in_one_batch() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("l.db").display());
+    let locker = dblock::Locker::connect(&url).await.unwrap();
+    locker.migrate().await.unwrap();
+    let mut guards = Vec::new();
+    for i in 0..10 {
+        guards.push(
+            locker
+                .lock(format!("b{i}"))
+                .ttl(Duration::from_millis(600))
+                .await
+                .unwrap()
+                .auto_renew(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let batches: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("leases extended"))
+        .collect();
+    assert!(!batches.is_empty(), "no renewal happened:\n{text}");
+    assert!(
+        batches.iter().all(|l| l.contains("leases=10")),
+        "not batched: {batches:#?}"
+    );
+    assert!(
+        batches.len() <= 6,
+        "{} statements for 10 leases in 1 s",
+        batches.len()
+    );
+    drop(guards);
+}

@@ -2,10 +2,14 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use crate::backend::{self, HoldRef, Released};
 use crate::locker::{ttl_micros, Locker};
+use crate::renew::Lease;
 use crate::{LockError, Owner};
 
 /// A lock this process holds. Dropping it releases the lock at once, in the background on the
@@ -33,6 +37,12 @@ pub struct LockGuard {
     fencing_token: u64,
     hold_count: u32,
     expires_at_us: AtomicI64,
+    /// Lease length asked for.
+    ttl: Duration,
+    /// Conservative local end of the lease: send time of the acquire (or last extend) + ttl.
+    deadline: Mutex<Instant>,
+    /// Present while the locker's renewal task keeps this lease alive.
+    lease: Option<Lease>,
 }
 
 /// What a release needs; taken out of the guard by whoever releases it.
@@ -90,12 +100,100 @@ impl Hold {
 }
 
 impl LockGuard {
-    pub(crate) fn new(hold: Hold, hold_count: u32, expires_at_us: i64) -> Self {
+    pub(crate) fn new(
+        hold: Hold,
+        hold_count: u32,
+        expires_at_us: i64,
+        sent: Instant,
+        ttl: Duration,
+    ) -> Self {
         LockGuard {
             fencing_token: hold.fencing_token,
             hold: Some(hold),
             hold_count,
             expires_at_us: AtomicI64::new(expires_at_us),
+            ttl,
+            deadline: Mutex::new(sent + ttl),
+            lease: None,
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        *self
+            .deadline
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Keeps the lease alive while this guard lives: the locker's one renewal task extends it
+    /// about every ttl/3 (batched with every other renewed lease of the locker). Renewal stops
+    /// the moment the guard is released or dropped. Watch [`lost`](Self::lost) for the case
+    /// where an extension finds the lock gone.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// use std::time::Duration;
+    /// let guard = locker.lock("long-job").ttl(Duration::from_secs(3)).await?.auto_renew();
+    /// tokio::select! {
+    ///     lost = guard.lost() => return Err(lost),     // someone force-released it, say
+    ///     () = tokio::time::sleep(Duration::from_secs(10)) => {} // the work, longer than the ttl
+    /// }
+    /// guard.release().await
+    /// # }
+    /// ```
+    pub fn auto_renew(mut self) -> Self {
+        if self.lease.is_none() {
+            if let Some(hold) = &self.hold {
+                if let Ok(backend) = hold.locker.backend() {
+                    let sent = self.deadline() - self.ttl;
+                    self.lease = Some(hold.locker.renewer().register(
+                        backend,
+                        &hold.key,
+                        hold.owner.id(),
+                        hold.fencing_token,
+                        self.ttl,
+                        sent,
+                    ));
+                }
+            }
+        }
+        self
+    }
+
+    /// `true` once the lock is known lost: renewal found it gone or, without renewal, the ttl
+    /// has run out (by the local clock, counted from when the acquire was sent).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let guard = locker.lock("k").await?;
+    /// assert!(!guard.is_lost());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_lost(&self) -> bool {
+        match &self.lease {
+            Some(lease) => lease.is_lost(),
+            None => Instant::now() >= self.deadline(),
+        }
+    }
+
+    /// Resolves with [`LockError::Lost`] when the lock is lost: when renewal (see
+    /// [`auto_renew`](Self::auto_renew)) finds it gone, or, without renewal, when the ttl runs
+    /// out. Use it to stop work that must not continue unprotected.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let guard = locker.lock("k").ttl(std::time::Duration::from_millis(100)).await?;
+    /// let lost = guard.lost().await; // the ttl ran out
+    /// assert!(lost.is_lost());
+    /// # Ok(()) }
+    /// ```
+    pub async fn lost(&self) -> LockError {
+        match &self.lease {
+            Some(lease) => lease.lost().await,
+            None => tokio::time::sleep_until(self.deadline()).await,
+        }
+        LockError::Lost {
+            key: self.hold().key.clone(),
         }
     }
 
@@ -186,9 +284,15 @@ impl LockGuard {
         let backend = hold.locker.backend()?;
         let mut rolled_back = 0;
         loop {
+            let sent = Instant::now();
             match backend.extend(&hold.as_ref(), ttl_us).await {
                 Ok(Some(expires_at_us)) => {
                     self.expires_at_us.store(expires_at_us, Ordering::Relaxed);
+                    let mut deadline = self
+                        .deadline
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    *deadline = (*deadline).max(sent + ttl);
                     tracing::trace!(key = %hold.key, "lease extended");
                     return Ok(());
                 }
@@ -223,6 +327,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<(), LockError> {
+        drop(self.lease.take()); // no renewal from here on
         let hold = self.hold.take().expect("LockGuard used after release");
         // In a task of its own, so that dropping this future half-way cannot leave the release
         // unsent (or queued on a pooled connection until it is next used).
@@ -242,6 +347,7 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        drop(self.lease.take()); // no renewal from here on
         let Some(hold) = self.hold.take() else { return };
         // Not lazily on the next use of a connection: a task of its own, right now.
         match tokio::runtime::Handle::try_current() {

@@ -47,6 +47,7 @@ mod error;
 mod guard;
 mod locker;
 mod owner;
+mod renew;
 
 use std::time::{Duration, SystemTime};
 

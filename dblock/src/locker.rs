@@ -11,6 +11,7 @@ use tracing::Instrument;
 use crate::backend::{self, AcquireParams, Attempt, Backend, Grant};
 use crate::guard::{Hold, LockGuard};
 use crate::owner::Context;
+use crate::renew::Renewer;
 use crate::{LockError, LockInfo, Owner};
 
 /// Longest key, in bytes (the `lock_key` column's size).
@@ -58,6 +59,8 @@ pub struct Locker {
 struct Inner {
     /// `Err` when `table()` was given a bad name: every call then reports it.
     backend: Result<Backend, String>,
+    /// The leases this locker keeps alive, and its one renewal task.
+    renewer: Arc<Renewer>,
     table: String,
     holder: String,
 }
@@ -77,6 +80,7 @@ impl Locker {
         Locker {
             inner: Arc::new(Inner {
                 backend,
+                renewer: Arc::default(),
                 table: table.to_owned(),
                 holder: default_holder(),
             }),
@@ -209,6 +213,7 @@ impl Locker {
         Locker {
             inner: Arc::new(Inner {
                 backend,
+                renewer: Arc::default(),
                 table: name.to_owned(),
                 holder: self.inner.holder.clone(),
             }),
@@ -238,6 +243,10 @@ impl Locker {
         self.inner.backend.as_ref().map_or("invalid", Backend::name)
     }
 
+    pub(crate) fn renewer(&self) -> &Arc<Renewer> {
+        &self.inner.renewer
+    }
+
     pub(crate) fn backend(&self) -> Result<&Backend, LockError> {
         self.inner
             .backend
@@ -260,6 +269,7 @@ impl Locker {
             return Locker {
                 inner: Arc::new(Inner {
                     backend: Ok(Backend::MySql(b.clone().without_returning())),
+                    renewer: Arc::default(),
                     table: self.inner.table.clone(),
                     holder: self.inner.holder.clone(),
                 }),
@@ -482,6 +492,7 @@ impl Locker {
             holder,
             attempt,
         };
+        let sent = tokio::time::Instant::now();
         Ok(match send_acquire(backend, &params).await? {
             Attempt::Acquired(Grant {
                 hold_count,
@@ -495,7 +506,13 @@ impl Locker {
                     fencing_token,
                     level: hold_count,
                 };
-                Try::Got(LockGuard::new(hold, hold_count, expires_at_us))
+                Try::Got(LockGuard::new(
+                    hold,
+                    hold_count,
+                    expires_at_us,
+                    sent,
+                    req.ttl,
+                ))
             }
             Attempt::Busy { retry_after } => Try::Busy(retry_after),
         })

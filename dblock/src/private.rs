@@ -119,7 +119,26 @@ where
         owner,
         innermost: Some(held),
     };
-    let out = context.scope(body).await;
+    let guard = if spec.renew {
+        guard.auto_renew()
+    } else {
+        guard
+    };
+    let body = context.scope(body);
+    let out = if spec.renew {
+        // Renewal found the lock gone: the body is dropped here, at its current `.await`.
+        tokio::select! {
+            biased;
+            lost = guard.lost() => {
+                tracing::warn!(function = spec.function, "lock lost while the body ran; body cancelled");
+                drop(guard);
+                return on_error(lost);
+            }
+            out = body => out,
+        }
+    } else {
+        body.await
+    };
     if let Err(e) = guard.release().await {
         // The body has finished and its effects are done; report, do not discard its result.
         tracing::warn!(function = spec.function, error = %e, "lock was not held at the end of the body");

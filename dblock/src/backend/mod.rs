@@ -66,6 +66,17 @@ pub(crate) struct HoldRef<'a> {
     pub fencing_token: u64,
 }
 
+/// One lease in a batched extension.
+pub(crate) struct RenewItem<'a> {
+    pub key: &'a str,
+    pub owner: &'a str,
+    pub fencing_token: u64,
+    pub ttl_us: i64,
+}
+
+/// The holds a batched extension found live and extended: (key, owner, fencing token).
+pub(crate) type Extended = Vec<(String, String, u64)>;
+
 /// The database behind a [`Locker`](crate::Locker).
 #[derive(Clone, Debug)]
 pub(crate) enum Backend {
@@ -125,6 +136,17 @@ impl Backend {
         ttl_us: i64,
     ) -> Result<Option<i64>, sqlx::Error> {
         dispatch!(self, b => b.extend(h, ttl_us).await)
+    }
+
+    /// Extends every live hold in `items` in one statement; returns those it extended.
+    pub(crate) async fn extend_many(
+        &self,
+        items: &[RenewItem<'_>],
+    ) -> Result<Extended, sqlx::Error> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        dispatch!(self, b => b.extend_many(items).await)
     }
 
     pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {

@@ -36,6 +36,8 @@ const US_NOW: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
 #[derive(Clone, Debug)]
 pub(crate) struct My {
     pub(crate) pool: MySqlPool,
+    /// The quoted table name, for statements built per call.
+    table: Arc<str>,
     sql: Arc<Statements>,
     /// `true` when the server takes `INSERT ... RETURNING` (MariaDB ≥ 10.5); decided once.
     returning: Arc<OnceCell<bool>>,
@@ -182,6 +184,7 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
         };
         My {
             pool,
+            table: t.into(),
             sql: Arc::new(statements),
             returning: Arc::new(OnceCell::new()),
         }
@@ -318,6 +321,67 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
             .execute(&self.pool)
             .await?;
         Ok((done.rows_affected() > 0).then_some(done.last_insert_id() as i64))
+    }
+
+    /// Renewal of many leases: one multi-table UPDATE joined to a derived table of
+    /// (key, owner, token, ttl). Each row is updated under its exclusive lock with the same
+    /// owner/tenure/live check as `extend`. MySQL has no RETURNING for UPDATE: when fewer rows
+    /// matched than were sent, one read names the holds still live (a hold that was not extended
+    /// cannot be live again: its token would have changed).
+    pub(crate) async fn extend_many(
+        &self,
+        items: &[super::RenewItem<'_>],
+    ) -> Result<super::Extended, sqlx::Error> {
+        let mut rows = vec!["SELECT ? AS k, ? AS o, ? AS tok, ? AS ttl"; 1];
+        rows.extend(std::iter::repeat_n("SELECT ?, ?, ?, ?", items.len() - 1));
+        let text = format!(
+            "UPDATE {table} AS l JOIN ({rows}) AS r
+  ON l.lock_key = r.k AND l.owner = r.o AND l.fencing_token = r.tok
+SET l.expires_at = GREATEST(l.expires_at, UTC_TIMESTAMP(6) + INTERVAL r.ttl MICROSECOND)
+WHERE l.expires_at > UTC_TIMESTAMP(6)",
+            table = self.table,
+            rows = rows.join(" UNION ALL "),
+        );
+        let mut q = sqlx::query(AssertSqlSafe(text));
+        for i in items {
+            q = q
+                .bind(i.key)
+                .bind(i.owner)
+                .bind(i.fencing_token as i64)
+                .bind(i.ttl_us);
+        }
+        let matched = q.execute(&self.pool).await?.rows_affected();
+        let all = || {
+            items
+                .iter()
+                .map(|i| (i.key.to_owned(), i.owner.to_owned(), i.fencing_token))
+                .collect()
+        };
+        if matched as usize >= items.len() {
+            return Ok(all());
+        }
+        let marks = vec!["?"; items.len()].join(", ");
+        let text = format!(
+            "SELECT lock_key, owner, fencing_token FROM {table}
+WHERE lock_key IN ({marks}) AND expires_at > UTC_TIMESTAMP(6)",
+            table = self.table
+        );
+        let mut q = sqlx::query_as::<_, (Vec<u8>, Option<String>, i64)>(AssertSqlSafe(text));
+        for i in items {
+            q = q.bind(i.key);
+        }
+        let live = q.fetch_all(&self.pool).await?;
+        Ok(items
+            .iter()
+            .filter(|i| {
+                live.iter().any(|(k, o, t)| {
+                    k.as_slice() == i.key.as_bytes()
+                        && o.as_deref() == Some(i.owner)
+                        && *t as u64 == i.fencing_token
+                })
+            })
+            .map(|i| (i.key.to_owned(), i.owner.to_owned(), i.fencing_token))
+            .collect())
     }
 
     pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {

@@ -35,6 +35,7 @@ struct Statements {
     acquire: SqlStr,
     release: SqlStr,
     extend: SqlStr,
+    extend_many: SqlStr,
     inspect: SqlStr,
     held: SqlStr,
     force_release: SqlStr,
@@ -139,6 +140,18 @@ RETURNING {us_expires}",
                 &t,
             ),
 
+            // Renewal of many leases: one UPDATE joined to the arrays of (key, owner, token, ttl).
+            // Each row is updated under its row lock with the same owner/tenure/live check as
+            // `extend`; RETURNING names exactly the holds that were extended.
+            extend_many: sql(
+                "UPDATE {table} AS l
+SET expires_at = greatest(l.expires_at, statement_timestamp() + r.ttl_us * interval '1 microsecond')
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[]) AS r(k, o, tok, ttl_us)
+WHERE l.lock_key = r.k AND l.owner = r.o AND l.fencing_token = r.tok
+  AND l.expires_at > statement_timestamp()
+RETURNING l.lock_key, l.owner, l.fencing_token",
+                &t,
+            ),
             inspect: sql(
                 &format!("SELECT {INFO_COLUMNS} FROM {{table}} WHERE lock_key = $1"),
                 &t,
@@ -259,6 +272,24 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
             .bind(ttl_us as f64)
             .fetch_optional(&self.pool)
             .await
+    }
+
+    pub(crate) async fn extend_many(
+        &self,
+        items: &[super::RenewItem<'_>],
+    ) -> Result<super::Extended, sqlx::Error> {
+        let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
+        let owners: Vec<&str> = items.iter().map(|i| i.owner).collect();
+        let tokens: Vec<i64> = items.iter().map(|i| i.fencing_token as i64).collect();
+        let ttls: Vec<f64> = items.iter().map(|i| i.ttl_us as f64).collect();
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(self.sql.extend_many.clone())
+            .bind(keys)
+            .bind(owners)
+            .bind(tokens)
+            .bind(ttls)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
     }
 
     pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {

@@ -28,6 +28,8 @@ const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS IN
 #[derive(Clone, Debug)]
 pub(crate) struct Lite {
     pub(crate) pool: SqlitePool,
+    /// The quoted table name, for statements built per call.
+    table: Arc<str>,
     sql: Arc<Statements>,
 }
 
@@ -126,6 +128,7 @@ WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
         };
         Lite {
             pool,
+            table: t.into(),
             sql: Arc::new(statements),
         }
     }
@@ -203,6 +206,34 @@ WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
             .bind(ms_ceil(ttl_us))
             .fetch_optional(&self.pool)
             .await
+    }
+
+    /// Renewal of many leases: one UPDATE ... FROM a list of (key, owner, token, ttl) rows, under
+    /// SQLite's single write lock, with the same owner/tenure/live check as `extend`.
+    pub(crate) async fn extend_many(
+        &self,
+        items: &[super::RenewItem<'_>],
+    ) -> Result<super::Extended, sqlx::Error> {
+        let rows = vec!["(?, ?, ?, ?)"; items.len()].join(", ");
+        let text = format!(
+            "UPDATE {table} AS l SET expires_at = max(l.expires_at, {now} + r.column4)
+FROM (VALUES {rows}) AS r
+WHERE l.lock_key = r.column1 AND l.owner = r.column2 AND l.fencing_token = r.column3
+  AND l.expires_at > {now}
+RETURNING lock_key, owner, fencing_token",
+            table = self.table,
+            now = NOW,
+        );
+        let mut q = sqlx::query_as::<_, (String, String, i64)>(AssertSqlSafe(text));
+        for i in items {
+            q = q
+                .bind(i.key)
+                .bind(i.owner)
+                .bind(i.fencing_token as i64)
+                .bind(ms_ceil(i.ttl_us));
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
     }
 
     pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
