@@ -153,10 +153,7 @@ fn times(entry: &Entry) -> std::sync::MutexGuard<'_, Times> {
 /// The background task: sleeps until the earliest lease is due, extends every lease due by then.
 async fn run(renewer: Weak<Renewer>, wake: Arc<Notify>, backend: Backend) {
     tracing::debug!(backend = backend.name(), "renewal task started");
-    loop {
-        let Some(shared) = renewer.upgrade() else {
-            break;
-        };
+    while let Some(shared) = renewer.upgrade() {
         let next = shared.lock_entries().values().map(|e| times(e).due).min();
         let woken = wake.notified();
         drop(shared); // do not keep the locker alive while sleeping
