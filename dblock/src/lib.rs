@@ -46,6 +46,8 @@ mod backend;
 mod error;
 mod guard;
 mod locker;
+#[cfg(feature = "postgres")]
+mod notify;
 mod owner;
 mod renew;
 
@@ -149,7 +151,7 @@ pub use owner::{current, HeldLock, Owner};
 /// **`crate`**: for code that re-exports dblock under another path.
 ///
 /// ```
-/// mod infra { pub use dblock as locks; }
+/// mod infra { pub(crate) use ::dblock as locks; }
 ///
 /// #[dblock::distributed_lock(key = "k", crate = infra::locks)]
 /// async fn f() -> Result<(), infra::locks::LockError> { Ok(()) }

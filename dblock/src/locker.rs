@@ -10,6 +10,8 @@ use tracing::Instrument;
 
 use crate::backend::{self, AcquireParams, Attempt, Backend, Grant};
 use crate::guard::{Hold, LockGuard};
+#[cfg(feature = "postgres")]
+use crate::notify::Notifier;
 use crate::owner::Context;
 use crate::renew::Renewer;
 use crate::{LockError, LockInfo, Owner};
@@ -61,6 +63,8 @@ struct Inner {
     backend: Result<Backend, String>,
     /// The leases this locker keeps alive, and its one renewal task.
     renewer: Arc<Renewer>,
+    /// PostgreSQL: the LISTEN connection that wakes this locker's waiters on release.
+    notifier: Option<Arc<Notifier>>,
     table: String,
     holder: String,
 }
@@ -77,12 +81,22 @@ impl fmt::Debug for Locker {
 impl Locker {
     fn from_backend(make: impl Fn(&str) -> Backend, table: &str) -> Locker {
         let backend = validate_table(table).map(|()| make(table));
+        Locker::with(backend, table, default_holder())
+    }
+
+    fn with(backend: Result<Backend, String>, table: &str, holder: String) -> Locker {
+        let notifier = match &backend {
+            #[cfg(feature = "postgres")]
+            Ok(Backend::Postgres(pg)) => Some(Notifier::new(pg.pool.clone(), table.to_owned())),
+            _ => None,
+        };
         Locker {
             inner: Arc::new(Inner {
                 backend,
                 renewer: Arc::default(),
+                notifier,
                 table: table.to_owned(),
-                holder: default_holder(),
+                holder,
             }),
         }
     }
@@ -210,14 +224,7 @@ impl Locker {
                 }
             })
         });
-        Locker {
-            inner: Arc::new(Inner {
-                backend,
-                renewer: Arc::default(),
-                table: name.to_owned(),
-                holder: self.inner.holder.clone(),
-            }),
-        }
+        Locker::with(backend, name, self.inner.holder.clone())
     }
 
     /// The lock table's name.
@@ -266,14 +273,11 @@ impl Locker {
     pub fn __without_returning(&self) -> Locker {
         #[cfg(feature = "mysql")]
         if let Ok(Backend::MySql(b)) = &self.inner.backend {
-            return Locker {
-                inner: Arc::new(Inner {
-                    backend: Ok(Backend::MySql(b.clone().without_returning())),
-                    renewer: Arc::default(),
-                    table: self.inner.table.clone(),
-                    holder: self.inner.holder.clone(),
-                }),
-            };
+            return Locker::with(
+                Ok(Backend::MySql(b.clone().without_returning())),
+                &self.inner.table,
+                self.inner.holder.clone(),
+            );
         }
         self.clone()
     }
@@ -409,9 +413,12 @@ impl Locker {
         let deadline = started + req.wait;
         let mut backoff = FIRST_BACKOFF;
         let mut attempts = 0u32;
+        // Set once this call waits on PostgreSQL: a release of the key wakes it at once.
+        let mut interest = None;
         loop {
             attempts += 1;
-            match self.try_once(&req, ttl_us, &holder, attempt).await {
+            let waiting = interest.is_some();
+            match self.try_once(&req, ttl_us, &holder, attempt, waiting).await {
                 Ok(Try::Got(guard)) => {
                     tracing::debug!(
                         fencing_token = guard.fencing_token(),
@@ -433,13 +440,30 @@ impl Locker {
                     }
                     // Jitter over the upper half of the step, so waiters spread out instead of
                     // arriving together; never past the holder's lease end or our deadline.
+                    if interest.is_none() {
+                        if let Some(notifier) = &self.inner.notifier {
+                            interest = notifier.interest(&req.key).await;
+                            if interest.is_some() {
+                                continue; // ask again, now asking the holder to notify
+                            }
+                        }
+                    }
                     let jittered = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
                     let mut pause = jittered.min(deadline - now);
                     if let Some(left) = retry_after {
                         pause = pause.min(left + Duration::from_millis(1));
                     }
                     tracing::trace!(?pause, "busy: waiting");
-                    tokio::time::sleep(pause).await;
+                    match &interest {
+                        // Polling stays the fallback: a lost notification costs one pause.
+                        Some(i) => {
+                            tokio::select! {
+                                () = i.notify.notified() => tracing::trace!("woken by release"),
+                                () = tokio::time::sleep(pause) => {}
+                            }
+                        }
+                        None => tokio::time::sleep(pause).await,
+                    }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 Err(e) => {
@@ -462,12 +486,15 @@ impl Locker {
         ttl_us: i64,
         holder: &Arc<str>,
         attempt: i64,
+        waiting: bool,
     ) -> Result<Try, LockError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (locker, req, holder) = (self.clone(), req.clone(), holder.clone());
         tokio::spawn(
             async move {
-                let outcome = locker.send_acquire(&req, ttl_us, &holder, attempt).await;
+                let outcome = locker
+                    .send_acquire(&req, ttl_us, &holder, attempt, waiting)
+                    .await;
                 // If the receiver is gone, the guard inside is dropped here: released.
                 let _ = tx.send(outcome);
             }
@@ -483,6 +510,7 @@ impl Locker {
         ttl_us: i64,
         holder: &str,
         attempt: i64,
+        waiting: bool,
     ) -> Result<Try, LockError> {
         let backend = self.backend()?;
         let params = AcquireParams {
@@ -491,6 +519,7 @@ impl Locker {
             ttl_us,
             holder,
             attempt,
+            waiting,
         };
         let sent = tokio::time::Instant::now();
         Ok(match send_acquire(backend, &params).await? {

@@ -10,5 +10,6 @@ CREATE TABLE IF NOT EXISTS "dblock_locks" (
     expires_at    TIMESTAMPTZ NOT NULL,
     acquired_at   TIMESTAMPTZ NOT NULL,
     holder        TEXT,
-    attempt_id    BIGINT
+    attempt_id    BIGINT,
+    contended     BOOLEAN     NOT NULL DEFAULT false
 ) WITH (fillfactor = 80);

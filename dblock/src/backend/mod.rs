@@ -27,6 +27,8 @@ pub(crate) struct AcquireParams<'a> {
     /// Random id of this `lock()` call. A retry after an unknown outcome sends the same id, so
     /// the statement recognises its own earlier success instead of counting the hold twice.
     pub attempt: i64,
+    /// A waiter whose LISTEN is in place: on PostgreSQL, a busy attempt asks for a NOTIFY.
+    pub waiting: bool,
 }
 
 /// A lock that the statement granted (first hold, takeover or re-entry).
@@ -322,6 +324,7 @@ mod statement_tests {
                 ttl_us: 30_000_000,
                 holder: "h",
                 attempt: 7,
+                waiting: false,
             };
             let first = grant(b.acquire(&p).await.unwrap());
             let repeat = grant(b.acquire(&p).await.unwrap());
@@ -398,6 +401,7 @@ mod statement_tests {
                 ttl_us: 10_000_000,
                 holder: "h",
                 attempt: 1,
+                waiting: false,
             };
             grant(b.acquire(&p).await.unwrap());
             let q = AcquireParams {

@@ -19,13 +19,16 @@ pub(crate) const DDL: &str = r#"CREATE TABLE IF NOT EXISTS {table} (
     expires_at    TIMESTAMPTZ NOT NULL,
     acquired_at   TIMESTAMPTZ NOT NULL,
     holder        TEXT,
-    attempt_id    BIGINT
+    attempt_id    BIGINT,
+    contended     BOOLEAN     NOT NULL DEFAULT false
 ) WITH (fillfactor = 80);
 "#;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Pg {
     pub(crate) pool: PgPool,
+    /// NOTIFY channel for releases of this table: the table name as given.
+    pub(crate) channel: std::sync::Arc<str>,
     sql: std::sync::Arc<Statements>,
 }
 
@@ -92,10 +95,18 @@ impl Pg {
         expires_at = greatest(CASE WHEN l.owner = $2 THEN l.expires_at END,
                               statement_timestamp() + $3::float8 * interval '1 microsecond'),
         attempt_id = $5,
+        contended = false,
         owner = $2
     WHERE l.lock_key = $1
       AND (l.owner IS NULL OR l.owner = $2 OR l.expires_at <= statement_timestamp())
     RETURNING l.hold_count, l.fencing_token, l.expires_at
+), flag AS (
+    -- A waiter ($6) whose LISTEN is in place asks the holder's release to NOTIFY. Written once
+    -- per contention episode: when the flag is already set this updates nothing.
+    UPDATE {table} SET contended = true
+    WHERE $6 AND lock_key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM upd)
+      AND owner IS NOT NULL AND owner <> $2 AND expires_at > statement_timestamp()
+    RETURNING 1
 ), ins AS (
     INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id)
     SELECT $1, $2, 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8,
@@ -120,14 +131,20 @@ FROM res",
             // One single-row UPDATE by primary key: the WHERE (owner, tenure, live lease) and the
             // decrement are applied to the same row version under its row lock, so a release
             // can neither race another release nor touch a lease that has run out.
+            // A full release of a key someone waits for (`contended`) also NOTIFYs the key on
+            // the locker's channel ($5); NOTIFY is delivered at commit, i.e. once it is free.
             release: sql(
-                "UPDATE {table} SET
-    hold_count = hold_count - 1,
-    owner      = CASE WHEN hold_count > 1 THEN owner END,
-    expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE statement_timestamp() END
-WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND hold_count >= $4
-  AND expires_at > statement_timestamp()
-RETURNING hold_count",
+                "WITH r AS (
+    UPDATE {table} SET
+        hold_count = hold_count - 1,
+        owner      = CASE WHEN hold_count > 1 THEN owner END,
+        expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE statement_timestamp() END
+    WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND hold_count >= $4
+      AND expires_at > statement_timestamp()
+    RETURNING hold_count, contended, lock_key
+)
+SELECT hold_count, CASE WHEN hold_count = 0 AND contended THEN pg_notify($5, lock_key)::text END
+FROM r",
                 &t,
             ),
 
@@ -182,6 +199,7 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
         };
         Pg {
             pool,
+            channel: table.into(),
             sql: std::sync::Arc::new(statements),
         }
     }
@@ -222,6 +240,7 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
             .bind(p.ttl_us as f64)
             .bind(p.holder)
             .bind(p.attempt)
+            .bind(p.waiting)
             .fetch_optional(&self.pool)
             .await?;
         let Some(row) = row else {
@@ -251,6 +270,7 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
             .bind(h.owner)
             .bind(h.fencing_token as i64)
             .bind(min_count as i32)
+            .bind(&*self.channel)
             .fetch_optional(&self.pool)
             .await?;
         Ok(match left {

@@ -1,0 +1,121 @@
+//! Fast hand-off on PostgreSQL: one LISTEN connection per [`Locker`](crate::Locker) turns a
+//! release into an immediate retry for a waiter in this process, instead of its next poll.
+//!
+//! Cost control: a release sends NOTIFY only when the row's `contended` flag is set, and only a
+//! waiter sets it (once per contention episode, and only after its LISTEN is in place); the next
+//! acquisition clears it. An uncontended lock/unlock cycle never notifies. A notification lost
+//! while the listener reconnects costs at most one backoff poll: waiters keep polling.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use sqlx::postgres::{PgListener, PgPool};
+use tokio::sync::{Notify, OnceCell};
+
+/// The waiters of one locker, by key, and its listening connection.
+pub(crate) struct Notifier {
+    pool: PgPool,
+    channel: String,
+    waiters: Mutex<HashMap<String, Waiter>>,
+    listening: OnceCell<bool>,
+}
+
+struct Waiter {
+    notify: Arc<Notify>,
+    count: usize,
+}
+
+/// Interest in one key; dropping it withdraws the interest.
+pub(crate) struct Interest {
+    notifier: Arc<Notifier>,
+    key: String,
+    pub(crate) notify: Arc<Notify>,
+}
+
+impl Drop for Interest {
+    fn drop(&mut self) {
+        let mut waiters = self.notifier.lock();
+        if let Some(w) = waiters.get_mut(&self.key) {
+            w.count -= 1;
+            if w.count == 0 {
+                waiters.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Notifier {
+    pub(crate) fn new(pool: PgPool, channel: String) -> Arc<Self> {
+        Arc::new(Notifier {
+            pool,
+            channel,
+            waiters: Mutex::default(),
+            listening: OnceCell::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiter>> {
+        self.waiters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts the listener (once) and registers interest in `key`. `None` when LISTEN could not
+    /// be set up: the caller then just polls.
+    pub(crate) async fn interest(self: &Arc<Self>, key: &str) -> Option<Interest> {
+        let ready = *self
+            .listening
+            .get_or_init(|| async {
+                match self.listen().await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "LISTEN failed; waiters fall back to polling");
+                        false
+                    }
+                }
+            })
+            .await;
+        if !ready {
+            return None;
+        }
+        let mut waiters = self.lock();
+        let w = waiters.entry(key.to_owned()).or_insert_with(|| Waiter {
+            notify: Arc::new(Notify::new()),
+            count: 0,
+        });
+        w.count += 1;
+        Some(Interest {
+            notifier: self.clone(),
+            key: key.to_owned(),
+            notify: w.notify.clone(),
+        })
+    }
+
+    /// LISTENs on a connection of its own (not one of the pool's), then hands it to a task that
+    /// wakes one waiter of the released key per notification.
+    async fn listen(self: &Arc<Self>) -> Result<(), sqlx::Error> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(&self.channel).await?;
+        let me: Weak<Notifier> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                // `recv` reconnects (and LISTENs again) by itself after a lost connection.
+                let received = listener.recv().await;
+                let Some(notifier) = me.upgrade() else { break };
+                match received {
+                    Ok(n) => {
+                        if let Some(w) = notifier.lock().get(n.payload()) {
+                            // One waiter per process: no thundering herd on release.
+                            w.notify.notify_one();
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "listener connection lost; reconnecting");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}
