@@ -263,6 +263,7 @@ async fn main() {
     let my = std::env::var("DBLOCK_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
 
+    let mut handoffs = Vec::new();
     println!("| backend | owners | impl | cycles/s | p50 | p99 | dblock / ceiling |");
     println!("|---|---|---|---|---|---|---|");
     for (name, url) in [
@@ -281,8 +282,8 @@ async fn main() {
                 continue;
             }
         };
+        drop_table(url, "dblock_bench").await;
         locker.migrate().await.unwrap();
-        locker.purge(Duration::ZERO).await.unwrap();
         let dblock: Arc<dyn Cycle> = Arc::new(Dblock(locker.clone()));
         let raw: Arc<dyn Cycle> = Arc::new(raw_for(name, url, &locker).await);
         for owners in [1, 8] {
@@ -321,5 +322,112 @@ async fn main() {
                 );
             }
         }
+        handoffs.push((name, locker));
+    }
+
+    println!();
+    println!("Hand-off under contention: {WAITERS} owners take turns on one key (hold {HOLD:?}); time from");
+    println!("the holder's release() call to the next owner's lock() returning.");
+    println!();
+    println!("| backend | wake-up | hand-offs | p50 | p99 |");
+    println!("|---|---|---|---|---|");
+    let handoff_secs = Duration::from_secs_f64(secs.max(2.0));
+    for (name, locker) in handoffs {
+        if name == "postgres" {
+            let mut s = handoff(locker.__polling_only(), handoff_secs).await;
+            print_handoff(name, "polling only", &mut s);
+        }
+        let mut s = handoff(locker.clone(), handoff_secs).await;
+        let how = if name == "postgres" {
+            "LISTEN/NOTIFY + polling"
+        } else {
+            "polling (jittered backoff)"
+        };
+        print_handoff(name, how, &mut s);
+    }
+}
+
+const WAITERS: usize = 8;
+const HOLD: Duration = Duration::from_millis(1);
+
+fn print_handoff(name: &str, how: &str, s: &mut Stats) {
+    let (p50, p99) = (s.pct(0.50), s.pct(0.99));
+    println!(
+        "| {name} | {how} | {} | {:.2} ms | {:.2} ms |",
+        s.cycles,
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3
+    );
+}
+
+/// `WAITERS` owners loop on one key for `secs`; returns release→next-acquire latencies.
+async fn handoff(locker: Locker, secs: Duration) -> Stats {
+    #[derive(Clone, Copy)]
+    enum Ev {
+        Acquired(Instant),
+        Releasing(Instant),
+    }
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (locker, events) = (locker.clone(), events.clone());
+            tokio::spawn(async move {
+                while start.elapsed() < secs {
+                    let g = locker
+                        .lock("handoff")
+                        .ttl(TTL)
+                        .wait(Duration::from_secs(30))
+                        .await
+                        .expect("handoff lock");
+                    events.lock().unwrap().push(Ev::Acquired(Instant::now()));
+                    tokio::time::sleep(HOLD).await;
+                    events.lock().unwrap().push(Ev::Releasing(Instant::now()));
+                    g.release().await.expect("handoff release");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut evs = events.lock().unwrap().clone();
+    evs.sort_by_key(|e| match e {
+        Ev::Acquired(t) | Ev::Releasing(t) => *t,
+    });
+    let mut latencies = Vec::new();
+    let mut released: Option<Instant> = None;
+    for e in evs {
+        match e {
+            Ev::Releasing(t) => released = Some(t),
+            Ev::Acquired(t) => {
+                if let Some(r) = released.take() {
+                    latencies.push(t - r);
+                }
+            }
+        }
+    }
+    Stats {
+        cycles: latencies.len(),
+        elapsed: start.elapsed(),
+        latencies,
+    }
+}
+
+/// Starts each run from an empty table of the current schema.
+async fn drop_table(url: &str, table: &str) {
+    let sql = format!("DROP TABLE IF EXISTS {table}");
+    if url.starts_with("postgres") {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
+    } else if url.starts_with("mysql") {
+        let pool = sqlx::MySqlPool::connect(url).await.unwrap();
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
     }
 }

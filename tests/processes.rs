@@ -50,6 +50,12 @@ async fn child_entry() {
                 g.release().await.unwrap();
             }
         }
+        "attr-counter" => {
+            let dir = std::env::var("DBLOCK_CHILD_DIR").unwrap();
+            for _ in 0..ITERATIONS {
+                bump(&locker, Path::new(&dir)).await.unwrap();
+            }
+        }
         "holder" => {
             let g = locker
                 .lock("doomed")
@@ -63,6 +69,22 @@ async fn child_entry() {
         }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// The same read-modify-write as the "counter" role, protected by the attribute.
+#[dblock::distributed_lock(key = "shared-counter", locker = locker, wait = "120s")]
+async fn bump(locker: &Locker, dir: &Path) -> Result<(), dblock::LockError> {
+    let (counter, log) = (dir.join("counter"), dir.join("tokens"));
+    let n: u64 = std::fs::read_to_string(&counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await; // widen the race window
+    std::fs::write(&counter, format!("{}\n", n + 1)).unwrap();
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    writeln!(f, "{}", dblock::current().unwrap().fencing_token).unwrap();
+    Ok(())
 }
 
 fn child(db: &common::Db, role: &str, dir: &Path) -> Command {
@@ -86,7 +108,16 @@ fn child(db: &common::Db, role: &str, dir: &Path) -> Command {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_share_a_counter_without_lost_updates() {
-    let (dbs, _dir) = common::all("procs").await;
+    shared_counter("counter").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_a_counter_through_the_attribute() {
+    shared_counter("attr-counter").await;
+}
+
+async fn shared_counter(role: &str) {
+    let (dbs, _dir) = common::all(&format!("procs_{}", role.replace('-', "_"))).await;
     for db in &dbs {
         let work = tempfile::tempdir().unwrap();
         std::fs::write(work.path().join("counter"), "0\n").unwrap();

@@ -268,6 +268,20 @@ impl Locker {
         self.backend().map(Backend::statements).unwrap_or_default()
     }
 
+    /// The same locker without LISTEN/NOTIFY wake-ups (waiters only poll). For the benchmark.
+    #[doc(hidden)]
+    pub fn __polling_only(&self) -> Locker {
+        Locker {
+            inner: Arc::new(Inner {
+                backend: self.inner.backend.clone(),
+                renewer: Arc::default(),
+                notifier: None,
+                table: self.inner.table.clone(),
+                holder: self.inner.holder.clone(),
+            }),
+        }
+    }
+
     /// Uses the MySQL 8 statements (no `RETURNING`) even on MariaDB. For tests of that path.
     #[doc(hidden)]
     pub fn __without_returning(&self) -> Locker {
