@@ -190,7 +190,14 @@ impl LockGuard {
     pub async fn lost(&self) -> LockError {
         match &self.lease {
             Some(lease) => lease.lost().await,
-            None => tokio::time::sleep_until(self.deadline()).await,
+            // An `extend` meanwhile moves the deadline: sleep again until the current one.
+            None => loop {
+                let deadline = self.deadline();
+                if Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep_until(deadline).await;
+            },
         }
         LockError::Lost {
             key: self.hold().key.clone(),
