@@ -60,6 +60,7 @@ impl Cycle for Raw {
                         .bind(ttl_us as f64)
                         .bind("bench")
                         .bind(attempt)
+                        .bind(false) // not a waiter
                         .fetch_one(pool)
                         .await
                         .unwrap();
@@ -70,6 +71,7 @@ impl Cycle for Raw {
                         .bind(owner)
                         .bind(token)
                         .bind(1i32)
+                        .bind("dblock_bench") // NOTIFY channel
                         .fetch_optional(pool)
                         .await
                         .unwrap()
@@ -326,34 +328,39 @@ async fn main() {
     }
 
     println!();
-    println!("Hand-off under contention: {WAITERS} owners take turns on one key (hold {HOLD:?}); time from");
-    println!("the holder's release() call to the next owner's lock() returning.");
+    println!(
+        "Hand-off under contention: {WAITERS} owners take turns on one key, each holding it for"
+    );
+    println!("`hold`; time from the holder's release() call to the next owner's lock() returning.");
     println!();
-    println!("| backend | wake-up | hand-offs | p50 | p99 |");
-    println!("|---|---|---|---|---|");
+    println!("| backend | hold | wake-up | hand-offs | p50 | p99 |");
+    println!("|---|---|---|---|---|---|");
     let handoff_secs = Duration::from_secs_f64(secs.max(2.0));
     for (name, locker) in handoffs {
-        if name == "postgres" {
-            let mut s = handoff(locker.__polling_only(), handoff_secs).await;
-            print_handoff(name, "polling only", &mut s);
+        for hold in HOLDS {
+            if name == "postgres" {
+                let mut s = handoff(locker.__polling_only(), handoff_secs, hold).await;
+                print_handoff(name, hold, "polling only", &mut s);
+            }
+            let mut s = handoff(locker.clone(), handoff_secs, hold).await;
+            let how = if name == "postgres" {
+                "LISTEN/NOTIFY + polling"
+            } else {
+                "polling (jittered backoff)"
+            };
+            print_handoff(name, hold, how, &mut s);
         }
-        let mut s = handoff(locker.clone(), handoff_secs).await;
-        let how = if name == "postgres" {
-            "LISTEN/NOTIFY + polling"
-        } else {
-            "polling (jittered backoff)"
-        };
-        print_handoff(name, how, &mut s);
     }
 }
 
 const WAITERS: usize = 8;
-const HOLD: Duration = Duration::from_millis(1);
+/// A short hold keeps every waiter polling fast; a long one lets their backoff grow.
+const HOLDS: [Duration; 2] = [Duration::from_millis(1), Duration::from_millis(50)];
 
-fn print_handoff(name: &str, how: &str, s: &mut Stats) {
+fn print_handoff(name: &str, hold: Duration, how: &str, s: &mut Stats) {
     let (p50, p99) = (s.pct(0.50), s.pct(0.99));
     println!(
-        "| {name} | {how} | {} | {:.2} ms | {:.2} ms |",
+        "| {name} | {hold:?} | {how} | {} | {:.2} ms | {:.2} ms |",
         s.cycles,
         p50.as_secs_f64() * 1e3,
         p99.as_secs_f64() * 1e3
@@ -361,7 +368,7 @@ fn print_handoff(name: &str, how: &str, s: &mut Stats) {
 }
 
 /// `WAITERS` owners loop on one key for `secs`; returns release→next-acquire latencies.
-async fn handoff(locker: Locker, secs: Duration) -> Stats {
+async fn handoff(locker: Locker, secs: Duration, hold: Duration) -> Stats {
     #[derive(Clone, Copy)]
     enum Ev {
         Acquired(Instant),
@@ -381,7 +388,7 @@ async fn handoff(locker: Locker, secs: Duration) -> Stats {
                         .await
                         .expect("handoff lock");
                     events.lock().unwrap().push(Ev::Acquired(Instant::now()));
-                    tokio::time::sleep(HOLD).await;
+                    tokio::time::sleep(hold).await;
                     events.lock().unwrap().push(Ev::Releasing(Instant::now()));
                     g.release().await.expect("handoff release");
                 }

@@ -18,8 +18,8 @@ impl Write for Captured {
     }
 }
 
-#[tokio::test]
-async fn acquire_contention_release_and_errors_are_traced() {
+/// Everything traced on this thread from now on, as text; the guard keeps it installed.
+fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
     let out = Captured::default();
     let writer = out.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -27,7 +27,12 @@ async fn acquire_contention_release_and_errors_are_traced() {
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    (out, tracing::subscriber::set_default(subscriber))
+}
+
+#[tokio::test]
+async fn acquire_contention_release_and_errors_are_traced() {
+    let (out, _default) = capture();
 
     let locker = dblock::Locker::connect("sqlite::memory:").await.unwrap();
     locker.migrate().await.unwrap();
@@ -63,14 +68,7 @@ async fn acquire_contention_release_and_errors_are_traced() {
 /// reports each batch with its size.
 #[tokio::test]
 async fn due_leases_are_extended_in_one_batch() {
-    let out = Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (out, _default) = capture();
 
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("l.db").display());
