@@ -128,11 +128,23 @@ impl Renewer {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.lock_entries().insert(id, entry.clone());
         if !self.started.swap(true, Ordering::SeqCst) {
-            tokio::spawn(run(
-                Arc::downgrade(self),
-                self.wake.clone(),
-                backend.clone(),
-            ));
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(run(
+                        Arc::downgrade(self),
+                        self.wake.clone(),
+                        backend.clone(),
+                    ));
+                }
+                Err(_) => {
+                    // No runtime to renew on: the lease will simply end at its ttl.
+                    self.started.store(false, Ordering::SeqCst);
+                    tracing::warn!(
+                        key,
+                        "auto_renew outside a tokio runtime; the lease will not be renewed"
+                    );
+                }
+            }
         }
         self.wake.notify_one();
         Lease {
