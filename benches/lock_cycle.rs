@@ -42,7 +42,7 @@ impl Cycle for Dblock {
 
 /// The ceiling: dblock's own statements, bound and sent by hand.
 enum Raw {
-    Pg(sqlx::PgPool, String, String),
+    Pg(sqlx::PgPool, String, String, String),
     My(sqlx::MySqlPool, String, String),
     Lite(sqlx::SqlitePool, String, String),
 }
@@ -53,7 +53,7 @@ impl Cycle for Raw {
         let ttl_us = TTL.as_micros() as i64;
         Box::pin(async move {
             match self {
-                Raw::Pg(pool, acquire, release) => {
+                Raw::Pg(pool, acquire, release, channel) => {
                     let row = sqlx::query(AssertSqlSafe(acquire.as_str()))
                         .bind(key)
                         .bind(owner)
@@ -71,7 +71,7 @@ impl Cycle for Raw {
                         .bind(owner)
                         .bind(token)
                         .bind(1i32)
-                        .bind("dblock_bench") // NOTIFY channel
+                        .bind(channel.as_str()) // NOTIFY channel
                         .fetch_optional(pool)
                         .await
                         .unwrap()
@@ -206,7 +206,7 @@ async fn raw_for(name: &str, url: &str, locker: &Locker) -> Raw {
                 .connect_with(opts)
                 .await
                 .unwrap();
-            Raw::Pg(pool, acquire, release)
+            Raw::Pg(pool, acquire, release, locker.__notify_channel().unwrap())
         }
         "mariadb" => {
             let opts = sqlx::mysql::MySqlConnectOptions::from_str(url).unwrap();

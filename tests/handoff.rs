@@ -15,7 +15,10 @@ async fn a_release_notifies_only_when_someone_waits() {
     };
     let l = &db.locker;
     let mut listener = PgListener::connect(&db.url).await.unwrap();
-    listener.listen(l.table_name()).await.unwrap();
+    listener
+        .listen(&l.__notify_channel().unwrap())
+        .await
+        .unwrap();
 
     // Uncontended: no NOTIFY at all.
     l.lock("quiet").await.unwrap().release().await.unwrap();

@@ -821,3 +821,49 @@ async fn kill_other_connections(db: &common::Db) {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
+
+/// `wait(Duration::MAX)` means "as long as it takes" (no overflow panic), and a sub-microsecond
+/// ttl is a short lease, not an expired one.
+#[tokio::test]
+async fn extreme_durations_are_handled() {
+    let (dbs, _dir) = common::all("extreme").await;
+    for db in &dbs {
+        let g = db.locker.lock("k").await.unwrap();
+        let waited = tokio::time::timeout(
+            Duration::from_millis(300),
+            db.locker.lock("k").wait(Duration::MAX),
+        )
+        .await;
+        assert!(waited.is_err(), "{}: wait(MAX) returned early", db.name);
+        g.release().await.unwrap();
+        let tiny = db.locker.lock("tiny").ttl(Duration::from_nanos(1)).await;
+        assert!(tiny.is_ok(), "{}: {tiny:?}", db.name);
+    }
+}
+
+/// The longest valid table name (schema.table, 127 bytes) still gets working NOTIFY hand-offs
+/// on PostgreSQL (the channel is a short hash, PostgreSQL allows 63 bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_table_names_work_with_contended_releases() {
+    let (dbs, _dir) = common::all("longname").await;
+    for db in &dbs {
+        let schema = if db.name == "postgres" {
+            "public"
+        } else if db.name == "sqlite" {
+            "main"
+        } else {
+            "test"
+        };
+        let name = format!("{schema}.{}", "l".repeat(63));
+        let l = db.locker.table(&name);
+        l.migrate().await.unwrap();
+        let g = l.lock("k").await.unwrap();
+        let l2 = l.clone();
+        let waiter = tokio::spawn(async move { l2.lock("k").wait(Duration::from_secs(10)).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        g.release()
+            .await
+            .unwrap_or_else(|e| panic!("{}: contended release failed: {e}", db.name));
+        waiter.await.unwrap().unwrap().release().await.unwrap();
+    }
+}

@@ -65,15 +65,17 @@ impl Hold {
     }
 
     /// Gives one hold back. Retries statements the server rolled back; after a broken connection
-    /// it retries conditioned on the count still being at least this guard's level, so a release
-    /// whose first attempt did commit is not applied twice.
+    /// it sends the same release again, which recognises its own earlier success by the release
+    /// id it left in the row. The owner's operations on this key are serialised meanwhile, so no
+    /// re-entry of the same owner can slip in between and make a repeat count twice.
     pub(crate) async fn release(&self) -> Result<Released, LockError> {
         let backend = self.locker.backend()?;
-        let mut min_count = 1;
+        let _serial = self.locker.serialise(self.owner.id(), &self.key).await;
+        let release_id = fastrand::i64(1..i64::MAX);
         let mut rolled_back = 0;
         let mut unknown = 0;
         loop {
-            match backend.release(&self.as_ref(), min_count).await {
+            match backend.release(&self.as_ref(), release_id).await {
                 Ok(Released::NotHeld) if unknown > 0 => {
                     tracing::debug!(key = %self.key, "release after a lost reply: earlier attempt took effect");
                     return Ok(Released::StillHeld(self.level.saturating_sub(1)));
@@ -90,7 +92,6 @@ impl Hold {
                             && !matches!(e, sqlx::Error::PoolTimedOut) =>
                     {
                         unknown += 1;
-                        min_count = self.level;
                     }
                     _ => return Err(LockError::Database(e)),
                 },

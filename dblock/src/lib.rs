@@ -29,7 +29,8 @@
 //! - **Fencing tokens** strictly increase each time a key changes owner, also after the row was
 //!   purged (new rows are seeded from the database clock in microseconds).
 //! - **One statement, one round trip** for acquire, re-entry, release and extend, atomic at READ
-//!   COMMITTED without an explicit transaction. A busy attempt writes nothing.
+//!   COMMITTED without an explicit transaction. A busy attempt writes nothing (on PostgreSQL a
+//!   waiter flags the row once per contention episode, so the release can NOTIFY it).
 //! - **No hold counted twice**: statements the server rolled back are retried; after a broken
 //!   connection the same attempt id is sent again and recognised.
 //! - **Released on every exit**: [`LockGuard::release`], or on drop in the background at once.

@@ -1,9 +1,10 @@
 //! [`Locker`]: the handle to the lock table, and [`LockRequest`], one `lock()` call.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
@@ -58,6 +59,9 @@ pub struct Locker {
     inner: Arc<Inner>,
 }
 
+/// (owner, key) → the async mutex serialising that owner's statements on that key.
+type SerialMap = HashMap<(String, String), Weak<tokio::sync::Mutex<()>>>;
+
 struct Inner {
     /// `Err` when `table()` was given a bad name: every call then reports it.
     backend: Result<Backend, String>,
@@ -65,6 +69,8 @@ struct Inner {
     renewer: Arc<Renewer>,
     /// PostgreSQL: the LISTEN connection that wakes this locker's waiters on release.
     notifier: Option<Arc<Notifier>>,
+    /// One async mutex per (owner, key) with a statement in flight: see [`Locker::serialise`].
+    serial: std::sync::Mutex<SerialMap>,
     table: String,
     holder: String,
 }
@@ -87,7 +93,9 @@ impl Locker {
     fn with(backend: Result<Backend, String>, table: &str, holder: String) -> Locker {
         let notifier = match &backend {
             #[cfg(feature = "postgres")]
-            Ok(Backend::Postgres(pg)) => Some(Notifier::new(pg.pool.clone(), table.to_owned())),
+            Ok(Backend::Postgres(pg)) => {
+                Some(Notifier::new(pg.pool.clone(), pg.channel.to_string()))
+            }
             _ => None,
         };
         Locker {
@@ -95,6 +103,7 @@ impl Locker {
                 backend,
                 renewer: Arc::default(),
                 notifier,
+                serial: std::sync::Mutex::default(),
                 table: table.to_owned(),
                 holder,
             }),
@@ -227,6 +236,16 @@ impl Locker {
         Locker::with(backend, name, self.inner.holder.clone())
     }
 
+    /// PostgreSQL: the LISTEN/NOTIFY channel releases of this table are announced on.
+    #[doc(hidden)]
+    pub fn __notify_channel(&self) -> Option<String> {
+        match self.backend() {
+            #[cfg(feature = "postgres")]
+            Ok(Backend::Postgres(pg)) => Some(pg.channel.to_string()),
+            _ => None,
+        }
+    }
+
     /// The lock table's name.
     ///
     /// ```
@@ -248,6 +267,37 @@ impl Locker {
     /// ```
     pub fn backend_name(&self) -> &'static str {
         self.inner.backend.as_ref().map_or("invalid", Backend::name)
+    }
+
+    /// Serialises one owner's acquire and release statements on one key (in this process, which
+    /// is where all of an owner's holds live). While an operation retries after a lost reply,
+    /// no other operation of the same owner on the key can change the row, so the repeat's
+    /// "did my earlier attempt commit?" check (attempt / release id in the row) is exact.
+    pub(crate) async fn serialise(
+        &self,
+        owner: &str,
+        key: &str,
+    ) -> tokio::sync::OwnedMutexGuard<()> {
+        let mutex = {
+            let mut map = self
+                .inner
+                .serial
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if map.len() > 1024 {
+                map.retain(|_, m| m.strong_count() > 0);
+            }
+            let slot = (owner.to_owned(), key.to_owned());
+            match map.get(&slot).and_then(Weak::upgrade) {
+                Some(m) => m,
+                None => {
+                    let m = Arc::new(tokio::sync::Mutex::new(()));
+                    map.insert(slot, Arc::downgrade(&m));
+                    m
+                }
+            }
+        };
+        mutex.lock_owned().await
     }
 
     pub(crate) fn renewer(&self) -> &Arc<Renewer> {
@@ -276,6 +326,7 @@ impl Locker {
                 backend: self.inner.backend.clone(),
                 renewer: Arc::default(),
                 notifier: None,
+                serial: std::sync::Mutex::default(),
                 table: self.inner.table.clone(),
                 holder: self.inner.holder.clone(),
             }),
@@ -424,7 +475,10 @@ impl Locker {
         let attempt = fastrand::i64(1..i64::MAX);
 
         let started = Instant::now();
-        let deadline = started + req.wait;
+        // `wait(Duration::MAX)` means "as long as it takes", not an overflow.
+        let deadline = started
+            .checked_add(req.wait)
+            .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
         let mut backoff = FIRST_BACKOFF;
         let mut attempts = 0u32;
         // Set once this call waits on PostgreSQL: a release of the key wakes it at once.
@@ -535,8 +589,11 @@ impl Locker {
             attempt,
             waiting,
         };
+        let serial = self.serialise(req.owner.id(), &req.key).await;
         let sent = tokio::time::Instant::now();
-        Ok(match send_acquire(backend, &params).await? {
+        let outcome = send_acquire(backend, &params).await;
+        drop(serial);
+        Ok(match outcome? {
             Attempt::Acquired(Grant {
                 hold_count,
                 fencing_token,
@@ -772,7 +829,8 @@ pub(crate) fn ttl_micros(ttl: Duration) -> Result<i64, LockError> {
             "ttl {ttl:?} is longer than 100 years"
         )));
     }
-    Ok(ttl.as_micros() as i64)
+    // Sub-microsecond leases round up to one microsecond rather than to an already-ended lease.
+    Ok((ttl.as_micros() as i64).max(1))
 }
 
 fn validate_table(name: &str) -> Result<(), String> {

@@ -70,19 +70,30 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    /// `true` once renewal found the lease gone.
+    /// `true` once renewal found the lease gone, or no extension succeeded before the lease's
+    /// conservative local deadline (a hung statement, a saturated pool, a stalled task).
     pub(crate) fn is_lost(&self) -> bool {
-        self.entry.lost.load(Ordering::SeqCst)
+        self.entry.lost.load(Ordering::SeqCst) || Instant::now() >= times(&self.entry).deadline
     }
 
-    /// Resolves when renewal finds the lease gone; never, while it is kept alive.
+    /// Resolves when the lease is lost (see [`is_lost`](Self::is_lost)); never, while renewal
+    /// keeps it alive.
     pub(crate) async fn lost(&self) {
         loop {
             let signal = self.entry.lost_signal.notified();
-            if self.is_lost() {
+            if self.entry.lost.load(Ordering::SeqCst) {
                 return;
             }
-            signal.await;
+            let deadline = times(&self.entry).deadline;
+            tokio::select! {
+                () = signal => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    if Instant::now() >= times(&self.entry).deadline {
+                        self.entry.mark_lost();
+                        return;
+                    }
+                }
+            }
         }
     }
 }
@@ -212,7 +223,18 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Entry>]) {
         }
     }
     let sent = Instant::now();
-    match backend.extend_many(&items).await {
+    // Never wait on the statement past the point where a lease could have ended: a hung
+    // statement must not keep a lost lease looking alive.
+    let limit = batch
+        .iter()
+        .map(|e| times(e).deadline)
+        .min()
+        .unwrap_or(sent)
+        .max(sent + Duration::from_millis(100));
+    let outcome = tokio::time::timeout_at(limit, backend.extend_many(&items))
+        .await
+        .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+    match outcome {
         Ok(extended) => {
             for e in batch {
                 let ok = extended

@@ -121,14 +121,15 @@ impl Backend {
         dispatch!(self, b => b.acquire(p).await)
     }
 
-    /// Decrements the hold count if `h` is the live tenure and the count is at least `min_count`
-    /// (1 normally; the guard's own level when retrying after an unknown outcome).
+    /// Decrements the hold count if `h` is the live tenure, recording `release_id` in the row;
+    /// a repeat with the same id (after a lost reply) then matches nothing instead of
+    /// decrementing twice. Callers serialise the owner's operations on the key around it.
     pub(crate) async fn release(
         &self,
         h: &HoldRef<'_>,
-        min_count: u32,
+        release_id: i64,
     ) -> Result<Released, sqlx::Error> {
-        dispatch!(self, b => b.release(h, min_count).await)
+        dispatch!(self, b => b.release(h, release_id).await)
     }
 
     /// Pushes the lease end to at least `now + ttl`; `None` if `h` is not the live tenure.
@@ -361,33 +362,43 @@ mod statement_tests {
                 "{name}"
             );
 
-            // Release: a retry conditioned on the guard's level does not decrement twice.
+            // Release: a repeat of the same release (same id, after a lost reply) matches
+            // nothing instead of decrementing twice; a new release decrements again.
             let h = HoldRef {
                 key: "idem",
                 owner: "owner-1",
                 fencing_token: first.fencing_token,
             };
             assert_eq!(
-                b.release(&h, 2).await.unwrap(),
+                b.release(&h, 100).await.unwrap(),
                 Released::StillHeld(1),
                 "{name}"
             );
             assert_eq!(
-                b.release(&h, 2).await.unwrap(),
+                b.release(&h, 100).await.unwrap(),
                 Released::NotHeld,
                 "{name}: applied twice"
+            );
+            assert_eq!(
+                l.inspect("idem").await.unwrap().unwrap().hold_count,
+                1,
+                "{name}"
             );
             let stale = HoldRef {
                 fencing_token: first.fencing_token - 1,
                 ..h
             };
             assert_eq!(
-                b.release(&stale, 1).await.unwrap(),
+                b.release(&stale, 101).await.unwrap(),
                 Released::NotHeld,
                 "{name}: other tenure"
             );
-            assert_eq!(b.release(&h, 1).await.unwrap(), Released::Free, "{name}");
-            assert_eq!(b.release(&h, 1).await.unwrap(), Released::NotHeld, "{name}");
+            assert_eq!(b.release(&h, 102).await.unwrap(), Released::Free, "{name}");
+            assert_eq!(
+                b.release(&h, 103).await.unwrap(),
+                Released::NotHeld,
+                "{name}"
+            );
         }
     }
 

@@ -150,8 +150,9 @@ RETURNING owner <=> ?, hold_count, fencing_token,
                 "UPDATE {table} SET
     hold_count = LAST_INSERT_ID(hold_count - 1),
     owner      = IF(hold_count = 0, NULL, owner),
-    expires_at = IF(hold_count = 0, UTC_TIMESTAMP(6), expires_at)
-WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND hold_count >= ?
+    expires_at = IF(hold_count = 0, UTC_TIMESTAMP(6), expires_at),
+    attempt_id = ?
+WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND NOT (attempt_id <=> ?)
   AND expires_at > UTC_TIMESTAMP(6)",
                 &t,
             ),
@@ -292,13 +293,14 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
     pub(crate) async fn release(
         &self,
         h: &HoldRef<'_>,
-        min_count: u32,
+        release_id: i64,
     ) -> Result<Released, sqlx::Error> {
         let done = sqlx::query(self.sql.release.clone())
+            .bind(release_id)
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
-            .bind(min_count as i32)
+            .bind(release_id)
             .execute(&self.pool)
             .await?;
         Ok(match (done.rows_affected(), done.last_insert_id()) {

@@ -27,7 +27,7 @@ pub(crate) const DDL: &str = r#"CREATE TABLE IF NOT EXISTS {table} (
 #[derive(Clone, Debug)]
 pub(crate) struct Pg {
     pub(crate) pool: PgPool,
-    /// NOTIFY channel for releases of this table: the table name as given.
+    /// NOTIFY channel for releases of this table (see [`notify_channel`]).
     pub(crate) channel: std::sync::Arc<str>,
     sql: std::sync::Arc<Statements>,
 }
@@ -95,7 +95,8 @@ impl Pg {
         expires_at = greatest(CASE WHEN l.owner = $2 THEN l.expires_at END,
                               statement_timestamp() + $3::float8 * interval '1 microsecond'),
         attempt_id = $5,
-        contended = false,
+        contended = (l.contended AND l.owner IS NOT DISTINCT FROM $2
+                     AND l.expires_at > statement_timestamp()),
         owner = $2
     WHERE l.lock_key = $1
       AND (l.owner IS NULL OR l.owner = $2 OR l.expires_at <= statement_timestamp())
@@ -138,8 +139,9 @@ FROM res",
     UPDATE {table} SET
         hold_count = hold_count - 1,
         owner      = CASE WHEN hold_count > 1 THEN owner END,
-        expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE statement_timestamp() END
-    WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND hold_count >= $4
+        expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE statement_timestamp() END,
+        attempt_id = $4
+    WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS DISTINCT FROM $4
       AND expires_at > statement_timestamp()
     RETURNING hold_count, contended, lock_key
 )
@@ -199,7 +201,7 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
         };
         Pg {
             pool,
-            channel: table.into(),
+            channel: notify_channel(table).into(),
             sql: std::sync::Arc::new(statements),
         }
     }
@@ -263,13 +265,13 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
     pub(crate) async fn release(
         &self,
         h: &HoldRef<'_>,
-        min_count: u32,
+        release_id: i64,
     ) -> Result<Released, sqlx::Error> {
         let left: Option<i32> = sqlx::query_scalar(self.sql.release.clone())
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
-            .bind(min_count as i32)
+            .bind(release_id)
             .bind(&*self.channel)
             .fetch_optional(&self.pool)
             .await?;
@@ -342,6 +344,15 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
             .await?;
         Ok(done.rows_affected())
     }
+}
+
+/// The LISTEN/NOTIFY channel of a table: `dblock_` and a 64-bit FNV-1a hash of its name, so any
+/// valid table name (up to 127 bytes with a schema) gives a channel within PostgreSQL's 63 bytes.
+pub(crate) fn notify_channel(table: &str) -> String {
+    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("dblock_{hash:016x}")
 }
 
 fn info_from_row(r: &PgRow) -> Result<LockInfo, sqlx::Error> {

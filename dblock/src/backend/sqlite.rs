@@ -101,8 +101,9 @@ RETURNING hold_count, fencing_token, expires_at * 1000",
                 "UPDATE {table} SET
     hold_count = hold_count - 1,
     owner      = CASE WHEN hold_count > 1 THEN owner END,
-    expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE {now} END
-WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND hold_count >= $4
+    expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE {now} END,
+    attempt_id = $4
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS NOT $4
   AND expires_at > {now}
 RETURNING hold_count",
                 &t,
@@ -178,13 +179,13 @@ WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
     pub(crate) async fn release(
         &self,
         h: &HoldRef<'_>,
-        min_count: u32,
+        release_id: i64,
     ) -> Result<Released, sqlx::Error> {
         let left: Option<i64> = sqlx::query_scalar(self.sql.release.clone())
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
-            .bind(i64::from(min_count))
+            .bind(release_id)
             .fetch_optional(&self.pool)
             .await?;
         Ok(match left {
