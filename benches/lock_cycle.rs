@@ -50,6 +50,7 @@ enum Raw {
 impl Cycle for Raw {
     fn cycle<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFut<'a> {
         let attempt = fastrand::i64(1..i64::MAX);
+        let release_id = fastrand::i64(1..i64::MAX);
         let ttl_us = TTL.as_micros() as i64;
         Box::pin(async move {
             match self {
@@ -70,7 +71,7 @@ impl Cycle for Raw {
                         .bind(key)
                         .bind(owner)
                         .bind(token)
-                        .bind(1i32)
+                        .bind(release_id)
                         .bind(channel.as_str()) // NOTIFY channel
                         .fetch_optional(pool)
                         .await
@@ -92,10 +93,11 @@ impl Cycle for Raw {
                     assert!(row.get::<bool, _>(0));
                     let token: i64 = row.get(2);
                     let done = sqlx::query(AssertSqlSafe(release.as_str()))
+                        .bind(release_id)
                         .bind(key)
                         .bind(owner)
                         .bind(token)
-                        .bind(1i32)
+                        .bind(release_id)
                         .execute(pool)
                         .await
                         .unwrap();
@@ -116,7 +118,7 @@ impl Cycle for Raw {
                         .bind(key)
                         .bind(owner)
                         .bind(token)
-                        .bind(1i64)
+                        .bind(release_id)
                         .fetch_optional(pool)
                         .await
                         .unwrap()

@@ -262,7 +262,8 @@ impl LockGuard {
         &self.hold().owner
     }
 
-    /// When the lease ends, on the database clock, as of the last acquire or extend.
+    /// When the lease ends, on the database clock, as of the last acquire or extend. (On the
+    /// MySQL 8 path, which cannot read it back, an estimate: client send time + ttl.)
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {

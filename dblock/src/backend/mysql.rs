@@ -278,7 +278,8 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
                 return Ok(Attempt::Busy { retry_after: None });
             }
             // This path cannot read the server's lease end; the client's send time plus ttl
-            // is reported instead (never later than the server's).
+            // is reported instead: an estimate on the client's clock. Nothing decides expiry by
+            // it; the guard's local deadline is an `Instant` taken at send time.
             let local_us = sent_at
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as i64);
