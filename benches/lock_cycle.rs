@@ -325,6 +325,20 @@ async fn main() {
                     s.pct(0.99).as_secs_f64() * 1e3,
                 );
             }
+            // A peer for scale: the server's own session-bound lock, in memory (no row, no
+            // commit to disk, no expiry, no fencing, and gone if the connection drops).
+            if let Some(peer) = peer_for(name, url).await {
+                let (label, peer) = peer;
+                run(peer.clone(), owners, Duration::from_millis(300), "peer").await;
+                let mut p = run(peer, owners, round * (ROUNDS as u32), "peer").await;
+                println!(
+                    "| {name} | {owners} | peer: {label} | {:.0} | {:.2} ms | {:.2} ms | {:.2} (dblock / peer) |",
+                    p.rate(),
+                    p.pct(0.50).as_secs_f64() * 1e3,
+                    p.pct(0.99).as_secs_f64() * 1e3,
+                    d.rate() / p.rate(),
+                );
+            }
         }
         handoffs.push((name, locker));
     }
@@ -420,6 +434,75 @@ async fn handoff(locker: Locker, secs: Duration, hold: Duration) -> Stats {
         cycles: latencies.len(),
         elapsed: start.elapsed(),
         latencies,
+    }
+}
+
+/// The database's built-in session lock: PostgreSQL advisory locks, MySQL/MariaDB `GET_LOCK`.
+/// Lock and unlock must run on the same connection, so each cycle holds one for both.
+enum Peer {
+    Advisory(sqlx::PgPool),
+    GetLock(sqlx::MySqlPool),
+}
+
+impl Cycle for Peer {
+    fn cycle<'a>(&'a self, key: &'a str, _owner: &'a str) -> BoxFut<'a> {
+        Box::pin(async move {
+            match self {
+                Peer::Advisory(pool) => {
+                    let mut conn = pool.acquire().await.unwrap();
+                    let got: bool =
+                        sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+                            .bind(key)
+                            .fetch_one(&mut *conn)
+                            .await
+                            .unwrap();
+                    assert!(got);
+                    sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+                        .bind(key)
+                        .execute(&mut *conn)
+                        .await
+                        .unwrap();
+                }
+                Peer::GetLock(pool) => {
+                    let mut conn = pool.acquire().await.unwrap();
+                    let got: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                        .bind(key)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .unwrap();
+                    assert_eq!(got, 1);
+                    sqlx::query("SELECT RELEASE_LOCK(?)")
+                        .bind(key)
+                        .execute(&mut *conn)
+                        .await
+                        .unwrap();
+                }
+            }
+        })
+    }
+}
+
+async fn peer_for(name: &str, url: &str) -> Option<(&'static str, Arc<dyn Cycle>)> {
+    match name {
+        "postgres" => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(10)
+                .test_before_acquire(false)
+                .connect(url)
+                .await
+                .ok()?;
+            Some(("pg_try_advisory_lock", Arc::new(Peer::Advisory(pool))))
+        }
+        "mariadb" => {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(10)
+                .test_before_acquire(false)
+                .connect(url)
+                .await
+                .ok()?;
+            Some(("GET_LOCK", Arc::new(Peer::GetLock(pool))))
+        }
+        _ => None,
     }
 }
 

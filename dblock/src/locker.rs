@@ -59,8 +59,10 @@ pub struct Locker {
     inner: Arc<Inner>,
 }
 
-/// (owner, key) → the async mutex serialising that owner's statements on that key.
-type SerialMap = HashMap<(String, String), Weak<tokio::sync::Mutex<()>>>;
+/// hash(owner, key) → the async mutex serialising that owner's statements on that key. A hash
+/// collision only serialises two unrelated pairs, which is harmless; hashing spares the two
+/// string allocations per statement that owned keys would cost.
+type SerialMap = HashMap<u64, Weak<tokio::sync::Mutex<()>>>;
 
 struct Inner {
     /// `Err` when `table()` was given a bad name: every call then reports it.
@@ -287,7 +289,12 @@ impl Locker {
             if map.len() > 1024 {
                 map.retain(|_, m| m.strong_count() > 0);
             }
-            let slot = (owner.to_owned(), key.to_owned());
+            let slot = {
+                use std::hash::{BuildHasher, Hash, Hasher};
+                let mut h = SERIAL_HASHER.build_hasher();
+                (owner, key).hash(&mut h);
+                h.finish()
+            };
             match map.get(&slot).and_then(Weak::upgrade) {
                 Some(m) => m,
                 None => {
@@ -976,6 +983,10 @@ async fn connect_sqlite(url: &str) -> Result<Locker, LockError> {
     }
     Ok(Locker::sqlite(pool.connect_with(options).await?))
 }
+
+/// Fixed keys, so every locker of the process hashes alike (only in-process maps use it).
+static SERIAL_HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =
+    std::hash::BuildHasherDefault::new();
 
 /// The process-wide default locker, used by `#[distributed_lock]` without `locker = ...`.
 static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
