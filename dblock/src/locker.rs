@@ -289,12 +289,7 @@ impl Locker {
             if map.len() > 1024 {
                 map.retain(|_, m| m.strong_count() > 0);
             }
-            let slot = {
-                use std::hash::{BuildHasher, Hash, Hasher};
-                let mut h = SERIAL_HASHER.build_hasher();
-                (owner, key).hash(&mut h);
-                h.finish()
-            };
+            let slot = std::hash::BuildHasher::hash_one(&SERIAL_HASHER, (owner, key));
             match map.get(&slot).and_then(Weak::upgrade) {
                 Some(m) => m,
                 None => {
