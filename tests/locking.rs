@@ -854,7 +854,9 @@ async fn long_table_names_work_with_contended_releases() {
         } else {
             "test"
         };
-        let name = format!("{schema}.{}", "l".repeat(63));
+        // 63 bytes after the schema, unique to this process (parallel suites must not collide).
+        let unique = format!("{}{}", common::table_for("longname"), "l".repeat(63));
+        let name = format!("{schema}.{}", &unique[..63]);
         let l = db.locker.table(&name);
         l.migrate().await.unwrap();
         let g = l.lock("k").await.unwrap();
