@@ -87,10 +87,7 @@ impl Hold {
                     {
                         rolled_back += 1;
                     }
-                    backend::Failure::Unknown
-                        if unknown < crate::locker::MAX_RECONNECTS
-                            && !matches!(e, sqlx::Error::PoolTimedOut) =>
-                    {
+                    backend::Failure::Unknown if unknown < crate::locker::MAX_RECONNECTS => {
                         unknown += 1;
                     }
                     _ => return Err(LockError::Database(e)),
@@ -315,8 +312,7 @@ impl LockGuard {
                 // that may not have committed can be sent again.
                 Err(e)
                     if rolled_back < crate::locker::MAX_ROLLBACK_RETRIES
-                        && backend::classify(&e) != backend::Failure::Fatal
-                        && !matches!(e, sqlx::Error::PoolTimedOut) =>
+                        && backend::classify(&e) != backend::Failure::Fatal =>
                 {
                     rolled_back += 1;
                 }

@@ -639,9 +639,7 @@ where
         match op().await {
             Ok(v) => return Ok(v),
             Err(e)
-                if tries < MAX_RECONNECTS
-                    && backend::classify(&e) != backend::Failure::Fatal
-                    && !matches!(e, sqlx::Error::PoolTimedOut) =>
+                if tries < MAX_RECONNECTS && backend::classify(&e) != backend::Failure::Fatal =>
             {
                 tries += 1;
                 tracing::debug!(error = %e, "statement failed; sending it again");
@@ -668,9 +666,7 @@ async fn send_acquire(
                     tracing::debug!(error = %e, "acquire rolled back by the server; retrying");
                     tokio::time::sleep(Duration::from_micros(fastrand::u64(100..2000))).await;
                 }
-                backend::Failure::Unknown
-                    if reconnected < MAX_RECONNECTS && !matches!(e, sqlx::Error::PoolTimedOut) =>
-                {
+                backend::Failure::Unknown if reconnected < MAX_RECONNECTS => {
                     reconnected += 1;
                     tracing::debug!(error = %e, "connection lost during acquire; retrying the same attempt");
                 }

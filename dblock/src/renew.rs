@@ -233,7 +233,12 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Entry>]) {
         .max(sent + Duration::from_millis(100));
     let outcome = tokio::time::timeout_at(limit, backend.extend_many(&items))
         .await
-        .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "lease renewal statement timed out",
+            )))
+        });
     match outcome {
         Ok(extended) => {
             for e in batch {

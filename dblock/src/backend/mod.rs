@@ -110,7 +110,11 @@ impl Backend {
     }
 
     pub(crate) fn statements(&self) -> Vec<(&'static str, String)> {
-        dispatch!(self, b => b.statements())
+        let listed = dispatch!(self, b => b.statements());
+        listed
+            .into_iter()
+            .map(|(name, sql)| (name, sql.as_str().to_owned()))
+            .collect()
     }
 
     pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
@@ -210,8 +214,10 @@ pub(crate) fn classify(e: &sqlx::Error) -> Failure {
         sqlx::Error::Io(_)
         | sqlx::Error::Protocol(_)
         | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
         | sqlx::Error::WorkerCrashed => Failure::Unknown,
+        // Nothing was sent, and the pool already waited its whole timeout for a connection:
+        // another try would only wait as long again.
+        sqlx::Error::PoolTimedOut => Failure::Fatal,
         _ => Failure::Fatal,
     }
 }

@@ -199,16 +199,14 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
         }
     }
 
-    pub(crate) fn statements(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn statements(&self) -> Vec<(&'static str, &SqlStr)> {
         [
             ("acquire", &self.sql.acquire_returning),
             ("acquire_last_insert_id", &self.sql.acquire_last_insert_id),
             ("release", &self.sql.release),
             ("extend", &self.sql.extend),
         ]
-        .into_iter()
-        .map(|(name, sql)| (name, sql.as_str().to_owned()))
-        .collect()
+        .into()
     }
 
     pub(crate) fn name(&self) -> &'static str {

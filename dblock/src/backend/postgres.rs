@@ -206,15 +206,13 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
         }
     }
 
-    pub(crate) fn statements(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn statements(&self) -> Vec<(&'static str, &SqlStr)> {
         [
             ("acquire", &self.sql.acquire),
             ("release", &self.sql.release),
             ("extend", &self.sql.extend),
         ]
-        .into_iter()
-        .map(|(name, sql)| (name, sql.as_str().to_owned()))
-        .collect()
+        .into()
     }
 
     pub(crate) fn name(&self) -> &'static str {

@@ -134,15 +134,13 @@ WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
         }
     }
 
-    pub(crate) fn statements(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn statements(&self) -> Vec<(&'static str, &SqlStr)> {
         [
             ("acquire", &self.sql.acquire),
             ("release", &self.sql.release),
             ("extend", &self.sql.extend),
         ]
-        .into_iter()
-        .map(|(name, sql)| (name, sql.as_str().to_owned()))
-        .collect()
+        .into()
     }
 
     pub(crate) fn name(&self) -> &'static str {
