@@ -18,16 +18,17 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
+use syn::{FnArg, Ident, LitStr, Pat, ReturnType, Type};
 
 use crate::attr::{self, Args, Dur, Key};
 use crate::errors::Errors;
+use crate::item::LockedFn;
 use crate::template::{self, Piece};
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let args = attr::parse(args, &mut errors);
-    let func: ItemFn = match syn::parse2(item.clone()) {
+    let func: LockedFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(_) => {
             let span = item
@@ -73,7 +74,7 @@ fn krate(args: &Args) -> TokenStream {
         .map_or_else(|| quote!(::dblock), ToTokens::to_token_stream)
 }
 
-fn check_signature(func: &ItemFn, errors: &mut Errors) {
+fn check_signature(func: &LockedFn, errors: &mut Errors) {
     let sig = &func.sig;
     if let Some(c) = &sig.constness {
         errors.push(syn::Error::new(
@@ -103,7 +104,7 @@ fn check_signature(func: &ItemFn, errors: &mut Errors) {
 }
 
 /// The names a template may use: `self` (with a receiver) and every binding in the patterns.
-fn parameter_names(func: &ItemFn) -> Vec<String> {
+fn parameter_names(func: &LockedFn) -> Vec<String> {
     let mut names = Vec::new();
     for input in &func.sig.inputs {
         match input {
@@ -248,12 +249,13 @@ fn contains_impl_trait(ty: &Type) -> bool {
         .any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
 }
 
-fn rewrite(func: ItemFn, args: &Args, key: TokenStream) -> TokenStream {
-    let ItemFn {
+fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
+    let LockedFn {
         attrs,
         vis,
         sig,
-        block,
+        inner_attrs,
+        body,
     } = func;
     let krate = krate(args);
     // Generated locals: mixed-site hygiene, so the body cannot name (or shadow) them.
@@ -304,6 +306,7 @@ fn rewrite(func: ItemFn, args: &Args, key: TokenStream) -> TokenStream {
     quote! {
         #(#attrs)*
         #vis #sig {
+            #(#inner_attrs)*
             #return_check
             let #key_var: ::std::string::String = #key;
             let #locker_var = #locker;
@@ -317,9 +320,11 @@ fn rewrite(func: ItemFn, args: &Args, key: TokenStream) -> TokenStream {
                     function: ::core::concat!(::core::module_path!(), "::", #function),
                 },
                 #on_error,
+                // The body's own tokens, not wrapped in a block of their own: `{ Ok(x) }` must
+                // not become `{ { Ok(x) } }` (rustc's `unused_braces`, with a fix that breaks).
                 async move {
                     #return_edge
-                    #block
+                    #body
                 },
             )
             .await

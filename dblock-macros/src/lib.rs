@@ -10,6 +10,7 @@ mod attr;
 mod duration;
 mod errors;
 mod expand;
+mod item;
 mod template;
 
 /// Runs an `async fn` while holding a distributed lock. Documented in the `dblock` crate.

@@ -1,5 +1,9 @@
+/// An application error that cannot be built from a `dblock::LockError`.
+#[derive(Debug)]
+pub struct AppError;
+
 #[dblock::distributed_lock(key = "k")]
-async fn settle() -> Result<(), String> {
+async fn settle() -> Result<(), AppError> {
     Ok(())
 }
 
