@@ -316,3 +316,31 @@ async fn the_attribute_excludes_sixteen_tasks() {
         );
     }
 }
+
+#[distributed_lock(key = "no-runtime", locker = locker)]
+async fn outside_runtime(locker: &Locker, ran: &AtomicUsize) -> Result<(), AppError> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A locked function polled by another executor, with no tokio runtime: a typed error through
+/// the function's own error type, the body not run, no panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_fn_outside_a_tokio_runtime_returns_no_runtime() {
+    let (dbs, _dir) = common::all("attr_noruntime").await;
+    for db in dbs {
+        let l = db.locker.clone();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counter = ran.clone();
+        let outcome =
+            std::thread::spawn(move || futures_executor::block_on(outside_runtime(&l, &counter)))
+                .join()
+                .unwrap_or_else(|_| panic!("{}: panicked outside a runtime", db.name));
+        assert!(
+            matches!(outcome, Err(AppError::Lock(LockError::NoRuntime))),
+            "{}: {outcome:?}",
+            db.name
+        );
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "{}: body ran", db.name);
+    }
+}

@@ -1,6 +1,8 @@
 //! dblock reports what it does through `tracing`: spans around lock calls, events for
 //! acquisition, contention, release and errors.
 
+mod common;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -102,4 +104,26 @@ async fn due_leases_are_extended_in_one_batch() {
         batches.len()
     );
     drop(guards);
+}
+
+/// A migration with nothing to do says nothing at INFO or above (PostgreSQL's "relation already
+/// exists, skipping" NOTICE used to reach the application's log on every start).
+#[tokio::test]
+async fn migrate_is_quiet_when_there_is_nothing_to_do() {
+    let (dbs, _dir) = common::all("quiet_migrate").await;
+    for db in &dbs {
+        let (out, _default) = capture();
+        db.locker.migrate().await.unwrap(); // the table exists: common::all made it
+        db.locker.migrate().await.unwrap();
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let loud: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                [" INFO ", " WARN ", " ERROR "]
+                    .iter()
+                    .any(|lvl| l.contains(lvl))
+            })
+            .collect();
+        assert!(loud.is_empty(), "{}: {loud:#?}", db.name);
+    }
 }

@@ -54,6 +54,12 @@ pub enum LockError {
     #[error("no locker: call dblock::set_default(locker) at start-up or pass `locker = ...`")]
     NoLocker,
 
+    /// Called outside a tokio runtime. dblock runs its statements, releases and renewals on
+    /// tokio (through sqlx): call it from `#[tokio::main]`, a `#[tokio::test]` or
+    /// `Runtime::block_on`, with the runtime's I/O and time drivers enabled (`enable_all()`).
+    #[error("dblock must be called inside a tokio runtime (sqlx and the background release run on tokio): use #[tokio::main] or Runtime::block_on")]
+    NoRuntime,
+
     /// A setting is out of range (zero ttl, bad table name, unsupported URL, ...).
     #[error("dblock configuration: {0}")]
     Config(String),
@@ -80,6 +86,15 @@ impl LockError {
     /// ```
     pub fn is_lost(&self) -> bool {
         matches!(self, LockError::Lost { .. })
+    }
+
+    /// `Err(NoRuntime)` unless the caller runs inside a tokio runtime: checked on entry to
+    /// every async call, so that none of them can panic inside tokio or sqlx instead.
+    pub(crate) fn require_runtime() -> Result<(), LockError> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => Ok(()),
+            Err(_) => Err(LockError::NoRuntime),
+        }
     }
 
     pub(crate) fn invalid_key(key: &str, reason: &'static str) -> Self {

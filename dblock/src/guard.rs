@@ -285,6 +285,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        LockError::require_runtime()?;
         let ttl_us = ttl_micros(ttl)?;
         let hold = self.hold();
         let backend = hold.locker.backend()?;
@@ -332,6 +333,8 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<(), LockError> {
+        // Outside a runtime the guard is dropped as it is (its Drop says the lease will expire).
+        LockError::require_runtime()?;
         drop(self.lease.take()); // no renewal from here on
         let hold = self.hold.take().expect("LockGuard used after release");
         // In a task of its own, so that dropping this future half-way cannot leave the release

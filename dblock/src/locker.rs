@@ -70,6 +70,7 @@ struct Inner {
     /// The leases this locker keeps alive, and its one renewal task.
     renewer: Arc<Renewer>,
     /// PostgreSQL: the LISTEN connection that wakes this locker's waiters on release.
+    #[cfg(feature = "postgres")]
     notifier: Option<Arc<Notifier>>,
     /// One async mutex per (owner, key) with a statement in flight: see [`Locker::serialise`].
     serial: std::sync::Mutex<SerialMap>,
@@ -93,6 +94,7 @@ impl Locker {
     }
 
     fn with(backend: Result<Backend, String>, table: &str, holder: String) -> Locker {
+        #[cfg(feature = "postgres")]
         let notifier = match &backend {
             #[cfg(feature = "postgres")]
             Ok(Backend::Postgres(pg)) => {
@@ -104,6 +106,7 @@ impl Locker {
             inner: Arc::new(Inner {
                 backend,
                 renewer: Arc::default(),
+                #[cfg(feature = "postgres")]
                 notifier,
                 serial: std::sync::Mutex::default(),
                 table: table.to_owned(),
@@ -128,6 +131,7 @@ impl Locker {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub async fn connect(url: &str) -> Result<Locker, LockError> {
+        LockError::require_runtime()?;
         let scheme = url.split(':').next().unwrap_or_default();
         let span = tracing::debug_span!("dblock.connect", scheme);
         async {
@@ -327,6 +331,7 @@ impl Locker {
             inner: Arc::new(Inner {
                 backend: self.inner.backend.clone(),
                 renewer: Arc::default(),
+                #[cfg(feature = "postgres")]
                 notifier: None,
                 serial: std::sync::Mutex::default(),
                 table: self.inner.table.clone(),
@@ -362,6 +367,7 @@ impl Locker {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub async fn migrate(&self) -> Result<(), LockError> {
+        LockError::require_runtime()?;
         let backend = self.backend()?;
         let span = tracing::debug_span!("dblock.migrate", backend = backend.name(), table = %self.inner.table);
         backend.migrate().instrument(span).await.map_err(|e| {
@@ -407,6 +413,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        LockError::require_runtime()?;
         validate_key(key)?;
         let backend = self.backend()?;
         retrying(|| backend.inspect(key)).await
@@ -422,6 +429,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn held(&self) -> Result<Vec<LockInfo>, LockError> {
+        LockError::require_runtime()?;
         let backend = self.backend()?;
         retrying(|| backend.held()).await
     }
@@ -438,6 +446,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        LockError::require_runtime()?;
         validate_key(key)?;
         let backend = self.backend()?;
         let freed = retrying(|| backend.force_release(key)).await?;
@@ -456,6 +465,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn purge(&self, older_than: Duration) -> Result<u64, LockError> {
+        LockError::require_runtime()?;
         let us = i64::try_from(older_than.as_micros())
             .map_err(|_| LockError::Config("purge: older_than is too large".into()))?;
         let backend = self.backend()?;
@@ -466,6 +476,7 @@ impl Locker {
 
     /// Takes the lock: the loop behind `LockRequest::await`.
     async fn acquire(self, req: Request) -> Result<LockGuard, LockError> {
+        LockError::require_runtime()?;
         validate_key(&req.key)?;
         let ttl_us = ttl_micros(req.ttl)?;
         self.backend()?;
@@ -484,10 +495,14 @@ impl Locker {
         let mut backoff = FIRST_BACKOFF;
         let mut attempts = 0u32;
         // Set once this call waits on PostgreSQL: a release of the key wakes it at once.
-        let mut interest = None;
+        #[cfg(feature = "postgres")]
+        let mut interest: Option<crate::notify::Interest> = None;
         loop {
             attempts += 1;
+            #[cfg(feature = "postgres")]
             let waiting = interest.is_some();
+            #[cfg(not(feature = "postgres"))]
+            let waiting = false;
             match self.try_once(&req, ttl_us, &holder, attempt, waiting).await {
                 Ok(Try::Got(guard)) => {
                     tracing::debug!(
@@ -510,6 +525,7 @@ impl Locker {
                     }
                     // Jitter over the upper half of the step, so waiters spread out instead of
                     // arriving together; never past the holder's lease end or our deadline.
+                    #[cfg(feature = "postgres")]
                     if interest.is_none() {
                         if let Some(notifier) = &self.inner.notifier {
                             interest = notifier.interest(&req.key).await;
@@ -524,11 +540,15 @@ impl Locker {
                         pause = pause.min(left + Duration::from_millis(1));
                     }
                     tracing::trace!(?pause, "busy: waiting");
-                    match &interest {
+                    #[cfg(feature = "postgres")]
+                    let woken = interest.as_ref().map(|i| i.notify.notified());
+                    #[cfg(not(feature = "postgres"))]
+                    let woken: Option<std::future::Pending<()>> = None;
+                    match woken {
                         // Polling stays the fallback: a lost notification costs one pause.
-                        Some(i) => {
+                        Some(woken) => {
                             tokio::select! {
-                                () = i.notify.notified() => tracing::trace!("woken by release"),
+                                () = woken => tracing::trace!("woken by release"),
                                 () = tokio::time::sleep(pause) => {}
                             }
                         }

@@ -28,6 +28,7 @@ pub(crate) struct AcquireParams<'a> {
     /// the statement recognises its own earlier success instead of counting the hold twice.
     pub attempt: i64,
     /// A waiter whose LISTEN is in place: on PostgreSQL, a busy attempt asks for a NOTIFY.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub waiting: bool,
 }
 

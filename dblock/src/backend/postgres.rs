@@ -34,6 +34,8 @@ pub(crate) struct Pg {
 
 #[derive(Debug)]
 struct Statements {
+    /// The quoted table name, for `to_regclass`.
+    table: String,
     ddl: SqlStr,
     acquire: SqlStr,
     release: SqlStr,
@@ -65,6 +67,7 @@ impl Pg {
     pub(crate) fn new(pool: PgPool, table: &str) -> Self {
         let t = quote_ident(table, '"');
         let statements = Statements {
+            table: t.clone(),
             ddl: sql(DDL, &t),
 
             // Acquire, re-entry and takeover in one statement, update-first:
@@ -220,11 +223,24 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
     }
 
     pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
+        // The usual case at every start: the table is there. One read, no lock, and none of
+        // the "already exists, skipping" NOTICEs that sqlx would log at INFO.
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&self.sql.table)
+            .fetch_one(&self.pool)
+            .await?;
+        if exists {
+            return Ok(());
+        }
         // `CREATE TABLE IF NOT EXISTS` is not safe against itself: two sessions can both pass the
         // "exists?" check and one dies on pg_type's unique index. A transaction-scoped advisory
-        // lock makes concurrent migrations queue instead.
+        // lock makes concurrent migrations queue instead; the ones that queued then find the
+        // table made, quietly.
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(7170034453421551936)")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("SET LOCAL client_min_messages = warning")
             .execute(&mut *tx)
             .await?;
         sqlx::raw_sql(self.sql.ddl.clone())
