@@ -1,9 +1,17 @@
 //! The `dblock-admin` binary against real tables: list, show, release, purge.
 
+#![cfg_attr(not(feature = "admin"), allow(unused))]
+
 mod common;
 
 use std::process::Command;
 
+#[cfg(not(feature = "admin"))]
+#[test]
+#[ignore = "the dblock-admin tests need `--features admin` (or --all-features)"]
+fn admin_tool_needs_the_admin_feature() {}
+
+#[cfg(feature = "admin")]
 fn admin(db: &common::Db, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_dblock-admin"))
         .arg(&db.url)
@@ -21,6 +29,7 @@ fn admin(db: &common::Db, args: &[&str]) -> String {
     text
 }
 
+#[cfg(feature = "admin")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_releases_and_purges() {
     let (dbs, _dir) = common::all("admin_bin").await;
@@ -94,6 +103,7 @@ async fn lists_releases_and_purges() {
     }
 }
 
+#[cfg(feature = "admin")]
 #[test]
 fn bad_arguments_fail_with_usage() {
     let out = Command::new(env!("CARGO_BIN_EXE_dblock-admin"))

@@ -3,18 +3,20 @@
 
 mod common;
 
-use std::time::Duration;
+#[cfg(not(feature = "postgres"))]
+#[test]
+#[ignore = "the hand-off test needs `--features postgres` (or --all-features)"]
+fn handoff_needs_the_postgres_feature() {}
 
-use sqlx::postgres::PgListener;
-
+#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_notifies_only_when_someone_waits() {
-    let (dbs, _dir) = common::all("handoff").await;
-    let Some(db) = dbs.iter().find(|d| d.name == "postgres") else {
+    let Some(db) = common::postgres("handoff").await else {
         return;
     };
+    use std::time::Duration;
     let l = &db.locker;
-    let mut listener = PgListener::connect(&db.url).await.unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
     listener
         .listen(&l.__notify_channel().unwrap())
         .await

@@ -4,6 +4,8 @@
 //! Restarts the local cluster with `pg_ctlcluster`, so it runs only when
 //! `DBLOCK_RESTART_SERVERS=1` (as `.ci/run` sets); otherwise it says so and skips.
 
+#![cfg_attr(not(feature = "postgres"), allow(unused))]
+
 mod common;
 
 use std::process::Command;
@@ -31,10 +33,16 @@ fn pg_ctl(action: &str) {
     assert!(status.success(), "pg_ctlcluster {action} failed");
 }
 
+#[cfg(not(feature = "postgres"))]
+#[test]
+#[ignore = "the PostgreSQL restart test needs `--features postgres` (or --all-features)"]
+fn restart_needs_the_postgres_feature() {}
+
+#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_survive_a_postgres_restart() {
     if std::env::var("DBLOCK_RESTART_SERVERS").as_deref() != Ok("1") {
-        eprintln!("\n!!!!! SKIPPING the PostgreSQL restart test: set DBLOCK_RESTART_SERVERS=1 to allow it to restart the local cluster.\n");
+        common::shout("SKIPPING the PostgreSQL restart test: set DBLOCK_RESTART_SERVERS=1 to allow it to restart the local cluster.");
         return;
     }
     let Ok(locker) = Locker::connect(&common::postgres_url()).await else {

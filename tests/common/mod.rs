@@ -37,6 +37,43 @@ pub fn table_for(test: &str) -> String {
         .collect()
 }
 
+/// Says something the test harness must not swallow: libtest captures `eprintln!` of passing
+/// tests, but not a direct write to the process's stderr.
+pub fn shout(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n!!!!! {msg}\n");
+}
+
+/// Once per test binary: the backends this build leaves out (cargo features), so a
+/// default-features `cargo test` says loudly what it did not run.
+pub fn report_missing_features() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let missing: Vec<&str> = [
+            ("postgres", cfg!(feature = "postgres")),
+            ("mysql", cfg!(feature = "mysql")),
+            ("sqlite", cfg!(feature = "sqlite")),
+        ]
+        .into_iter()
+        .filter(|(_, on)| !on)
+        .map(|(name, _)| name)
+        .collect();
+        if !missing.is_empty() {
+            shout(&format!(
+                "SKIPPING the {} backend tests of this binary: dblock was built without {}. \
+                 Run `cargo test --workspace --all-features` for every backend.",
+                missing.join(" and "),
+                missing
+                    .iter()
+                    .map(|f| format!("the `{f}` feature"))
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+            ));
+        }
+    });
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn server(name: &'static str, url: String, test: &str) -> Option<Db> {
     match Locker::connect(&url).await {
         Ok(locker) => {
@@ -45,10 +82,10 @@ async fn server(name: &'static str, url: String, test: &str) -> Option<Db> {
             Some(Db { name, url, locker })
         }
         Err(e) if !require_servers() => {
-            eprintln!(
-                "\n!!!!! SKIPPING {name} for `{test}`: cannot reach the server ({e}).\n\
-                 !!!!! Start it, or set DBLOCK_REQUIRE_SERVERS=1 to make this a failure.\n"
-            );
+            shout(&format!(
+                "SKIPPING {name} for `{test}`: cannot reach the server ({e}).\n\
+                 !!!!! Start it, or set DBLOCK_REQUIRE_SERVERS=1 to make this a failure."
+            ));
             None
         }
         Err(e) => panic!("{name} unreachable and DBLOCK_REQUIRE_SERVERS=1: {e}"),
@@ -56,6 +93,7 @@ async fn server(name: &'static str, url: String, test: &str) -> Option<Db> {
 }
 
 /// A SQLite file in a temp dir (kept alive by the returned handle).
+#[cfg(feature = "sqlite")]
 pub async fn sqlite(test: &str) -> (Db, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!(
@@ -75,14 +113,36 @@ pub async fn sqlite(test: &str) -> (Db, tempfile::TempDir) {
     )
 }
 
-/// Every backend this machine can reach: SQLite on a temp file, PostgreSQL, MariaDB with
-/// RETURNING, and MariaDB through the MySQL 8 statements (no RETURNING).
+/// PostgreSQL on a fresh table, if this build has the backend and the server is reachable.
+pub async fn postgres(test: &str) -> Option<Db> {
+    report_missing_features();
+    #[cfg(feature = "postgres")]
+    return server("postgres", postgres_url(), test).await;
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = test;
+        None
+    }
+}
+
+/// Every backend this build has and this machine can reach: SQLite on a temp file, PostgreSQL,
+/// MariaDB with RETURNING, and MariaDB through the MySQL 8 statements (no RETURNING).
 pub async fn all(test: &str) -> (Vec<Db>, tempfile::TempDir) {
-    let (lite, dir) = sqlite(test).await;
-    let mut dbs = vec![lite];
-    if let Some(pg) = server("postgres", postgres_url(), test).await {
+    report_missing_features();
+    #[allow(unused_mut)]
+    let mut dbs = Vec::new();
+    #[cfg(feature = "sqlite")]
+    let dir = {
+        let (lite, dir) = sqlite(test).await;
+        dbs.push(lite);
+        dir
+    };
+    #[cfg(not(feature = "sqlite"))]
+    let dir = tempfile::tempdir().expect("tempdir");
+    if let Some(pg) = postgres(test).await {
         dbs.push(pg);
     }
+    #[cfg(feature = "mysql")]
     if let Some(my) = server("mariadb", mysql_url(), test).await {
         let compat = Db {
             name: "mysql8-path",
