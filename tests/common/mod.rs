@@ -155,14 +155,23 @@ pub async fn all(test: &str) -> (Vec<Db>, tempfile::TempDir) {
     (dbs, dir)
 }
 
-/// Polls until `key` is free for a fresh owner, returning how long that took.
+/// Polls until `key` is free for a fresh owner, returning how long that took. It watches with
+/// reads (`inspect`), not acquire attempts: on SQLite every attempt takes the file's write lock,
+/// and a 2 ms stream of them starves the release being measured in SQLite's busy handler.
 pub async fn time_until_free(locker: &Locker, key: &str, limit: Duration) -> Option<Duration> {
     let start = std::time::Instant::now();
     while start.elapsed() < limit {
-        if let Ok(g) = locker.lock(key).await {
-            let took = start.elapsed();
-            g.release().await.expect("release");
-            return Some(took);
+        let free = locker
+            .inspect(key)
+            .await
+            .expect("inspect")
+            .is_none_or(|info| !info.held);
+        if free {
+            if let Ok(g) = locker.lock(key).await {
+                let took = start.elapsed();
+                g.release().await.expect("release");
+                return Some(took);
+            }
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
