@@ -10,12 +10,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::str::FromStr;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dblock::Locker;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 const TTL: Duration = Duration::from_secs(30);
 const KEYS_PER_OWNER: usize = 64;
@@ -40,91 +40,17 @@ impl Cycle for Dblock {
     }
 }
 
-/// The ceiling: dblock's own statements, bound and sent by hand.
-enum Raw {
-    Pg(sqlx::PgPool, String, String, String),
-    My(sqlx::MySqlPool, String, String),
-    Lite(sqlx::SqlitePool, String, String),
-}
+/// The ceiling: dblock's own acquire and release statements with its own binds, on a pool
+/// set up exactly as `Locker::connect` sets up its own (it is one), sent one after the other
+/// with nothing around them: no task per statement, no retry, no guard, no serialisation.
+struct Raw(dblock::test_util::Statements);
 
 impl Cycle for Raw {
     fn cycle<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFut<'a> {
-        let attempt = fastrand::i64(1..i64::MAX);
-        let release_id = fastrand::i64(1..i64::MAX);
-        let ttl_us = TTL.as_micros() as i64;
         Box::pin(async move {
-            match self {
-                Raw::Pg(pool, acquire, release, channel) => {
-                    let row = sqlx::query(AssertSqlSafe(acquire.as_str()))
-                        .bind(key)
-                        .bind(owner)
-                        .bind(ttl_us as f64)
-                        .bind("bench")
-                        .bind(attempt)
-                        .bind(false) // not a waiter
-                        .fetch_one(pool)
-                        .await
-                        .unwrap();
-                    assert!(row.get::<bool, _>(0));
-                    let token: i64 = row.get(2);
-                    sqlx::query(AssertSqlSafe(release.as_str()))
-                        .bind(key)
-                        .bind(owner)
-                        .bind(token)
-                        .bind(release_id)
-                        .bind(channel.as_str()) // NOTIFY channel
-                        .fetch_optional(pool)
-                        .await
-                        .unwrap()
-                        .expect("released");
-                }
-                Raw::My(pool, acquire, release) => {
-                    let rows = sqlx::query(AssertSqlSafe(acquire.as_str()))
-                        .bind(key)
-                        .bind(owner)
-                        .bind(ttl_us)
-                        .bind("bench")
-                        .bind(attempt)
-                        .bind(owner)
-                        .fetch_all(pool)
-                        .await
-                        .unwrap();
-                    let row = rows.last().unwrap();
-                    assert!(row.get::<bool, _>(0));
-                    let token: i64 = row.get(2);
-                    let done = sqlx::query(AssertSqlSafe(release.as_str()))
-                        .bind(release_id)
-                        .bind(key)
-                        .bind(owner)
-                        .bind(token)
-                        .bind(release_id)
-                        .execute(pool)
-                        .await
-                        .unwrap();
-                    assert_eq!(done.rows_affected(), 1);
-                }
-                Raw::Lite(pool, acquire, release) => {
-                    let row = sqlx::query(AssertSqlSafe(acquire.as_str()))
-                        .bind(key)
-                        .bind(owner)
-                        .bind(ttl_us / 1000)
-                        .bind("bench")
-                        .bind(attempt)
-                        .fetch_one(pool)
-                        .await
-                        .unwrap();
-                    let token: i64 = row.get(1);
-                    sqlx::query(AssertSqlSafe(release.as_str()))
-                        .bind(key)
-                        .bind(owner)
-                        .bind(token)
-                        .bind(release_id)
-                        .fetch_optional(pool)
-                        .await
-                        .unwrap()
-                        .expect("released");
-                }
-            }
+            let token = self.0.acquire(key, owner, TTL).await.unwrap();
+            let token = token.expect("a free key");
+            assert!(self.0.release(key, owner, token).await.unwrap(), "released");
         })
     }
 }
@@ -192,62 +118,10 @@ fn merge(a: &mut Option<Stats>, b: Stats) {
     }
 }
 
-async fn raw_for(name: &str, url: &str, locker: &Locker) -> Raw {
-    let sql = locker.__statements();
-    let get = |n: &str| sql.iter().find(|(k, _)| *k == n).unwrap().1.clone();
-    let (acquire, release) = (get("acquire"), get("release"));
-    // Pools configured exactly as `Locker::connect` configures its own.
-    match name {
-        "postgres" => {
-            let opts = sqlx::postgres::PgConnectOptions::from_str(url)
-                .unwrap()
-                .options([("default_transaction_isolation", "read committed")]);
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(10)
-                .test_before_acquire(false)
-                .connect_with(opts)
-                .await
-                .unwrap();
-            Raw::Pg(pool, acquire, release, locker.__notify_channel().unwrap())
-        }
-        "mariadb" => {
-            let opts = sqlx::mysql::MySqlConnectOptions::from_str(url).unwrap();
-            let pool = sqlx::mysql::MySqlPoolOptions::new()
-                .max_connections(10)
-                .test_before_acquire(false)
-                .after_connect(|c, _| {
-                    Box::pin(async move {
-                        use sqlx::Executor as _;
-                        c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                            .await?;
-                        c.execute("SET SESSION wsrep_retry_autocommit = 0, wsrep_sync_wait = 1")
-                            .await?;
-                        Ok(())
-                    })
-                })
-                .connect_with(opts)
-                .await
-                .unwrap();
-            Raw::My(pool, acquire, release)
-        }
-        _ => {
-            use sqlx::sqlite::{
-                SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-            };
-            let opts = SqliteConnectOptions::from_str(url)
-                .unwrap()
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .busy_timeout(Duration::from_secs(10));
-            let pool = SqlitePoolOptions::new()
-                .max_connections(8)
-                .test_before_acquire(false)
-                .connect_with(opts)
-                .await
-                .unwrap();
-            Raw::Lite(pool, acquire, release)
-        }
-    }
+/// The ceiling on a second, identically configured pool of its own.
+async fn raw_for(url: &str, table: &str) -> Raw {
+    let own = Locker::connect(url).await.unwrap().table(table);
+    Raw(dblock::test_util::statements(&own))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -289,7 +163,7 @@ async fn main() {
         drop_table(url, "dblock_bench").await;
         locker.migrate().await.unwrap();
         let dblock: Arc<dyn Cycle> = Arc::new(Dblock(locker.clone()));
-        let raw: Arc<dyn Cycle> = Arc::new(raw_for(name, url, &locker).await);
+        let raw: Arc<dyn Cycle> = Arc::new(raw_for(url, locker.table_name()).await);
         for owners in [1, 8] {
             // Warm both pools and statement caches.
             run(raw.clone(), owners, Duration::from_millis(300), "raw").await;
@@ -355,7 +229,8 @@ async fn main() {
     for (name, locker) in handoffs {
         for hold in HOLDS {
             if name == "postgres" {
-                let mut s = handoff(locker.__polling_only(), handoff_secs, hold).await;
+                let polling = dblock::test_util::polling_only(&locker);
+                let mut s = handoff(polling, handoff_secs, hold).await;
                 print_handoff(name, hold, "polling only", &mut s);
             }
             let mut s = handoff(locker.clone(), handoff_secs, hold).await;

@@ -3,12 +3,12 @@
 
 mod common;
 
-#[cfg(not(feature = "postgres"))]
+#[cfg(not(all(feature = "postgres", feature = "_test-util")))]
 #[test]
-#[ignore = "the hand-off test needs `--features postgres` (or --all-features)"]
+#[ignore = "the hand-off test needs `--features postgres,_test-util` (or --all-features)"]
 fn handoff_needs_the_postgres_feature() {}
 
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", feature = "_test-util"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_notifies_only_when_someone_waits() {
     let Some(db) = common::postgres("handoff").await else {
@@ -18,7 +18,7 @@ async fn a_release_notifies_only_when_someone_waits() {
     let l = &db.locker;
     let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
     listener
-        .listen(&l.__notify_channel().unwrap())
+        .listen(&dblock::test_util::notify_channel(l).unwrap())
         .await
         .unwrap();
 

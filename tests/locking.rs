@@ -802,13 +802,13 @@ async fn isolated(db: &common::Db) -> common::Db {
         .unwrap();
         format!("{}/{KILL_DB}", db.url.rsplit_once('/').unwrap().0)
     };
-    let mut locker = Locker::connect(&url)
-        .await
-        .unwrap()
-        .table(db.locker.table_name());
-    if db.name == "mysql8-path" {
-        locker = locker.__without_returning();
-    }
+    let locker = common::as_named(
+        db.name,
+        Locker::connect(&url)
+            .await
+            .unwrap()
+            .table(db.locker.table_name()),
+    );
     locker.migrate().await.unwrap();
     common::Db {
         name: db.name,

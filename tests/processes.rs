@@ -20,10 +20,8 @@ async fn child_entry() {
     let role = std::env::var("DBLOCK_CHILD").expect("DBLOCK_CHILD");
     let url = std::env::var("DBLOCK_CHILD_URL").unwrap();
     let table = std::env::var("DBLOCK_CHILD_TABLE").unwrap();
-    let mut locker = Locker::connect(&url).await.unwrap().table(&table);
-    if std::env::var("DBLOCK_CHILD_COMPAT").is_ok() {
-        locker = locker.__without_returning();
-    }
+    let name = std::env::var("DBLOCK_CHILD_BACKEND").unwrap();
+    let locker = common::as_named(&name, Locker::connect(&url).await.unwrap().table(&table));
     match role.as_str() {
         "counter" => {
             let dir = std::env::var("DBLOCK_CHILD_DIR").unwrap();
@@ -99,10 +97,8 @@ fn child(db: &common::Db, role: &str, dir: &Path) -> Command {
     .env("DBLOCK_CHILD", role)
     .env("DBLOCK_CHILD_URL", &db.url)
     .env("DBLOCK_CHILD_TABLE", db.locker.table_name())
-    .env("DBLOCK_CHILD_DIR", dir);
-    if db.name == "mysql8-path" {
-        cmd.env("DBLOCK_CHILD_COMPAT", "1");
-    }
+    .env("DBLOCK_CHILD_DIR", dir)
+    .env("DBLOCK_CHILD_BACKEND", db.name);
     cmd
 }
 

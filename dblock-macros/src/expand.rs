@@ -10,7 +10,8 @@
 //! async fn settle(id: u64) -> Result<Receipt, AppError> {
 //!     let key = format!("order:{}", key_part(&id));          // on entry, before any .await
 //!     let locker = default_locker();                          // or the `locker = ...` expression
-//!     ::dblock::__private::locked(locker, Spec { key, ttl, wait, renew, function },
+//!     let request = request(locker, key, "module::settle").map(|r| r.ttl(..).wait(..));
+//!     ::dblock::__private::locked(request, renew, "module::settle", on_error,
 //!                                 async move { body }).await
 //! }
 //! ```
@@ -303,6 +304,8 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
         ),
     };
 
+    let request_var = Ident::new("__dblock_request", Span::mixed_site());
+    let builder = Ident::new("__dblock_builder", Span::mixed_site());
     quote! {
         #(#attrs)*
         #vis #sig {
@@ -310,15 +313,16 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
             #return_check
             let #key_var: ::std::string::String = #key;
             let #locker_var = #locker;
-            #krate::__private::locked(
+            let #request_var = #krate::__private::request(
                 #locker_var,
-                #krate::__private::Spec {
-                    key: #key_var,
-                    ttl: #ttl,
-                    wait: #wait,
-                    renew: #renew,
-                    function: ::core::concat!(::core::module_path!(), "::", #function),
-                },
+                #key_var,
+                ::core::concat!(::core::module_path!(), "::", #function),
+            )
+            .map(|#builder| #builder.ttl(#ttl).wait(#wait));
+            #krate::__private::locked(
+                #request_var,
+                #renew,
+                ::core::concat!(::core::module_path!(), "::", #function),
                 #on_error,
                 // The body's own tokens, not wrapped in a block of their own: `{ Ok(x) }` must
                 // not become `{ { Ok(x) } }` (rustc's `unused_braces`, with a fix that breaks).

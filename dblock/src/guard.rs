@@ -1,16 +1,16 @@
 //! [`LockGuard`]: a held lock, released by [`LockGuard::release`] or in the background on drop.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::time::Instant;
-
-use crate::backend::{self, HoldRef, Released};
-use crate::locker::{ttl_micros, Locker};
-use crate::renew::Lease;
-use crate::{LockError, Owner};
+use crate::backend::Released;
+use crate::error::LockError;
+use crate::hold::Hold;
+use crate::info::time_from_micros;
+use crate::owner::Owner;
+use crate::renew::Registration;
+use crate::shared::Shared;
 
 /// A lock this process holds. Dropping it releases the lock at once, in the background on the
 /// current tokio runtime; [`release`](LockGuard::release) does the same and reports the outcome.
@@ -33,94 +33,27 @@ use crate::{LockError, Owner};
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    hold: Option<Hold>,
-    fencing_token: u64,
-    hold_count: u32,
-    expires_at_us: AtomicI64,
-    /// Lease length asked for.
-    ttl: Duration,
-    /// Conservative local end of the lease: send time of the acquire (or last extend) + ttl.
-    deadline: Mutex<Instant>,
+    hold: Arc<Hold>,
+    shared: Arc<Shared>,
     /// Present while the locker's renewal task keeps this lease alive.
-    lease: Option<Lease>,
-}
-
-/// What a release needs; taken out of the guard by whoever releases it.
-pub(crate) struct Hold {
-    pub(crate) locker: Locker,
-    pub(crate) key: String,
-    pub(crate) owner: Owner,
-    pub(crate) fencing_token: u64,
-    /// The owner's count right after this guard's acquisition (its nesting level).
-    pub(crate) level: u32,
-}
-
-impl Hold {
-    fn as_ref(&self) -> HoldRef<'_> {
-        HoldRef {
-            key: &self.key,
-            owner: self.owner.id(),
-            fencing_token: self.fencing_token,
-        }
-    }
-
-    /// Gives one hold back. Retries statements the server rolled back; after a broken connection
-    /// it sends the same release again, which recognises its own earlier success by the release
-    /// id it left in the row. The owner's operations on this key are serialised meanwhile, so no
-    /// re-entry of the same owner can slip in between and make a repeat count twice.
-    pub(crate) async fn release(&self) -> Result<Released, LockError> {
-        let backend = self.locker.backend()?;
-        let _serial = self.locker.serialise(self.owner.id(), &self.key).await;
-        let release_id = fastrand::i64(1..i64::MAX);
-        let mut rolled_back = 0;
-        let mut unknown = 0;
-        loop {
-            match backend.release(&self.as_ref(), release_id).await {
-                Ok(Released::NotHeld) if unknown > 0 => {
-                    tracing::debug!(key = %self.key, "release after a lost reply: earlier attempt took effect");
-                    return Ok(Released::StillHeld(self.level.saturating_sub(1)));
-                }
-                Ok(outcome) => return Ok(outcome),
-                Err(e) => match backend::classify(&e) {
-                    backend::Failure::NotCommitted
-                        if rolled_back < crate::locker::MAX_ROLLBACK_RETRIES =>
-                    {
-                        rolled_back += 1;
-                    }
-                    backend::Failure::Unknown if unknown < crate::locker::MAX_RECONNECTS => {
-                        unknown += 1;
-                    }
-                    _ => return Err(LockError::Database(e)),
-                },
-            }
-        }
-    }
+    renewal: Option<Registration>,
+    /// `false` once `release` has taken over: `Drop` then has nothing to do.
+    armed: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(
-        hold: Hold,
-        hold_count: u32,
-        expires_at_us: i64,
-        sent: Instant,
-        ttl: Duration,
-    ) -> Self {
+    pub(crate) fn new(hold: Hold, shared: Arc<Shared>) -> Self {
         LockGuard {
-            fencing_token: hold.fencing_token,
-            hold: Some(hold),
-            hold_count,
-            expires_at_us: AtomicI64::new(expires_at_us),
-            ttl,
-            deadline: Mutex::new(sent + ttl),
-            lease: None,
+            hold: Arc::new(hold),
+            shared,
+            renewal: None,
+            armed: true,
         }
     }
 
-    fn deadline(&self) -> Instant {
-        *self
-            .deadline
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The hold record, shared with renewal and the locked body's `current()`.
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
     }
 
     /// Keeps the lease alive while this guard lives: the locker's one renewal task extends it
@@ -140,19 +73,9 @@ impl LockGuard {
     /// # }
     /// ```
     pub fn auto_renew(mut self) -> Self {
-        if self.lease.is_none() {
-            if let Some(hold) = &self.hold {
-                if let Ok(backend) = hold.locker.backend() {
-                    let sent = self.deadline() - self.ttl;
-                    self.lease = Some(hold.locker.renewer().register(
-                        backend,
-                        &hold.key,
-                        hold.owner.id(),
-                        hold.fencing_token,
-                        self.ttl,
-                        sent,
-                    ));
-                }
+        if self.renewal.is_none() {
+            if let Ok(backend) = self.shared.backend() {
+                self.renewal = Some(self.shared.renewer.register(backend, &self.hold));
             }
         }
         self
@@ -168,10 +91,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn is_lost(&self) -> bool {
-        match &self.lease {
-            Some(lease) => lease.is_lost(),
-            None => Instant::now() >= self.deadline(),
-        }
+        self.hold.is_lost()
     }
 
     /// Resolves with [`LockError::Lost`] when the lock is lost: when renewal (see
@@ -186,25 +106,10 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn lost(&self) -> LockError {
-        match &self.lease {
-            Some(lease) => lease.lost().await,
-            // An `extend` meanwhile moves the deadline: sleep again until the current one.
-            None => loop {
-                let deadline = self.deadline();
-                if Instant::now() >= deadline {
-                    break;
-                }
-                tokio::time::sleep_until(deadline).await;
-            },
-        }
+        self.hold.lost().await;
         LockError::Lost {
-            key: self.hold().key.clone(),
+            key: self.hold.key.clone(),
         }
-    }
-
-    fn hold(&self) -> &Hold {
-        // Only `release(self)` and `Drop` take the hold out, and neither leaves a guard behind.
-        self.hold.as_ref().expect("LockGuard used after release")
     }
 
     /// The lock key.
@@ -216,7 +121,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn key(&self) -> &str {
-        &self.hold().key
+        &self.hold.key
     }
 
     /// The fencing token: strictly larger every time the key changes owner (re-entry keeps it).
@@ -231,7 +136,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn fencing_token(&self) -> u64 {
-        self.fencing_token
+        self.hold.fencing_token
     }
 
     /// The owner's hold count for this key right after this acquisition: 1 for a first hold,
@@ -243,7 +148,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn hold_count(&self) -> u32 {
-        self.hold_count
+        self.hold.hold_count
     }
 
     /// The owner holding this lock.
@@ -256,7 +161,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn owner(&self) -> &Owner {
-        &self.hold().owner
+        &self.hold.owner
     }
 
     /// When the lease ends, on the database clock, as of the last acquire or extend. (On the
@@ -269,7 +174,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn expires_at(&self) -> SystemTime {
-        backend::time_from_micros(self.expires_at_us.load(Ordering::Relaxed))
+        time_from_micros(self.hold.expires_at_us())
     }
 
     /// Makes the lease end no earlier than `ttl` from now (database clock). Never shortens it.
@@ -286,40 +191,7 @@ impl LockGuard {
     /// ```
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         LockError::require_runtime()?;
-        let ttl_us = ttl_micros(ttl)?;
-        let hold = self.hold();
-        let backend = hold.locker.backend()?;
-        let mut rolled_back = 0;
-        loop {
-            let sent = Instant::now();
-            match backend.extend(&hold.as_ref(), ttl_us).await {
-                Ok(Some(expires_at_us)) => {
-                    self.expires_at_us.store(expires_at_us, Ordering::Relaxed);
-                    let mut deadline = self
-                        .deadline
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    *deadline = (*deadline).max(sent + ttl);
-                    tracing::trace!(key = %hold.key, "lease extended");
-                    return Ok(());
-                }
-                Ok(None) => {
-                    tracing::debug!(key = %hold.key, "extend refused: lease no longer ours");
-                    return Err(LockError::NotHeld {
-                        key: hold.key.clone(),
-                    });
-                }
-                // An extend is idempotent (it only moves the end to now + ttl), so any failure
-                // that may not have committed can be sent again.
-                Err(e)
-                    if rolled_back < crate::locker::MAX_ROLLBACK_RETRIES
-                        && backend::classify(&e) != backend::Failure::Fatal =>
-                {
-                    rolled_back += 1;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        self.shared.extend(&self.hold, ttl).await
     }
 
     /// Releases now and reports how it went: [`LockError::NotHeld`] if the lease had already
@@ -335,18 +207,20 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         // Outside a runtime the guard is dropped as it is (its Drop says the lease will expire).
         LockError::require_runtime()?;
-        drop(self.lease.take()); // no renewal from here on
-        let hold = self.hold.take().expect("LockGuard used after release");
+        self.armed = false;
+        drop(self.renewal.take()); // no renewal from here on
+        let (hold, shared) = (self.hold.clone(), self.shared.clone());
         // In a task of its own, so that dropping this future half-way cannot leave the release
         // unsent (or queued on a pooled connection until it is next used).
-        let key = hold.key.clone();
-        let outcome = tokio::spawn(async move { hold.release().await })
+        let outcome = tokio::spawn(async move { shared.release(&hold).await })
             .await
             .unwrap_or_else(|_| Err(LockError::Database(sqlx::Error::WorkerCrashed)));
         match outcome? {
-            Released::NotHeld => Err(LockError::NotHeld { key }),
+            Released::NotHeld => Err(LockError::NotHeld {
+                key: self.hold.key.clone(),
+            }),
             outcome => {
-                tracing::debug!(%key, ?outcome, "released");
+                tracing::debug!(key = %self.hold.key, ?outcome, "released");
                 Ok(())
             }
         }
@@ -355,13 +229,16 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        drop(self.lease.take()); // no renewal from here on
-        let Some(hold) = self.hold.take() else { return };
+        drop(self.renewal.take()); // no renewal from here on
+        if !self.armed {
+            return;
+        }
+        let (hold, shared) = (self.hold.clone(), self.shared.clone());
         // Not lazily on the next use of a connection: a task of its own, right now.
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    match hold.release().await {
+                    match shared.release(&hold).await {
                         Ok(outcome) => {
                             tracing::debug!(key = %hold.key, ?outcome, "released on drop")
                         }
@@ -378,12 +255,11 @@ impl Drop for LockGuard {
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("LockGuard");
-        if let Some(hold) = &self.hold {
-            d.field("key", &hold.key).field("owner", &hold.owner);
-        }
-        d.field("fencing_token", &self.fencing_token)
-            .field("hold_count", &self.hold_count)
+        f.debug_struct("LockGuard")
+            .field("key", &self.hold.key)
+            .field("owner", &self.hold.owner)
+            .field("fencing_token", &self.hold.fencing_token)
+            .field("hold_count", &self.hold.hold_count)
             .field("expires_at", &self.expires_at())
             .finish()
     }

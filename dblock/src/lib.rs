@@ -44,20 +44,29 @@
 #[path = "private.rs"]
 pub mod __private;
 mod backend;
+mod default_locker;
 mod error;
 mod guard;
+mod hold;
+mod info;
 mod locker;
-#[cfg(feature = "postgres")]
-mod notify;
 mod owner;
 mod renew;
+mod request;
+mod retry;
+mod shared;
+#[cfg(feature = "_test-util")]
+pub mod test_util;
+mod validate;
 
-use std::time::{Duration, SystemTime};
-
+pub use default_locker::{default_locker, set_default};
 pub use error::{LockError, Result};
 pub use guard::LockGuard;
-pub use locker::{default_locker, set_default, LockRequest, Locker, DEFAULT_TTL, MAX_KEY_LEN};
+pub use info::LockInfo;
+pub use locker::Locker;
 pub use owner::{current, HeldLock, Owner};
+pub use request::{LockRequest, DEFAULT_TTL};
+pub use validate::MAX_KEY_LEN;
 
 /// Runs an `async fn` while holding a distributed lock.
 ///
@@ -112,7 +121,7 @@ pub use owner::{current, HeldLock, Owner};
 /// ```
 ///
 /// **`ttl`** and **`wait`**: literals in `h`, `m`, `s`, `ms`, `us`, combined (`"1m30s"`), or any
-/// expression of type [`Duration`]:
+/// expression of type [`Duration`](std::time::Duration):
 ///
 /// ```
 /// # use dblock::{distributed_lock, LockError};
@@ -186,70 +195,3 @@ pub use owner::{current, HeldLock, Owner};
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use dblock_macros::distributed_lock;
-
-/// One row of the lock table as [`Locker::inspect`] and [`Locker::held`] report it.
-///
-/// When the lock is not held (free, or its lease ran out) `owner` is `None` and `hold_count` 0;
-/// `holder` still names the last holder, for operators.
-///
-/// ```
-/// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-/// if let Some(info) = locker.inspect("order:42").await? {
-///     println!("held={} token={} holder={:?} left={:?}",
-///              info.held, info.fencing_token, info.holder, info.time_left);
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LockInfo {
-    /// The lock key.
-    pub key: String,
-    /// The owner id while held, else `None`.
-    pub owner: Option<String>,
-    /// `host/pid[/label]` of the current (or last) holder.
-    pub holder: Option<String>,
-    /// The owner's re-entry count while held, else 0.
-    pub hold_count: u32,
-    /// The key's fencing token (of the current or last tenure).
-    pub fencing_token: u64,
-    /// Lease end while held; when free, the time it was freed. Database clock.
-    pub expires_at: SystemTime,
-    /// When the current (or last) owner took the key. Database clock.
-    pub acquired_at: SystemTime,
-    /// `true` while an owner holds a live lease.
-    pub held: bool,
-    /// Lease time left, measured by the database (zero when not held).
-    pub time_left: Duration,
-}
-
-impl LockInfo {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn from_parts(
-        key: String,
-        owner: Option<String>,
-        holder: Option<String>,
-        hold_count: i64,
-        fencing_token: i64,
-        expires_at_us: i64,
-        acquired_at_us: i64,
-        held: bool,
-        remaining_ms: i64,
-    ) -> Self {
-        LockInfo {
-            key,
-            owner: if held { owner } else { None },
-            holder,
-            hold_count: if held { hold_count.max(0) as u32 } else { 0 },
-            fencing_token: fencing_token as u64,
-            expires_at: backend::time_from_micros(expires_at_us),
-            acquired_at: backend::time_from_micros(acquired_at_us),
-            held,
-            time_left: if held {
-                backend::millis(remaining_ms)
-            } else {
-                Duration::ZERO
-            },
-        }
-    }
-}

@@ -4,28 +4,25 @@
 use std::borrow::Borrow;
 use std::fmt::Display;
 use std::future::Future;
-use std::time::Duration;
 
-use crate::owner::{Context, HeldLock};
-use crate::{LockError, Locker};
+use crate::error::LockError;
+use crate::locker::Locker;
+use crate::owner::Context;
+use crate::request::LockRequest;
 
-/// What the attribute's arguments say, evaluated on entry.
-pub struct Spec {
-    /// The lock key, built before any `.await`.
-    pub key: String,
-    /// Lease length.
-    pub ttl: Duration,
-    /// How long to keep trying.
-    pub wait: Duration,
-    /// Keep extending the lease while the body runs.
-    pub renew: bool,
-    /// `module::path::function`, stored as the holder label.
-    pub function: &'static str,
+/// The attribute's lock request on `locker`, labelled with the function (`module::path::fn`);
+/// the generated code sets the rest (`ttl`, `wait`, ...) with the public builder methods.
+pub fn request(
+    locker: Result<Locker, LockError>,
+    key: String,
+    function: &'static str,
+) -> Result<LockRequest, LockError> {
+    Ok(locker?.lock(key).holder(function))
 }
 
 /// The process default locker (`dblock::set_default`), or `NoLocker`.
 pub fn default_locker() -> Result<Locker, LockError> {
-    crate::default_locker()
+    crate::default_locker::default_locker()
 }
 
 /// `locker = expr` accepts a `Locker`, a `&Locker`, an `Arc<Locker>`, ...
@@ -84,53 +81,39 @@ pub const fn must_return_result<R: LockResult>() -> fn(LockError) -> R {
 /// - Busy (or no locker, or a database error) returns `Err(E::from(error))` without running `body`.
 /// - Released after `body` returns by any path; on panic or when this future is dropped, the
 ///   guard's `Drop` releases in the background at once.
+/// - With `renew`, the lease is extended while `body` runs, and `body` is dropped (the call
+///   returning `Lost`) if an extension finds the lock gone.
 pub async fn locked<R, F>(
-    locker: Result<Locker, LockError>,
-    spec: Spec,
+    request: Result<LockRequest, LockError>,
+    renew: bool,
+    function: &'static str,
     on_error: fn(LockError) -> R,
     body: F,
 ) -> R
 where
     F: Future<Output = R>,
 {
-    let locker = match locker {
-        Ok(locker) => locker,
+    let request = match request {
+        Ok(request) => request,
         Err(e) => return on_error(e),
     };
     let owner = Context::get().map(|c| c.owner).unwrap_or_default();
-    let guard = match locker
-        .lock(spec.key)
-        .ttl(spec.ttl)
-        .wait(spec.wait)
-        .owner(&owner)
-        .holder(spec.function)
-        .await
-    {
+    let guard = match request.owner(&owner).await {
         Ok(guard) => guard,
         Err(e) => return on_error(e),
     };
-    let held = HeldLock {
-        key: guard.key().to_owned(),
-        fencing_token: guard.fencing_token(),
-        hold_count: guard.hold_count(),
-        expires_at: guard.expires_at(),
-    };
     let context = Context {
         owner,
-        innermost: Some(held),
+        innermost: Some(guard.hold().held_lock()),
     };
-    let guard = if spec.renew {
-        guard.auto_renew()
-    } else {
-        guard
-    };
+    let guard = if renew { guard.auto_renew() } else { guard };
     let body = context.scope(body);
-    let out = if spec.renew {
+    let out = if renew {
         // Renewal found the lock gone: the body is dropped here, at its current `.await`.
         tokio::select! {
             biased;
             lost = guard.lost() => {
-                tracing::warn!(function = spec.function, "lock lost while the body ran; body cancelled");
+                tracing::warn!(function, "lock lost while the body ran; body cancelled");
                 drop(guard);
                 return on_error(lost);
             }
@@ -141,7 +124,7 @@ where
     };
     if let Err(e) = guard.release().await {
         // The body has finished and its effects are done; report, do not discard its result.
-        tracing::warn!(function = spec.function, error = %e, "lock was not held at the end of the body");
+        tracing::warn!(function, error = %e, "lock was not held at the end of the body");
     }
     out
 }

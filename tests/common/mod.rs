@@ -92,6 +92,17 @@ async fn server(name: &'static str, url: String, test: &str) -> Option<Db> {
     }
 }
 
+/// `locker` as the backend called `name` in [`all`] runs it (the MySQL 8 statements for
+/// "mysql8-path").
+pub fn as_named(name: &str, locker: Locker) -> Locker {
+    #[cfg(feature = "_test-util")]
+    if name == "mysql8-path" {
+        return dblock::test_util::mysql8_statements(&locker);
+    }
+    let _ = name;
+    locker
+}
+
 /// A SQLite file in a temp dir (kept alive by the returned handle).
 #[cfg(feature = "sqlite")]
 pub async fn sqlite(test: &str) -> (Db, tempfile::TempDir) {
@@ -126,7 +137,8 @@ pub async fn postgres(test: &str) -> Option<Db> {
 }
 
 /// Every backend this build has and this machine can reach: SQLite on a temp file, PostgreSQL,
-/// MariaDB with RETURNING, and MariaDB through the MySQL 8 statements (no RETURNING).
+/// MariaDB with RETURNING, and (with the private `_test-util` feature, as `--all-features`
+/// has) MariaDB through the MySQL 8 statements (no RETURNING).
 pub async fn all(test: &str) -> (Vec<Db>, tempfile::TempDir) {
     report_missing_features();
     #[allow(unused_mut)]
@@ -144,12 +156,15 @@ pub async fn all(test: &str) -> (Vec<Db>, tempfile::TempDir) {
     }
     #[cfg(feature = "mysql")]
     if let Some(my) = server("mariadb", mysql_url(), test).await {
+        // The MySQL 8 statements, run against MariaDB through a test hook.
+        #[cfg(feature = "_test-util")]
         let compat = Db {
             name: "mysql8-path",
             url: my.url.clone(),
-            locker: my.locker.__without_returning(),
+            locker: dblock::test_util::mysql8_statements(&my.locker),
         };
         dbs.push(my);
+        #[cfg(feature = "_test-util")]
         dbs.push(compat);
     }
     (dbs, dir)

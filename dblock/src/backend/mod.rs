@@ -1,12 +1,18 @@
-//! The database side: one module per backend, each with the handful of statements dblock needs.
+//! The database side: one module per backend, each with the handful of statements dblock needs,
+//! its pool set-up and its error codes, all behind one contract ([`Dialect`]). Nothing outside
+//! this folder names a backend, apart from the three public `Locker` constructors.
 //!
-//! Every operation is ONE statement sent in ONE round trip on an autocommit connection. The
+//! Every lock operation is ONE statement sent in ONE round trip on an autocommit connection. The
 //! comment above each statement says why it is atomic on its own.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::future::Future;
+use std::time::Duration;
 
-use crate::LockInfo;
+use crate::error::LockError;
+use crate::info::LockInfo;
+use crate::retry::{self, Failure};
 
+mod admin;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
@@ -17,8 +23,9 @@ pub(crate) mod sqlite;
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("dblock needs at least one backend feature: `sqlite`, `postgres` or `mysql`");
 
-/// What one acquire statement is asked to do.
-pub(crate) struct AcquireParams<'a> {
+/// What one acquire statement binds: a borrowed view of the resolved request, plus this
+/// attempt's id.
+pub(crate) struct Acquire<'a> {
     pub key: &'a str,
     pub owner: &'a str,
     /// Lease length in microseconds (validated: > 0 and fits the database's interval type).
@@ -80,7 +87,55 @@ pub(crate) struct RenewItem<'a> {
 /// The holds a batched extension found live and extended: (key, owner, fencing token).
 pub(crate) type Extended = Vec<(String, String, u64)>;
 
-/// The database behind a [`Locker`](crate::Locker).
+/// What every backend provides. Each statement is one round trip; the futures are `Send`.
+pub(crate) trait Dialect: Clone + Send + Sync + 'static {
+    /// `"postgres"`, `"mysql"`, `"sqlite"`.
+    const NAME: &'static str;
+
+    /// The sqlx database of its pool.
+    type Db: sqlx::Database;
+
+    /// The same database and pool, another table (already validated).
+    fn with_table(&self, table: &str) -> Self;
+
+    /// How a server error (by this backend's own codes) may be retried.
+    fn classify(error: &dyn sqlx::error::DatabaseError) -> Failure;
+
+    /// Creates the table if it does not exist; idempotent, safe from many processes at once.
+    fn migrate(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Acquire, re-entry or takeover, or busy: one statement.
+    fn acquire(&self, a: &Acquire<'_>)
+        -> impl Future<Output = Result<Attempt, sqlx::Error>> + Send;
+
+    /// Decrements the hold count if `h` is the live tenure, recording `release_id` in the row;
+    /// a repeat with the same id (after a lost reply) then matches nothing instead of
+    /// decrementing twice. Callers serialise the owner's operations on the key around it.
+    fn release(
+        &self,
+        h: &HoldRef<'_>,
+        release_id: i64,
+    ) -> impl Future<Output = Result<Released, sqlx::Error>> + Send;
+
+    /// Pushes the lease end to at least `now + ttl`; `None` if `h` is not the live tenure.
+    fn extend(
+        &self,
+        h: &HoldRef<'_>,
+        ttl_us: i64,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
+
+    /// Extends every live hold in `items` (never empty) in one statement; returns those it
+    /// extended.
+    fn extend_many(
+        &self,
+        items: &[RenewItem<'_>],
+    ) -> impl Future<Output = Result<Extended, sqlx::Error>> + Send;
+
+    /// Its pool and operator statements, for the shared operator queries in `admin.rs`.
+    fn admin(&self) -> admin::Admin<'_, Self::Db>;
+}
+
+/// The database behind a [`Locker`](crate::Locker): a closed set, dispatched statically.
 #[derive(Clone, Debug)]
 pub(crate) enum Backend {
     #[cfg(feature = "postgres")]
@@ -105,30 +160,82 @@ macro_rules! dispatch {
     };
 }
 
+/// Forwards a call to a backend's `Dialect` type (for associated items).
+macro_rules! dispatch_type {
+    ($self:expr, $t:ident => $call:expr) => {
+        match $self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => {
+                type $t = postgres::Pg;
+                $call
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql(_) => {
+                type $t = mysql::My;
+                $call
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => {
+                type $t = sqlite::Lite;
+                $call
+            }
+        }
+    };
+}
+
 impl Backend {
-    pub(crate) fn name(&self) -> &'static str {
-        dispatch!(self, _b => _b.name())
+    /// Connects to `url` with a pool configured for locking, by the URL's scheme.
+    pub(crate) async fn connect(url: &str, table: &str) -> Result<Backend, LockError> {
+        let scheme = url.split(':').next().unwrap_or_default();
+        match scheme {
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Ok(Backend::Postgres(postgres::connect(url, table).await?)),
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => Ok(Backend::MySql(mysql::connect(url, table).await?)),
+            #[cfg(feature = "sqlite")]
+            "sqlite" => Ok(Backend::Sqlite(sqlite::connect(url, table).await?)),
+            #[allow(unreachable_patterns)]
+            "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
+                let feature = match scheme {
+                    "postgres" | "postgresql" => "postgres",
+                    "mysql" | "mariadb" => "mysql",
+                    _ => "sqlite",
+                };
+                Err(LockError::Config(format!(
+                    "dblock was built without the `{feature}` feature"
+                )))
+            }
+            _ => Err(LockError::Config(format!(
+                "unsupported database URL scheme `{scheme}:` (expected postgres://, mysql:// or sqlite:)"
+            ))),
+        }
     }
 
-    pub(crate) fn statements(&self) -> Vec<(&'static str, String)> {
-        let listed = dispatch!(self, b => b.statements());
-        listed
-            .into_iter()
-            .map(|(name, sql)| (name, sql.as_str().to_owned()))
-            .collect()
+    pub(crate) fn name(&self) -> &'static str {
+        dispatch_type!(self, D => D::NAME)
+    }
+
+    pub(crate) fn with_table(&self, table: &str) -> Backend {
+        dispatch!(self, b => b.with_table(table).into())
+    }
+
+    /// How a failed statement may be retried: the server's own codes by this backend's
+    /// mapping, everything else by the transport's.
+    pub(crate) fn classify(&self, e: &sqlx::Error) -> Failure {
+        match e {
+            sqlx::Error::Database(db) => dispatch_type!(self, D => D::classify(db.as_ref())),
+            other => retry::transport(other),
+        }
     }
 
     pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
         dispatch!(self, b => b.migrate().await)
     }
 
-    pub(crate) async fn acquire(&self, p: &AcquireParams<'_>) -> Result<Attempt, sqlx::Error> {
-        dispatch!(self, b => b.acquire(p).await)
+    pub(crate) async fn acquire(&self, a: &Acquire<'_>) -> Result<Attempt, sqlx::Error> {
+        dispatch!(self, b => b.acquire(a).await)
     }
 
-    /// Decrements the hold count if `h` is the live tenure, recording `release_id` in the row;
-    /// a repeat with the same id (after a lost reply) then matches nothing instead of
-    /// decrementing twice. Callers serialise the owner's operations on the key around it.
     pub(crate) async fn release(
         &self,
         h: &HoldRef<'_>,
@@ -137,7 +244,6 @@ impl Backend {
         dispatch!(self, b => b.release(h, release_id).await)
     }
 
-    /// Pushes the lease end to at least `now + ttl`; `None` if `h` is not the live tenure.
     pub(crate) async fn extend(
         &self,
         h: &HoldRef<'_>,
@@ -146,7 +252,6 @@ impl Backend {
         dispatch!(self, b => b.extend(h, ttl_us).await)
     }
 
-    /// Extends every live hold in `items` in one statement; returns those it extended.
     pub(crate) async fn extend_many(
         &self,
         items: &[RenewItem<'_>],
@@ -158,86 +263,108 @@ impl Backend {
     }
 
     pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
-        dispatch!(self, b => b.inspect(key).await)
+        dispatch!(self, b => b.admin().inspect(key).await)
     }
 
     pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
-        dispatch!(self, b => b.held().await)
+        dispatch!(self, b => b.admin().held().await)
     }
 
     pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
-        dispatch!(self, b => b.force_release(key).await)
+        dispatch!(self, b => b.admin().force_release(key).await)
     }
 
     pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
-        dispatch!(self, b => b.purge(older_than_us).await)
+        dispatch!(self, b => b.admin().purge(older_than_us).await)
     }
-}
 
-/// How a failed statement may be treated.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Failure {
-    /// The server rolled the statement back (serialization failure, deadlock, lock wait timeout,
-    /// Galera certification conflict): it changed nothing and can be sent again as it is.
-    NotCommitted,
-    /// The connection broke: the statement may or may not have committed.
-    Unknown,
-    /// Anything else (bad SQL, missing table, permissions): retrying will not help.
-    Fatal,
-}
-
-pub(crate) fn classify(e: &sqlx::Error) -> Failure {
-    match e {
-        sqlx::Error::Database(db) => {
-            #[cfg(feature = "mysql")]
-            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                return match my.number() {
-                    // ER_LOCK_DEADLOCK (also Galera's certification conflict), ER_LOCK_WAIT_TIMEOUT.
-                    1213 | 1205 => Failure::NotCommitted,
-                    // WSREP not ready, server shutdown, gone away, lost connection.
-                    1047 | 1053 | 2006 | 2013 => Failure::Unknown,
-                    _ => Failure::Fatal,
-                };
-            }
-            match db.code().as_deref() {
-                // PostgreSQL: serialization_failure, deadlock_detected.
-                Some("40001") | Some("40P01") => Failure::NotCommitted,
-                // PostgreSQL: connection exceptions and administrator shutdowns.
-                Some(c) if c.starts_with("08") || c.starts_with("57P") => Failure::Unknown,
-                // SQLite: SQLITE_BUSY / SQLITE_LOCKED and their extended codes, after the busy
-                // timeout ran out: the statement never got the write lock.
-                Some("5") | Some("6") | Some("261") | Some("262") | Some("517") => {
-                    Failure::NotCommitted
-                }
-                _ => Failure::Fatal,
+    /// PostgreSQL: interest in a release of `key`, woken by NOTIFY (the LISTEN connection is set
+    /// up on first use). `None` elsewhere, or when LISTEN is off or failed: the caller polls.
+    pub(crate) async fn interest(&self, key: &str) -> Option<Interest> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => pg.interest(key).await.map(|inner| Interest { inner }),
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = key;
+                None
             }
         }
-        sqlx::Error::Io(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::WorkerCrashed => Failure::Unknown,
-        // Nothing was sent, and the pool already waited its whole timeout for a connection:
-        // another try would only wait as long again.
-        sqlx::Error::PoolTimedOut => Failure::Fatal,
-        _ => Failure::Fatal,
     }
 }
 
-/// Microseconds since the Unix epoch (as the database reports them) to `SystemTime`.
-pub(crate) fn time_from_micros(us: i64) -> SystemTime {
-    if us >= 0 {
-        UNIX_EPOCH + Duration::from_micros(us as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_micros(us.unsigned_abs())
+/// Hooks for tests and the benchmark (`crate::test_util`).
+impl Backend {
+    /// MySQL: the MySQL 8 statements even on MariaDB. Others: unchanged.
+    #[cfg(any(test, feature = "_test-util"))]
+    pub(crate) fn without_returning(&self) -> Backend {
+        match self {
+            #[cfg(feature = "mysql")]
+            Backend::MySql(my) => Backend::MySql(my.without_returning()),
+            #[allow(unreachable_patterns)]
+            other => other.clone(),
+        }
+    }
+
+    /// PostgreSQL: no LISTEN/NOTIFY wake-ups. Others: unchanged.
+    #[cfg(feature = "_test-util")]
+    pub(crate) fn without_notify(&self) -> Backend {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => Backend::Postgres(pg.without_notify()),
+            #[allow(unreachable_patterns)]
+            other => other.clone(),
+        }
+    }
+
+    /// PostgreSQL: the NOTIFY channel of the table.
+    #[cfg(feature = "_test-util")]
+    pub(crate) fn notify_channel(&self) -> Option<String> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => Some(pg.channel().to_owned()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
     }
 }
 
-/// A non-negative millisecond count from the database to a `Duration`.
-pub(crate) fn millis(ms: i64) -> Duration {
-    Duration::from_millis(ms.max(0) as u64)
+/// A waiter's interest in a release of one key; dropping it withdraws the interest.
+pub(crate) struct Interest {
+    #[cfg(feature = "postgres")]
+    inner: postgres::notify::Interest,
 }
 
-/// Quotes an identifier that [`crate::locker::validate_table`] already accepted.
+impl Interest {
+    /// Resolves when a release of the key is announced.
+    pub(crate) async fn notified(&self) {
+        #[cfg(feature = "postgres")]
+        self.inner.notify.notified().await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<postgres::Pg> for Backend {
+    fn from(b: postgres::Pg) -> Self {
+        Backend::Postgres(b)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<mysql::My> for Backend {
+    fn from(b: mysql::My) -> Self {
+        Backend::MySql(b)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<sqlite::Lite> for Backend {
+    fn from(b: sqlite::Lite) -> Self {
+        Backend::Sqlite(b)
+    }
+}
+
+/// Quotes an identifier that `validate::table` already accepted.
 pub(crate) fn quote_ident(name: &str, quote: char) -> String {
     name.split('.')
         .map(|part| format!("{quote}{part}{quote}"))
@@ -245,206 +372,56 @@ pub(crate) fn quote_ident(name: &str, quote: char) -> String {
         .join(".")
 }
 
+/// Shows a URL without its password, for error messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!("{}{}:***{}", &url[..s + 3], &userinfo[..colon], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// A URL sqlx could not parse, reported without its password.
+pub(crate) fn bad_url(url: &str, e: sqlx::Error) -> LockError {
+    LockError::Config(format!("cannot parse database URL {}: {e}", redact(url)))
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// The files in `migrations/` are what `Locker::migrate()` runs, for the default table.
     #[test]
     fn migration_files_match_the_ddl_migrate_runs() {
         #[cfg(feature = "postgres")]
         assert!(
             include_str!("../../../migrations/postgres/0001_dblock_locks.sql")
-                .ends_with(&super::postgres::DDL.replace("{table}", "\"dblock_locks\""))
+                .ends_with(&postgres::DDL.replace("{table}", "\"dblock_locks\""))
         );
         #[cfg(feature = "mysql")]
         assert!(
             include_str!("../../../migrations/mysql/0001_dblock_locks.sql")
-                .ends_with(&super::mysql::DDL.replace("{table}", "`dblock_locks`"))
+                .ends_with(&mysql::DDL.replace("{table}", "`dblock_locks`"))
         );
         #[cfg(feature = "sqlite")]
         assert!(
             include_str!("../../../migrations/sqlite/0001_dblock_locks.sql")
-                .ends_with(&super::sqlite::DDL.replace("{table}", "\"dblock_locks\""))
+                .ends_with(&sqlite::DDL.replace("{table}", "\"dblock_locks\""))
         );
     }
-}
 
-/// The statements themselves, below the public API: what only they can show.
-#[cfg(all(test, feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod statement_tests {
-    use super::*;
-    use crate::Locker;
-
-    /// SQLite in memory, and the servers of the integration tests when they are reachable.
-    async fn lockers() -> Vec<(String, Locker)> {
-        let table = format!("t_stmt_{}_{}", std::process::id(), fastrand::u32(..));
-        let mut out = vec![(
-            "sqlite".to_owned(),
-            Locker::connect("sqlite::memory:").await.unwrap(),
-        )];
-        let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
-        for (name, var, default) in [
-            (
-                "postgres",
-                "DBLOCK_POSTGRES_URL",
-                "postgres://postgres@127.0.0.1:5432/test",
-            ),
-            (
-                "mariadb",
-                "DBLOCK_MYSQL_URL",
-                "mysql://root@127.0.0.1:3306/test",
-            ),
-        ] {
-            let url = std::env::var(var).unwrap_or_else(|_| default.into());
-            match Locker::connect(&url).await {
-                Ok(l) => {
-                    if name == "mariadb" {
-                        out.push(("mysql8-path".into(), l.__without_returning()));
-                    }
-                    out.push((name.into(), l));
-                }
-                Err(e) if !require => eprintln!("!!!!! SKIPPING {name}: {e}"),
-                Err(e) => panic!("{name} unreachable and DBLOCK_REQUIRE_SERVERS=1: {e}"),
-            }
-        }
-        let mut tabled = Vec::new();
-        for (name, l) in out {
-            let l = l.table(&table);
-            l.migrate().await.unwrap();
-            tabled.push((name, l));
-        }
-        tabled
-    }
-
-    fn grant(a: Attempt) -> Grant {
-        match a {
-            Attempt::Acquired(g) => g,
-            Attempt::Busy { .. } => panic!("expected a grant"),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_repeated_attempt_is_recognised_not_counted_twice() {
-        for (name, l) in lockers().await {
-            let b = l.backend().unwrap();
-            let mut p = AcquireParams {
-                key: "idem",
-                owner: "owner-1",
-                ttl_us: 30_000_000,
-                holder: "h",
-                attempt: 7,
-                waiting: false,
-            };
-            let first = grant(b.acquire(&p).await.unwrap());
-            let repeat = grant(b.acquire(&p).await.unwrap());
-            assert_eq!(
-                (first.hold_count, repeat.hold_count),
-                (1, 1),
-                "{name}: repeat counted twice"
-            );
-            assert_eq!(first.fencing_token, repeat.fencing_token, "{name}");
-            p.attempt = 8;
-            assert_eq!(
-                grant(b.acquire(&p).await.unwrap()).hold_count,
-                2,
-                "{name}: new attempt is re-entry"
-            );
-            assert_eq!(
-                grant(b.acquire(&p).await.unwrap()).hold_count,
-                2,
-                "{name}: repeat of re-entry"
-            );
-            assert_eq!(
-                l.inspect("idem").await.unwrap().unwrap().hold_count,
-                2,
-                "{name}"
-            );
-
-            // Another owner's attempt with the same id is still busy.
-            let other = AcquireParams {
-                owner: "owner-2",
-                ..p
-            };
-            assert!(
-                matches!(b.acquire(&other).await.unwrap(), Attempt::Busy { .. }),
-                "{name}"
-            );
-
-            // Release: a repeat of the same release (same id, after a lost reply) matches
-            // nothing instead of decrementing twice; a new release decrements again.
-            let h = HoldRef {
-                key: "idem",
-                owner: "owner-1",
-                fencing_token: first.fencing_token,
-            };
-            assert_eq!(
-                b.release(&h, 100).await.unwrap(),
-                Released::StillHeld(1),
-                "{name}"
-            );
-            assert_eq!(
-                b.release(&h, 100).await.unwrap(),
-                Released::NotHeld,
-                "{name}: applied twice"
-            );
-            assert_eq!(
-                l.inspect("idem").await.unwrap().unwrap().hold_count,
-                1,
-                "{name}"
-            );
-            let stale = HoldRef {
-                fencing_token: first.fencing_token - 1,
-                ..h
-            };
-            assert_eq!(
-                b.release(&stale, 101).await.unwrap(),
-                Released::NotHeld,
-                "{name}: other tenure"
-            );
-            assert_eq!(b.release(&h, 102).await.unwrap(), Released::Free, "{name}");
-            assert_eq!(
-                b.release(&h, 103).await.unwrap(),
-                Released::NotHeld,
-                "{name}"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn busy_attempts_report_the_holders_time_left_where_the_dialect_can() {
-        for (name, l) in lockers().await {
-            let b = l.backend().unwrap();
-            let p = AcquireParams {
-                key: "left",
-                owner: "a",
-                ttl_us: 10_000_000,
-                holder: "h",
-                attempt: 1,
-                waiting: false,
-            };
-            grant(b.acquire(&p).await.unwrap());
-            let q = AcquireParams {
-                owner: "b",
-                attempt: 2,
-                ..p
-            };
-            match b.acquire(&q).await.unwrap() {
-                Attempt::Busy {
-                    retry_after: Some(left),
-                } => {
-                    assert!(
-                        left > std::time::Duration::from_secs(8)
-                            && left <= std::time::Duration::from_secs(10),
-                        "{name}: {left:?}"
-                    );
-                }
-                Attempt::Busy { retry_after: None } => {
-                    assert!(
-                        name == "sqlite" || name == "mysql8-path",
-                        "{name}: no time left reported"
-                    )
-                }
-                Attempt::Acquired(_) => panic!("{name}: double grant"),
-            }
-        }
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("mysql://root@h/db"), "mysql://root@h/db");
+        assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
     }
 }
+
+#[cfg(test)]
+mod statement_tests;

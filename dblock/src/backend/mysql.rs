@@ -1,18 +1,47 @@
 //! MySQL 8 and MariaDB ≥ 10.5: statements on `UTC_TIMESTAMP(6)` (fixed for the statement and
-//! independent of the session time zone).
+//! independent of the session time zone), the pool set-up (READ COMMITTED, Galera settings) and
+//! the error numbers that decide retries.
 //!
 //! MySQL evaluates `SET` / `ON DUPLICATE KEY UPDATE` assignments left to right, each one seeing
 //! the columns already assigned. Every statement here is ordered so that each assignment reads
 //! only columns that are still old, except where it means to read a new value (said in place).
 
+use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use sqlx::mysql::{MySqlPool, MySqlRow};
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 use tokio::sync::OnceCell;
 
-use super::{quote_ident, AcquireParams, Attempt, Grant, HoldRef, Released};
-use crate::LockInfo;
+use super::admin::{Admin, AdminSql};
+use super::{
+    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Released, RenewItem,
+};
+use crate::error::LockError;
+use crate::retry::Failure;
+
+/// Server and client error numbers that decide how a failed statement is retried.
+mod code {
+    /// Rolled back: deadlock victim, and Galera's certification conflict.
+    pub(super) const ER_LOCK_DEADLOCK: u16 = 1213;
+    /// Rolled back: `innodb_lock_wait_timeout` ran out (an autocommit statement is undone).
+    pub(super) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+    /// Rolled back: the statement was killed (`KILL QUERY`, `max_statement_time`).
+    pub(super) const ER_QUERY_INTERRUPTED: u16 = 1317;
+    /// Galera: "WSREP has not yet prepared node for application use".
+    pub(super) const ER_UNKNOWN_COM_ERROR: u16 = 1047;
+    pub(super) const ER_SERVER_SHUTDOWN: u16 = 1053;
+    /// MariaDB: the connection was killed.
+    pub(super) const ER_CONNECTION_KILLED: u16 = 1927;
+    pub(super) const CR_SERVER_GONE_ERROR: u16 = 2006;
+    pub(super) const CR_SERVER_LOST: u16 = 2013;
+    /// `SET` of a variable the server does not have (wsrep_* on a server without Galera).
+    pub(super) const ER_UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
+}
+
+/// How long `Locker::connect`'s pool waits for a connection before failing.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub(crate) const DDL: &str = "CREATE TABLE IF NOT EXISTS {table} (
     lock_key      VARBINARY(255) NOT NULL,
@@ -35,7 +64,7 @@ const US_NOW: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
 
 #[derive(Clone, Debug)]
 pub(crate) struct My {
-    pub(crate) pool: MySqlPool,
+    pool: MySqlPool,
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
@@ -50,10 +79,7 @@ struct Statements {
     acquire_last_insert_id: SqlStr,
     release: SqlStr,
     extend: SqlStr,
-    inspect: SqlStr,
-    held: SqlStr,
-    force_release: SqlStr,
-    purge: SqlStr,
+    admin: AdminSql,
 }
 
 fn sql(template: &str, table: &str) -> SqlStr {
@@ -64,8 +90,10 @@ fn sql(template: &str, table: &str) -> SqlStr {
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
 
-/// The columns every state query returns, in the order `info_from_row` reads them.
-const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
+/// The columns of `LockRow`, in its order and types (the binary key is valid UTF-8: dblock only
+/// ever writes keys that came from a Rust `&str`).
+const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
+       CAST(hold_count AS SIGNED), fencing_token,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
        (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)),
@@ -103,6 +131,42 @@ ON DUPLICATE KEY UPDATE
     owner         = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6) OR owner = VALUES(owner),
                        VALUES(owner), owner),
     expires_at    = {expires}";
+
+/// A pool configured for locking: autocommit connections at READ COMMITTED, Galera's automatic
+/// retry off and causal reads on, no ping before each statement, a bounded wait for a connection.
+pub(crate) async fn connect(url: &str, table: &str) -> Result<My, LockError> {
+    let url = url.replacen("mariadb://", "mysql://", 1);
+    let options = MySqlConnectOptions::from_str(&url).map_err(|e| super::bad_url(&url, e))?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(10)
+        .test_before_acquire(false)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .after_connect(|conn, _meta| {
+            Box::pin(async move {
+                use sqlx::Executor as _;
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
+                // Galera: no automatic autocommit retry (it can answer one RETURNING statement
+                // with two rows, the first stale), and causal reads for read-only paths.
+                // Servers without wsrep (MySQL) do not know these variables: fine.
+                match conn
+                    .execute("SET SESSION wsrep_retry_autocommit = 0, wsrep_sync_wait = 1")
+                    .await
+                {
+                    Err(sqlx::Error::Database(e))
+                        if e.try_downcast_ref::<MySqlDatabaseError>()
+                            .is_some_and(|e| e.number() == code::ER_UNKNOWN_SYSTEM_VARIABLE) =>
+                    {
+                        Ok(())
+                    }
+                    other => other.map(|_| ()),
+                }
+            })
+        })
+        .connect_with(options)
+        .await?;
+    Ok(My::new(pool, table))
+}
 
 impl My {
     pub(crate) fn new(pool: MySqlPool, table: &str) -> Self {
@@ -166,22 +230,24 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND NOT (attempt_id <=> ?
 WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIMESTAMP(6)",
                 &t,
             ),
-            inspect: sql("SELECT {info} FROM {table} WHERE lock_key = ?", &t),
-            held: sql(
-                "SELECT {info} FROM {table}
+            admin: AdminSql {
+                inspect: sql("SELECT {info} FROM {table} WHERE lock_key = ?", &t),
+                held: sql(
+                    "SELECT {info} FROM {table}
 WHERE owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key",
-                &t,
-            ),
-            force_release: sql(
-                "UPDATE {table} SET hold_count = 0, owner = NULL, expires_at = UTC_TIMESTAMP(6)
+                    &t,
+                ),
+                force_release: sql(
+                    "UPDATE {table} SET hold_count = 0, owner = NULL, expires_at = UTC_TIMESTAMP(6)
 WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
-                &t,
-            ),
-            // In batches, so a big purge never holds many row locks at once.
-            purge: sql(
-                "DELETE FROM {table} WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND LIMIT 1000",
-                &t,
-            ),
+                    &t,
+                ),
+                // In batches (admin::PURGE_BATCH), so a big purge never holds many row locks.
+                purge: sql(
+                    "DELETE FROM {table} WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND LIMIT 1000",
+                    &t,
+                ),
+            },
         };
         My {
             pool,
@@ -189,28 +255,6 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
             sql: Arc::new(statements),
             returning: Arc::new(OnceCell::new()),
         }
-    }
-
-    /// Uses the MySQL 8 statement even on MariaDB (tests run it against MariaDB that way).
-    pub(crate) fn without_returning(self) -> Self {
-        My {
-            returning: Arc::new(OnceCell::new_with(Some(false))),
-            ..self
-        }
-    }
-
-    pub(crate) fn statements(&self) -> Vec<(&'static str, &SqlStr)> {
-        [
-            ("acquire", &self.sql.acquire_returning),
-            ("acquire_last_insert_id", &self.sql.acquire_last_insert_id),
-            ("release", &self.sql.release),
-            ("extend", &self.sql.extend),
-        ]
-        .into()
-    }
-
-    pub(crate) fn name(&self) -> &'static str {
-        "mysql"
     }
 
     async fn supports_returning(&self) -> Result<bool, sqlx::Error> {
@@ -224,8 +268,45 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
             .await
             .copied()
     }
+}
 
-    pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
+impl Dialect for My {
+    const NAME: &'static str = "mysql";
+    type Db = MySql;
+
+    fn with_table(&self, table: &str) -> Self {
+        My {
+            // Keeps a forced dialect (tests of the MySQL 8 path) and the detected one.
+            returning: self.returning.clone(),
+            ..My::new(self.pool.clone(), table)
+        }
+    }
+
+    fn classify(e: &dyn sqlx::error::DatabaseError) -> Failure {
+        let Some(e) = e.try_downcast_ref::<MySqlDatabaseError>() else {
+            return Failure::Fatal;
+        };
+        match e.number() {
+            code::ER_LOCK_DEADLOCK | code::ER_LOCK_WAIT_TIMEOUT | code::ER_QUERY_INTERRUPTED => {
+                Failure::NotCommitted
+            }
+            code::ER_UNKNOWN_COM_ERROR
+            | code::ER_SERVER_SHUTDOWN
+            | code::ER_CONNECTION_KILLED
+            | code::CR_SERVER_GONE_ERROR
+            | code::CR_SERVER_LOST => Failure::Unknown,
+            _ => Failure::Fatal,
+        }
+    }
+
+    fn admin(&self) -> Admin<'_, MySql> {
+        Admin {
+            pool: &self.pool,
+            sql: &self.sql.admin,
+        }
+    }
+
+    async fn migrate(&self) -> Result<(), sqlx::Error> {
         // CREATE TABLE IF NOT EXISTS is serialised by the metadata lock: safe from many processes.
         sqlx::raw_sql(self.sql.ddl.clone())
             .execute(&self.pool)
@@ -233,7 +314,7 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
         Ok(())
     }
 
-    pub(crate) async fn acquire(&self, p: &AcquireParams<'_>) -> Result<Attempt, sqlx::Error> {
+    async fn acquire(&self, p: &Acquire<'_>) -> Result<Attempt, sqlx::Error> {
         if self.supports_returning().await? {
             // Read ALL rows and keep the last: a Galera node whose automatic autocommit retry
             // fired (when the pool is not ours and wsrep_retry_autocommit could not be set to 0)
@@ -258,7 +339,7 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
                 }))
             } else {
                 Ok(Attempt::Busy {
-                    retry_after: Some(super::millis(row.try_get(4)?)),
+                    retry_after: Some(crate::info::millis(row.try_get(4)?)),
                 })
             }
         } else {
@@ -289,11 +370,7 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
         }
     }
 
-    pub(crate) async fn release(
-        &self,
-        h: &HoldRef<'_>,
-        release_id: i64,
-    ) -> Result<Released, sqlx::Error> {
+    async fn release(&self, h: &HoldRef<'_>, release_id: i64) -> Result<Released, sqlx::Error> {
         let done = sqlx::query(self.sql.release.clone())
             .bind(release_id)
             .bind(h.key)
@@ -309,11 +386,7 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
         })
     }
 
-    pub(crate) async fn extend(
-        &self,
-        h: &HoldRef<'_>,
-        ttl_us: i64,
-    ) -> Result<Option<i64>, sqlx::Error> {
+    async fn extend(&self, h: &HoldRef<'_>, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
         let done = sqlx::query(self.sql.extend.clone())
             .bind(ttl_us)
             .bind(h.key)
@@ -329,10 +402,7 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
     /// owner/tenure/live check as `extend`. MySQL has no RETURNING for UPDATE: when fewer rows
     /// matched than were sent, one read names the holds still live (a hold that was not extended
     /// cannot be live again: its token would have changed).
-    pub(crate) async fn extend_many(
-        &self,
-        items: &[super::RenewItem<'_>],
-    ) -> Result<super::Extended, sqlx::Error> {
+    async fn extend_many(&self, items: &[RenewItem<'_>]) -> Result<Extended, sqlx::Error> {
         let mut rows = vec!["SELECT ? AS k, ? AS o, ? AS tok, ? AS ttl"; 1];
         rows.extend(std::iter::repeat_n("SELECT ?, ?, ?, ?", items.len() - 1));
         let text = format!(
@@ -384,44 +454,6 @@ WHERE lock_key IN ({marks}) AND expires_at > UTC_TIMESTAMP(6)",
             .map(|i| (i.key.to_owned(), i.owner.to_owned(), i.fencing_token))
             .collect())
     }
-
-    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
-        let row = sqlx::query(self.sql.inspect.clone())
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| info_from_row(&r)).transpose()
-    }
-
-    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
-        let rows = sqlx::query(self.sql.held.clone())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(info_from_row).collect()
-    }
-
-    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(self.sql.force_release.clone())
-            .bind(key)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
-        let mut total = 0;
-        loop {
-            let n = sqlx::query(self.sql.purge.clone())
-                .bind(older_than_us)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
-            total += n;
-            if n < 1000 {
-                return Ok(total);
-            }
-        }
-    }
 }
 
 /// `true` for MariaDB 10.5 and later, whose INSERT takes RETURNING.
@@ -438,19 +470,15 @@ fn mariadb_with_returning(version: &str) -> bool {
     }
 }
 
-fn info_from_row(r: &MySqlRow) -> Result<LockInfo, sqlx::Error> {
-    let key: Vec<u8> = r.try_get(0)?;
-    Ok(LockInfo::from_parts(
-        String::from_utf8_lossy(&key).into_owned(),
-        r.try_get(1)?,
-        r.try_get(2)?,
-        r.try_get::<i32, _>(3)?.into(),
-        r.try_get(4)?,
-        r.try_get(5)?,
-        r.try_get(6)?,
-        r.try_get(7)?,
-        r.try_get(8)?,
-    ))
+#[cfg(any(test, feature = "_test-util"))]
+impl My {
+    /// Uses the MySQL 8 statement even on MariaDB (tests run it against MariaDB that way).
+    pub(crate) fn without_returning(&self) -> Self {
+        My {
+            returning: Arc::new(OnceCell::new_with(Some(false))),
+            ..self.clone()
+        }
+    }
 }
 
 #[cfg(test)]

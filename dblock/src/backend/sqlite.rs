@@ -1,13 +1,40 @@
 //! SQLite ≥ 3.35 (RETURNING): statements on `julianday('now')`, which is fixed for the statement.
-//! Times are stored as integer milliseconds since the Unix epoch.
+//! Times are stored as integer milliseconds since the Unix epoch. Also the pool set-up (WAL,
+//! FULL sync, busy timeout) and the result codes that decide retries.
+//!
+//! SQLite has no server: "the database clock" is the clock of the process running the
+//! statement, so every process sharing one SQLite file must share one machine clock.
 
+use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use sqlx::sqlite::{SqlitePool, SqliteRow};
+use sqlx::sqlite::{
+    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
-use super::{quote_ident, AcquireParams, Attempt, Grant, HoldRef, Released};
-use crate::LockInfo;
+use super::admin::{Admin, AdminSql};
+use super::{
+    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Released, RenewItem,
+};
+use crate::error::LockError;
+use crate::retry::Failure;
+
+/// Result codes (primary and extended) after which the statement never got the write lock:
+/// the busy timeout ran out, nothing was written.
+mod code {
+    pub(super) const SQLITE_BUSY: &str = "5";
+    pub(super) const SQLITE_LOCKED: &str = "6";
+    pub(super) const SQLITE_BUSY_RECOVERY: &str = "261";
+    pub(super) const SQLITE_LOCKED_SHAREDCACHE: &str = "262";
+    pub(super) const SQLITE_BUSY_SNAPSHOT: &str = "517";
+    pub(super) const SQLITE_BUSY_TIMEOUT: &str = "773";
+}
+
+/// How long a statement waits for SQLite's write lock (its busy handler) before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) const DDL: &str = "CREATE TABLE IF NOT EXISTS {table} (
     lock_key      TEXT    NOT NULL PRIMARY KEY
@@ -27,7 +54,7 @@ const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS IN
 
 #[derive(Clone, Debug)]
 pub(crate) struct Lite {
-    pub(crate) pool: SqlitePool,
+    pool: SqlitePool,
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
@@ -39,10 +66,7 @@ struct Statements {
     acquire: SqlStr,
     release: SqlStr,
     extend: SqlStr,
-    inspect: SqlStr,
-    held: SqlStr,
-    force_release: SqlStr,
-    purge: SqlStr,
+    admin: AdminSql,
 }
 
 fn sql(template: &str, table: &str) -> SqlStr {
@@ -53,6 +77,7 @@ fn sql(template: &str, table: &str) -> SqlStr {
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
 
+/// The columns of `LockRow`, in its order and types.
 const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
        expires_at * 1000, acquired_at * 1000,
        (owner IS NOT NULL AND expires_at > {now}),
@@ -61,6 +86,29 @@ const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
 /// Microseconds to whole milliseconds, rounding up so a lease is never shorter than asked.
 fn ms_ceil(us: i64) -> i64 {
     (us + 999) / 1000
+}
+
+/// A pool configured for locking: WAL, `synchronous = FULL` (a granted lock and its fencing token
+/// survive a power cut), a busy timeout; an in-memory database keeps its one connection forever.
+pub(crate) async fn connect(url: &str, table: &str) -> Result<Lite, LockError> {
+    let options = SqliteConnectOptions::from_str(url)
+        .map_err(|e| super::bad_url(url, e))?
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(BUSY_TIMEOUT);
+    let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+    let mut pool = SqlitePoolOptions::new()
+        .max_connections(if in_memory { 1 } else { 8 })
+        .test_before_acquire(false)
+        .acquire_timeout(BUSY_TIMEOUT);
+    if in_memory {
+        // An in-memory database lives only as long as a connection to it: keep one forever.
+        pool = pool
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None);
+    }
+    Ok(Lite::new(pool.connect_with(options).await?, table))
 }
 
 impl Lite {
@@ -114,18 +162,24 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > {now}
 RETURNING expires_at * 1000",
                 &t,
             ),
-            inspect: sql("SELECT {info} FROM {table} WHERE lock_key = $1", &t),
-            held: sql(
-                "SELECT {info} FROM {table}
+            admin: AdminSql {
+                inspect: sql("SELECT {info} FROM {table} WHERE lock_key = $1", &t),
+                held: sql(
+                    "SELECT {info} FROM {table}
 WHERE owner IS NOT NULL AND expires_at > {now} ORDER BY lock_key",
-                &t,
-            ),
-            force_release: sql(
-                "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = {now}
+                    &t,
+                ),
+                force_release: sql(
+                    "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = {now}
 WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
-                &t,
-            ),
-            purge: sql("DELETE FROM {table} WHERE expires_at <= {now} - $1", &t),
+                    &t,
+                ),
+                // $1 is in µs; times here are in ms.
+                purge: sql(
+                    "DELETE FROM {table} WHERE expires_at <= {now} - $1 / 1000",
+                    &t,
+                ),
+            },
         };
         Lite {
             pool,
@@ -133,21 +187,36 @@ WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
             sql: Arc::new(statements),
         }
     }
+}
 
-    pub(crate) fn statements(&self) -> Vec<(&'static str, &SqlStr)> {
-        [
-            ("acquire", &self.sql.acquire),
-            ("release", &self.sql.release),
-            ("extend", &self.sql.extend),
-        ]
-        .into()
+impl Dialect for Lite {
+    const NAME: &'static str = "sqlite";
+    type Db = Sqlite;
+
+    fn with_table(&self, table: &str) -> Self {
+        Lite::new(self.pool.clone(), table)
     }
 
-    pub(crate) fn name(&self) -> &'static str {
-        "sqlite"
+    fn classify(e: &dyn sqlx::error::DatabaseError) -> Failure {
+        match e.code().as_deref() {
+            Some(code::SQLITE_BUSY)
+            | Some(code::SQLITE_LOCKED)
+            | Some(code::SQLITE_BUSY_RECOVERY)
+            | Some(code::SQLITE_LOCKED_SHAREDCACHE)
+            | Some(code::SQLITE_BUSY_SNAPSHOT)
+            | Some(code::SQLITE_BUSY_TIMEOUT) => Failure::NotCommitted,
+            _ => Failure::Fatal,
+        }
     }
 
-    pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
+    fn admin(&self) -> Admin<'_, Sqlite> {
+        Admin {
+            pool: &self.pool,
+            sql: &self.sql.admin,
+        }
+    }
+
+    async fn migrate(&self) -> Result<(), sqlx::Error> {
         // One statement under SQLite's write lock; IF NOT EXISTS makes repeats a no-op.
         sqlx::raw_sql(self.sql.ddl.clone())
             .execute(&self.pool)
@@ -155,7 +224,7 @@ WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
         Ok(())
     }
 
-    pub(crate) async fn acquire(&self, p: &AcquireParams<'_>) -> Result<Attempt, sqlx::Error> {
+    async fn acquire(&self, p: &Acquire<'_>) -> Result<Attempt, sqlx::Error> {
         let row = sqlx::query(self.sql.acquire.clone())
             .bind(p.key)
             .bind(p.owner)
@@ -174,11 +243,7 @@ WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
         }
     }
 
-    pub(crate) async fn release(
-        &self,
-        h: &HoldRef<'_>,
-        release_id: i64,
-    ) -> Result<Released, sqlx::Error> {
+    async fn release(&self, h: &HoldRef<'_>, release_id: i64) -> Result<Released, sqlx::Error> {
         let left: Option<i64> = sqlx::query_scalar(self.sql.release.clone())
             .bind(h.key)
             .bind(h.owner)
@@ -193,11 +258,7 @@ WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
         })
     }
 
-    pub(crate) async fn extend(
-        &self,
-        h: &HoldRef<'_>,
-        ttl_us: i64,
-    ) -> Result<Option<i64>, sqlx::Error> {
+    async fn extend(&self, h: &HoldRef<'_>, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
         sqlx::query_scalar(self.sql.extend.clone())
             .bind(h.key)
             .bind(h.owner)
@@ -209,10 +270,7 @@ WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
 
     /// Renewal of many leases: one UPDATE ... FROM a list of (key, owner, token, ttl) rows, under
     /// SQLite's single write lock, with the same owner/tenure/live check as `extend`.
-    pub(crate) async fn extend_many(
-        &self,
-        items: &[super::RenewItem<'_>],
-    ) -> Result<super::Extended, sqlx::Error> {
+    async fn extend_many(&self, items: &[RenewItem<'_>]) -> Result<Extended, sqlx::Error> {
         let rows = vec!["(?, ?, ?, ?)"; items.len()].join(", ");
         let text = format!(
             "UPDATE {table} AS l SET expires_at = max(l.expires_at, {now} + r.column4)
@@ -234,49 +292,4 @@ RETURNING lock_key, owner, fencing_token",
         let rows = q.fetch_all(&self.pool).await?;
         Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
     }
-
-    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
-        let row = sqlx::query(self.sql.inspect.clone())
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| info_from_row(&r)).transpose()
-    }
-
-    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
-        let rows = sqlx::query(self.sql.held.clone())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(info_from_row).collect()
-    }
-
-    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(self.sql.force_release.clone())
-            .bind(key)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(self.sql.purge.clone())
-            .bind(older_than_us / 1000)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-}
-
-fn info_from_row(r: &SqliteRow) -> Result<LockInfo, sqlx::Error> {
-    Ok(LockInfo::from_parts(
-        r.try_get(0)?,
-        r.try_get(1)?,
-        r.try_get(2)?,
-        r.try_get(3)?,
-        r.try_get(4)?,
-        r.try_get(5)?,
-        r.try_get(6)?,
-        r.try_get(7)?,
-        r.try_get(8)?,
-    ))
 }

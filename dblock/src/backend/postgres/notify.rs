@@ -119,3 +119,11 @@ impl Notifier {
         Ok(())
     }
 }
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier")
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,11 +1,39 @@
 //! PostgreSQL: statements on `statement_timestamp()`, the one clock that is fixed for the statement
-//! and not frozen for a caller's whole transaction (as `now()` is).
+//! and not frozen for a caller's whole transaction (as `now()` is). Also the pool set-up, the
+//! SQLSTATE codes that decide retries, and the LISTEN connection (`notify.rs`).
 
-use sqlx::postgres::{PgPool, PgRow};
-use sqlx::{AssertSqlSafe, Row, SqlStr};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::{quote_ident, AcquireParams, Attempt, Grant, HoldRef, Released};
-use crate::LockInfo;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
+
+use super::admin::{Admin, AdminSql};
+use super::{
+    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Released, RenewItem,
+};
+use crate::error::LockError;
+use crate::retry::Failure;
+
+pub(crate) mod notify;
+
+/// SQLSTATE codes (PostgreSQL manual, appendix A) that decide how a failed statement is retried.
+mod sqlstate {
+    /// Rolled back: the transaction could not be serialised.
+    pub(super) const SERIALIZATION_FAILURE: &str = "40001";
+    /// Rolled back: chosen as a deadlock victim.
+    pub(super) const DEADLOCK_DETECTED: &str = "40P01";
+    /// Rolled back: cancelled (statement_timeout, pg_cancel_backend).
+    pub(super) const QUERY_CANCELED: &str = "57014";
+    /// Class 08, connection exception: the outcome is unknown.
+    pub(super) const CONNECTION_EXCEPTION: &str = "08";
+    /// 57P01-57P05: administrator or crash shutdown, cannot connect now, idle session timeout.
+    pub(super) const OPERATOR_SHUTDOWN: &str = "57P";
+}
+
+/// How long `Locker::connect`'s pool waits for a connection before failing.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Lease end as microseconds since the epoch.
 const US: &str = "(extract(epoch FROM {c}) * 1000000)::int8";
@@ -26,10 +54,12 @@ pub(crate) const DDL: &str = r#"CREATE TABLE IF NOT EXISTS {table} (
 
 #[derive(Clone, Debug)]
 pub(crate) struct Pg {
-    pub(crate) pool: PgPool,
+    pool: PgPool,
     /// NOTIFY channel for releases of this table (see [`notify_channel`]).
-    pub(crate) channel: std::sync::Arc<str>,
-    sql: std::sync::Arc<Statements>,
+    channel: Arc<str>,
+    sql: Arc<Statements>,
+    /// The LISTEN connection that wakes this locker's waiters; `None` when turned off.
+    notifier: Option<Arc<notify::Notifier>>,
 }
 
 #[derive(Debug)]
@@ -41,10 +71,7 @@ struct Statements {
     release: SqlStr,
     extend: SqlStr,
     extend_many: SqlStr,
-    inspect: SqlStr,
-    held: SqlStr,
-    force_release: SqlStr,
-    purge: SqlStr,
+    admin: AdminSql,
 }
 
 fn sql(template: &str, table: &str) -> SqlStr {
@@ -52,18 +79,32 @@ fn sql(template: &str, table: &str) -> SqlStr {
         .replace("{us_expires}", &US.replace("{c}", "expires_at"))
         .replace("{us_acquired}", &US.replace("{c}", "acquired_at"))
         .replace("{table}", table);
-    AssertSqlSafe(std::sync::Arc::<str>::from(text)).into_sql_str()
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
 
-use sqlx::SqlSafeStr as _;
-
-/// The columns every state query returns, in the order `info_from_row` reads them.
+/// The columns of `LockRow`, in its order and types.
 const INFO_COLUMNS: &str =
-    "lock_key, owner, holder, hold_count, fencing_token, {us_expires}, {us_acquired},
+    "lock_key, owner, holder, hold_count::int8, fencing_token, {us_expires}, {us_acquired},
        (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,
        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8";
 
+/// A pool configured for locking: autocommit connections at READ COMMITTED (set at start-up, no
+/// extra round trip), no ping before each statement, a bounded wait for a connection.
+pub(crate) async fn connect(url: &str, table: &str) -> Result<Pg, LockError> {
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| super::bad_url(url, e))?
+        .options([("default_transaction_isolation", "read committed")]);
+    let pool = PgPoolOptions::new()
+        .max_connections(10)
+        .test_before_acquire(false)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
+        .await?;
+    Ok(Pg::new(pool, table))
+}
+
 impl Pg {
+    /// Locks in `table` through `pool`, with LISTEN/NOTIFY wake-ups.
     pub(crate) fn new(pool: PgPool, table: &str) -> Self {
         let t = quote_ident(table, '"');
         let statements = Statements {
@@ -174,55 +215,83 @@ WHERE l.lock_key = r.k AND l.owner = r.o AND l.fencing_token = r.tok
 RETURNING l.lock_key, l.owner, l.fencing_token",
                 &t,
             ),
-            inspect: sql(
-                &format!("SELECT {INFO_COLUMNS} FROM {{table}} WHERE lock_key = $1"),
-                &t,
-            ),
-            held: sql(
-                &format!(
-                    "SELECT {INFO_COLUMNS} FROM {{table}}
-WHERE owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key"
+            admin: AdminSql {
+                inspect: sql(
+                    &format!("SELECT {INFO_COLUMNS} FROM {{table}} WHERE lock_key = $1"),
+                    &t,
                 ),
-                &t,
-            ),
+                held: sql(
+                    &format!(
+                        "SELECT {INFO_COLUMNS} FROM {{table}}
+WHERE owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key"
+                    ),
+                    &t,
+                ),
 
-            // Single-row UPDATE: frees a live lease whoever holds it; the token is kept so the
-            // next owner still gets a larger one.
-            force_release: sql(
-                "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = statement_timestamp()
+                // Single-row UPDATE: frees a live lease whoever holds it; the token is kept so
+                // the next owner still gets a larger one.
+                force_release: sql(
+                    "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = statement_timestamp()
 WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > statement_timestamp()",
-                &t,
-            ),
+                    &t,
+                ),
 
-            // Deletes free rows (expires_at = when freed) and expired ones, older than $1 µs.
-            // A held row has expires_at in the future, so it never matches.
-            purge: sql(
-                "DELETE FROM {table}
-WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond'",
-                &t,
-            ),
+                // Deletes free rows (expires_at = when freed) and expired ones, older than $1 µs.
+                // A held row has expires_at in the future, so it never matches.
+                purge: sql(
+                    "DELETE FROM {table}
+WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'",
+                    &t,
+                ),
+            },
         };
+        let channel: Arc<str> = notify_channel(table).into();
         Pg {
+            notifier: Some(notify::Notifier::new(pool.clone(), channel.to_string())),
             pool,
-            channel: notify_channel(table).into(),
-            sql: std::sync::Arc::new(statements),
+            channel,
+            sql: Arc::new(statements),
         }
     }
 
-    pub(crate) fn statements(&self) -> Vec<(&'static str, &SqlStr)> {
-        [
-            ("acquire", &self.sql.acquire),
-            ("release", &self.sql.release),
-            ("extend", &self.sql.extend),
-        ]
-        .into()
+    /// Interest in a release of `key` (LISTEN set up on first use); `None` when LISTEN is off
+    /// or failed.
+    pub(crate) async fn interest(&self, key: &str) -> Option<notify::Interest> {
+        self.notifier.as_ref()?.interest(key).await
+    }
+}
+
+impl Dialect for Pg {
+    const NAME: &'static str = "postgres";
+    type Db = Postgres;
+
+    fn with_table(&self, table: &str) -> Self {
+        Pg::new(self.pool.clone(), table)
     }
 
-    pub(crate) fn name(&self) -> &'static str {
-        "postgres"
+    fn classify(e: &dyn sqlx::error::DatabaseError) -> Failure {
+        match e.code().as_deref() {
+            Some(sqlstate::SERIALIZATION_FAILURE)
+            | Some(sqlstate::DEADLOCK_DETECTED)
+            | Some(sqlstate::QUERY_CANCELED) => Failure::NotCommitted,
+            Some(c)
+                if c.starts_with(sqlstate::CONNECTION_EXCEPTION)
+                    || c.starts_with(sqlstate::OPERATOR_SHUTDOWN) =>
+            {
+                Failure::Unknown
+            }
+            _ => Failure::Fatal,
+        }
     }
 
-    pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
+    fn admin(&self) -> Admin<'_, Postgres> {
+        Admin {
+            pool: &self.pool,
+            sql: &self.sql.admin,
+        }
+    }
+
+    async fn migrate(&self) -> Result<(), sqlx::Error> {
         // The usual case at every start: the table is there. One read, no lock, and none of
         // the "already exists, skipping" NOTICEs that sqlx would log at INFO.
         let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
@@ -249,7 +318,7 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
         tx.commit().await
     }
 
-    pub(crate) async fn acquire(&self, p: &AcquireParams<'_>) -> Result<Attempt, sqlx::Error> {
+    async fn acquire(&self, p: &Acquire<'_>) -> Result<Attempt, sqlx::Error> {
         let row = sqlx::query(self.sql.acquire.clone())
             .bind(p.key)
             .bind(p.owner)
@@ -271,16 +340,12 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
             }))
         } else {
             Ok(Attempt::Busy {
-                retry_after: Some(super::millis(row.try_get(4)?)),
+                retry_after: Some(crate::info::millis(row.try_get(4)?)),
             })
         }
     }
 
-    pub(crate) async fn release(
-        &self,
-        h: &HoldRef<'_>,
-        release_id: i64,
-    ) -> Result<Released, sqlx::Error> {
+    async fn release(&self, h: &HoldRef<'_>, release_id: i64) -> Result<Released, sqlx::Error> {
         let left: Option<i32> = sqlx::query_scalar(self.sql.release.clone())
             .bind(h.key)
             .bind(h.owner)
@@ -296,11 +361,7 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
         })
     }
 
-    pub(crate) async fn extend(
-        &self,
-        h: &HoldRef<'_>,
-        ttl_us: i64,
-    ) -> Result<Option<i64>, sqlx::Error> {
+    async fn extend(&self, h: &HoldRef<'_>, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
         sqlx::query_scalar(self.sql.extend.clone())
             .bind(h.key)
             .bind(h.owner)
@@ -310,10 +371,7 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
             .await
     }
 
-    pub(crate) async fn extend_many(
-        &self,
-        items: &[super::RenewItem<'_>],
-    ) -> Result<super::Extended, sqlx::Error> {
+    async fn extend_many(&self, items: &[RenewItem<'_>]) -> Result<Extended, sqlx::Error> {
         let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.owner).collect();
         let tokens: Vec<i64> = items.iter().map(|i| i.fencing_token as i64).collect();
@@ -327,37 +385,6 @@ WHERE expires_at <= statement_timestamp() - $1::float8 * interval '1 microsecond
             .await?;
         Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
     }
-
-    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
-        let row = sqlx::query(self.sql.inspect.clone())
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| info_from_row(&r)).transpose()
-    }
-
-    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
-        let rows = sqlx::query(self.sql.held.clone())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(info_from_row).collect()
-    }
-
-    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(self.sql.force_release.clone())
-            .bind(key)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(self.sql.purge.clone())
-            .bind(older_than_us as f64)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
 }
 
 /// The LISTEN/NOTIFY channel of a table: `dblock_` and a 64-bit FNV-1a hash of its name, so any
@@ -369,16 +396,18 @@ pub(crate) fn notify_channel(table: &str) -> String {
     format!("dblock_{hash:016x}")
 }
 
-fn info_from_row(r: &PgRow) -> Result<LockInfo, sqlx::Error> {
-    Ok(LockInfo::from_parts(
-        r.try_get(0)?,
-        r.try_get(1)?,
-        r.try_get(2)?,
-        r.try_get::<i32, _>(3)?.into(),
-        r.try_get(4)?,
-        r.try_get(5)?,
-        r.try_get(6)?,
-        r.try_get(7)?,
-        r.try_get(8)?,
-    ))
+#[cfg(feature = "_test-util")]
+impl Pg {
+    /// The same backend without LISTEN/NOTIFY wake-ups (waiters only poll).
+    pub(crate) fn without_notify(&self) -> Self {
+        Pg {
+            notifier: None,
+            ..self.clone()
+        }
+    }
+
+    /// The channel releases of this table are announced on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
 }

@@ -1,0 +1,134 @@
+//! The operator queries (inspect, held, force_release, purge) and the row decoder, written once
+//! for every backend. Each dialect supplies only its SQL text ([`AdminSql`]), which returns the
+//! columns of [`LockRow`] with the same types everywhere.
+
+use sqlx::{
+    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, SqlStr, Type,
+};
+
+use crate::info::{LockInfo, LockRow};
+
+/// One dialect's operator statements.
+#[derive(Debug)]
+pub(crate) struct AdminSql {
+    /// `$1`/`?` = key; the row's [`LockRow`] columns.
+    pub(crate) inspect: SqlStr,
+    /// Every row with a live lease, ordered by key.
+    pub(crate) held: SqlStr,
+    /// `$1`/`?` = key; frees a live lease whoever holds it, keeping the fencing token.
+    pub(crate) force_release: SqlStr,
+    /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
+    pub(crate) purge: SqlStr,
+}
+
+/// Rows one purge statement deletes at most where the dialect can bound it (MySQL), so a large
+/// purge never holds many row locks at once.
+pub(crate) const PURGE_BATCH: u64 = 1000;
+
+/// `rows_affected`, which sqlx has on each backend's query result but in no trait.
+pub(crate) trait RowsAffected {
+    fn rows(&self) -> u64;
+}
+
+#[cfg(feature = "postgres")]
+impl RowsAffected for sqlx::postgres::PgQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl RowsAffected for sqlx::mysql::MySqlQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+/// Decodes [`LockRow`]'s nine columns, whatever the backend.
+fn decode<'r, R>(r: &'r R) -> Result<LockRow, sqlx::Error>
+where
+    R: Row,
+    usize: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    bool: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(LockRow {
+        key: r.try_get(0)?,
+        owner: r.try_get(1)?,
+        holder: r.try_get(2)?,
+        hold_count: r.try_get(3)?,
+        fencing_token: r.try_get(4)?,
+        expires_at_us: r.try_get(5)?,
+        acquired_at_us: r.try_get(6)?,
+        held: r.try_get(7)?,
+        remaining_ms: r.try_get(8)?,
+    })
+}
+
+/// The operator queries over one pool of any backend.
+pub(crate) struct Admin<'a, DB: Database> {
+    pub(crate) pool: &'a Pool<DB>,
+    pub(crate) sql: &'a AdminSql,
+}
+
+impl<DB> Admin<'_, DB>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    DB::QueryResult: RowsAffected,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB>,
+    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB>,
+    for<'r> bool: Decode<'r, DB> + Type<DB>,
+{
+    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
+        let row = sqlx::query(self.sql.inspect.clone())
+            .bind(key.to_owned())
+            .fetch_optional(self.pool)
+            .await?;
+        row.map(|r| decode(&r).map(LockInfo::from)).transpose()
+    }
+
+    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
+        let rows = sqlx::query(self.sql.held.clone())
+            .fetch_all(self.pool)
+            .await?;
+        rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
+    }
+
+    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(self.sql.force_release.clone())
+            .bind(key.to_owned())
+            .execute(self.pool)
+            .await?;
+        Ok(done.rows() > 0)
+    }
+
+    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
+        let mut total = 0;
+        loop {
+            let done = sqlx::query(self.sql.purge.clone())
+                .bind(older_than_us)
+                .execute(self.pool)
+                .await?;
+            let n = done.rows();
+            total += n;
+            if n < PURGE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The process-wide default [`Locker`], used by `#[distributed_lock]` without `locker = ...`.
+
+use std::sync::RwLock;
+
+use crate::error::LockError;
+use crate::locker::Locker;
+
+static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
+
+/// Sets the process-wide default locker (replacing any earlier one).
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// let locker = dblock::Locker::connect("sqlite::memory:").await?;
+/// dblock::set_default(locker);
+/// assert!(dblock::default_locker().is_ok());
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+pub fn set_default(locker: Locker) {
+    let mut slot = DEFAULT
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    *slot = Some(locker);
+}
+
+/// The locker given to [`set_default`], or [`LockError::NoLocker`].
+///
+/// ```
+/// // before any set_default:
+/// # if false {
+/// assert!(matches!(dblock::default_locker(), Err(dblock::LockError::NoLocker)));
+/// # }
+/// ```
+pub fn default_locker() -> Result<Locker, LockError> {
+    DEFAULT
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone()
+        .ok_or(LockError::NoLocker)
+}

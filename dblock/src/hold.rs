@@ -1,0 +1,178 @@
+//! The record of one hold, shared by its guard, the renewal task and the locked body's
+//! [`HeldLock`]: who holds which key in which tenure, and how long the lease can still be alive.
+//!
+//! Two clocks, never mixed: `expires_at_us` is the database's answer (for display and
+//! `LockInfo`), `deadline` is local and conservative (tokio's monotonic clock at the moment the
+//! statement was *sent*, plus the ttl). Whether the lease may still be alive is only ever judged
+//! by the deadline: a reply that took long cannot make a lease look longer than it is.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::backend::{Grant, HoldRef};
+use crate::info::time_from_micros;
+use crate::owner::{HeldLock, Owner};
+
+/// One hold of one key by one owner (one `lock()` call that succeeded).
+pub(crate) struct Hold {
+    pub(crate) key: String,
+    pub(crate) owner: Owner,
+    /// The tenure's fencing token.
+    pub(crate) fencing_token: u64,
+    /// The owner's count right after this acquisition (its nesting level).
+    pub(crate) hold_count: u32,
+    /// Lease length asked for.
+    pub(crate) ttl: Duration,
+    lease: Mutex<Lease>,
+    lost: AtomicBool,
+    lost_signal: Notify,
+}
+
+/// What changes while the hold lives.
+struct Lease {
+    /// Lease end on the database clock, as of the last acquire or extend (µs since the epoch).
+    expires_at_us: i64,
+    /// Past this the lease may have ended: send time of the acquire (or of the last successful
+    /// extension) plus the ttl, on the local monotonic clock.
+    deadline: Instant,
+    /// Renewal: when the next extension is due.
+    due: Instant,
+    /// Renewal: statements in a row that failed for it.
+    failures: u32,
+}
+
+impl Hold {
+    /// A hold granted by an acquire statement sent at `sent`.
+    pub(crate) fn new(
+        key: String,
+        owner: Owner,
+        grant: Grant,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Self {
+        Hold {
+            key,
+            owner,
+            fencing_token: grant.fencing_token,
+            hold_count: grant.hold_count,
+            ttl,
+            lease: Mutex::new(Lease {
+                expires_at_us: grant.expires_at_us,
+                deadline: sent + ttl,
+                due: sent + ttl / 3,
+                failures: 0,
+            }),
+            lost: AtomicBool::new(false),
+            lost_signal: Notify::new(),
+        }
+    }
+
+    fn lease(&self) -> MutexGuard<'_, Lease> {
+        self.lease
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The parameters of an owner-checked statement on this hold.
+    pub(crate) fn as_ref(&self) -> HoldRef<'_> {
+        HoldRef {
+            key: &self.key,
+            owner: self.owner.id(),
+            fencing_token: self.fencing_token,
+        }
+    }
+
+    /// What `dblock::current()` reports inside a locked body.
+    pub(crate) fn held_lock(&self) -> HeldLock {
+        HeldLock {
+            key: self.key.clone(),
+            fencing_token: self.fencing_token,
+            hold_count: self.hold_count,
+            expires_at: time_from_micros(self.expires_at_us()),
+        }
+    }
+
+    pub(crate) fn expires_at_us(&self) -> i64 {
+        self.lease().expires_at_us
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.lease().deadline
+    }
+
+    /// When renewal should next extend it.
+    pub(crate) fn due(&self) -> Instant {
+        self.lease().due
+    }
+
+    /// An extension for `ttl` sent at `sent` succeeded (with the database's new lease end when
+    /// the statement reports it): the deadline moves, never back.
+    pub(crate) fn extended(&self, sent: Instant, ttl: Duration, expires_at_us: Option<i64>) {
+        let mut lease = self.lease();
+        lease.deadline = lease.deadline.max(sent + ttl);
+        lease.due = sent + ttl / 3;
+        lease.failures = 0;
+        if let Some(us) = expires_at_us {
+            lease.expires_at_us = us;
+        }
+    }
+
+    /// A renewal statement failed at `now`: once the lease may have ended the hold is lost;
+    /// until then it is due again after a pause that leaves a few tries in the lease.
+    pub(crate) fn renewal_failed(&self, now: Instant) {
+        let mut lease = self.lease();
+        lease.failures += 1;
+        if now >= lease.deadline {
+            lease.due = now + Duration::from_secs(3600);
+            drop(lease);
+            self.mark_lost();
+            return;
+        }
+        let left = lease.deadline - now;
+        let pause = Duration::from_millis(50 * u64::from(lease.failures.min(20))).min(left / 3);
+        lease.due = now + pause.max(Duration::from_millis(10));
+    }
+
+    /// Renewal found the row no longer this tenure's: a definite answer.
+    pub(crate) fn renewal_refused(&self, now: Instant) {
+        self.lease().due = now + Duration::from_secs(3600);
+        self.mark_lost();
+    }
+
+    fn mark_lost(&self) {
+        if !self.lost.swap(true, Ordering::SeqCst) {
+            tracing::warn!(key = %self.key, fencing_token = self.fencing_token, "lease lost");
+        }
+        self.lost_signal.notify_waiters();
+    }
+
+    /// `true` once the lock is known lost (renewal found it gone) or its lease may have ended.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst) || Instant::now() >= self.deadline()
+    }
+
+    /// Resolves when the lock is lost: renewal finds it gone, or the deadline (which renewal
+    /// and `extend` keep moving) passes.
+    pub(crate) async fn lost(&self) {
+        loop {
+            let signal = self.lost_signal.notified();
+            if self.lost.load(Ordering::SeqCst) {
+                return;
+            }
+            let deadline = self.deadline();
+            tokio::select! {
+                () = signal => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    if Instant::now() >= self.deadline() {
+                        self.mark_lost();
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

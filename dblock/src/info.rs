@@ -1,0 +1,93 @@
+//! [`LockInfo`]: one row of the lock table, as the operator API reports it, and the time
+//! conversions every backend's rows go through.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// One row of the lock table as [`Locker::inspect`](crate::Locker::inspect) and
+/// [`Locker::held`](crate::Locker::held) report it.
+///
+/// When the lock is not held (free, or its lease ran out) `owner` is `None` and `hold_count` 0;
+/// `holder` still names the last holder, for operators.
+///
+/// ```
+/// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+/// if let Some(info) = locker.inspect("order:42").await? {
+///     println!("held={} token={} holder={:?} left={:?}",
+///              info.held, info.fencing_token, info.holder, info.time_left);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock key.
+    pub key: String,
+    /// The owner id while held, else `None`.
+    pub owner: Option<String>,
+    /// `host/pid[/label]` of the current (or last) holder.
+    pub holder: Option<String>,
+    /// The owner's re-entry count while held, else 0.
+    pub hold_count: u32,
+    /// The key's fencing token (of the current or last tenure).
+    pub fencing_token: u64,
+    /// Lease end while held; when free, the time it was freed. Database clock.
+    pub expires_at: SystemTime,
+    /// When the current (or last) owner took the key. Database clock.
+    pub acquired_at: SystemTime,
+    /// `true` while an owner holds a live lease.
+    pub held: bool,
+    /// Lease time left, measured by the database (zero when not held).
+    pub time_left: Duration,
+}
+
+/// A row as every backend's state query returns it, in this column order (each dialect's SQL
+/// casts its columns to these types, so one decoder serves all three).
+pub(crate) struct LockRow {
+    pub(crate) key: String,
+    pub(crate) owner: Option<String>,
+    pub(crate) holder: Option<String>,
+    pub(crate) hold_count: i64,
+    pub(crate) fencing_token: i64,
+    pub(crate) expires_at_us: i64,
+    pub(crate) acquired_at_us: i64,
+    pub(crate) held: bool,
+    pub(crate) remaining_ms: i64,
+}
+
+impl From<LockRow> for LockInfo {
+    fn from(r: LockRow) -> Self {
+        LockInfo {
+            key: r.key,
+            owner: if r.held { r.owner } else { None },
+            holder: r.holder,
+            hold_count: if r.held {
+                u32::try_from(r.hold_count.max(0)).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
+            fencing_token: r.fencing_token as u64,
+            expires_at: time_from_micros(r.expires_at_us),
+            acquired_at: time_from_micros(r.acquired_at_us),
+            held: r.held,
+            time_left: if r.held {
+                millis(r.remaining_ms)
+            } else {
+                Duration::ZERO
+            },
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch (as the database reports them) to `SystemTime`.
+pub(crate) fn time_from_micros(us: i64) -> SystemTime {
+    if us >= 0 {
+        UNIX_EPOCH + Duration::from_micros(us as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_micros(us.unsigned_abs())
+    }
+}
+
+/// A non-negative millisecond count from the database to a `Duration`.
+pub(crate) fn millis(ms: i64) -> Duration {
+    Duration::from_millis(ms.max(0) as u64)
+}

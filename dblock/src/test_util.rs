@@ -1,0 +1,110 @@
+//! Test hooks and the benchmark's ceiling, behind the private `_test-util` feature: not part of
+//! the API, changed without notice, never needed by an application.
+//!
+//! ```
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let locker = dblock::Locker::connect("sqlite::memory:").await?;
+//! locker.migrate().await?;
+//! let raw = dblock::test_util::statements(&locker);
+//! let token = raw.acquire("k", "owner-1", std::time::Duration::from_secs(30)).await?;
+//! assert!(raw.release("k", "owner-1", token.expect("free")).await?);
+//! # Ok(()) }
+//! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+//! ```
+
+use std::time::Duration;
+
+use crate::backend::{Acquire, Attempt, Backend, HoldRef, Released};
+use crate::locker::Locker;
+use crate::shared::Shared;
+
+fn with_backend(locker: &Locker, change: impl FnOnce(&Backend) -> Backend) -> Locker {
+    let shared = locker.shared();
+    match shared.backend() {
+        Ok(backend) => Locker::from_shared(Shared::new(
+            Ok(change(backend)),
+            &shared.table,
+            shared.holder.clone(),
+        )),
+        Err(_) => locker.clone(),
+    }
+}
+
+/// The same locker, sending the MySQL 8 statements (no `RETURNING`) even to MariaDB, so the
+/// tests cover that path. Other backends: unchanged.
+pub fn mysql8_statements(locker: &Locker) -> Locker {
+    with_backend(locker, Backend::without_returning)
+}
+
+/// The same locker without LISTEN/NOTIFY wake-ups: waiters only poll.
+pub fn polling_only(locker: &Locker) -> Locker {
+    with_backend(locker, Backend::without_notify)
+}
+
+/// PostgreSQL: the channel releases of the locker's table are announced on.
+pub fn notify_channel(locker: &Locker) -> Option<String> {
+    locker.shared().backend().ok()?.notify_channel()
+}
+
+/// The locker's own acquire and release statements on its own pool, sent one by one with none
+/// of the client's machinery (no task, no retry, no guard, no serialisation): the benchmark's
+/// ceiling. Sharing the pool set-up and the binds with the library, it cannot drift from it.
+pub fn statements(locker: &Locker) -> Statements {
+    Statements {
+        locker: locker.clone(),
+    }
+}
+
+/// See [`statements`].
+pub struct Statements {
+    locker: Locker,
+}
+
+impl Statements {
+    fn backend(&self) -> Result<&Backend, sqlx::Error> {
+        self.locker
+            .shared()
+            .backend()
+            .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))
+    }
+
+    /// One acquire statement for `owner`: the fencing token, or `None` when the key is busy.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, sqlx::Error> {
+        let attempt = Acquire {
+            key,
+            owner,
+            ttl_us: ttl.as_micros() as i64,
+            holder: &self.locker.shared().holder,
+            attempt: fastrand::i64(1..i64::MAX),
+            waiting: false,
+        };
+        Ok(match self.backend()?.acquire(&attempt).await? {
+            Attempt::Acquired(grant) => Some(grant.fencing_token),
+            Attempt::Busy { .. } => None,
+        })
+    }
+
+    /// One release statement: `true` if it released a hold of `owner` in that tenure.
+    pub async fn release(
+        &self,
+        key: &str,
+        owner: &str,
+        fencing_token: u64,
+    ) -> Result<bool, sqlx::Error> {
+        let hold = HoldRef {
+            key,
+            owner,
+            fencing_token,
+        };
+        let released = self
+            .backend()?
+            .release(&hold, fastrand::i64(1..i64::MAX))
+            .await?;
+        Ok(released != Released::NotHeld)
+    }
+}

@@ -1,0 +1,124 @@
+//! What the lock table can hold exactly: keys, lease lengths, table names, holder labels.
+
+use std::time::Duration;
+
+use crate::error::LockError;
+
+/// Longest key, in bytes (the `lock_key` column's size).
+pub const MAX_KEY_LEN: usize = 255;
+
+/// Longest accepted lease: 100 years.
+const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Refuses keys the lock table cannot hold exactly.
+pub(crate) fn key(key: &str) -> Result<(), LockError> {
+    if key.is_empty() {
+        return Err(LockError::invalid_key(key, "the key is empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(LockError::invalid_key(
+            key,
+            "the key is longer than 255 bytes",
+        ));
+    }
+    if key.contains('\0') {
+        return Err(LockError::invalid_key(key, "the key contains a NUL byte"));
+    }
+    Ok(())
+}
+
+/// A lease length in microseconds, refused when zero or absurdly long.
+pub(crate) fn ttl_micros(ttl: Duration) -> Result<i64, LockError> {
+    if ttl.is_zero() {
+        return Err(LockError::Config("ttl must be greater than zero".into()));
+    }
+    if ttl > MAX_TTL {
+        return Err(LockError::Config(format!(
+            "ttl {ttl:?} is longer than 100 years"
+        )));
+    }
+    // Sub-microsecond leases round up to one microsecond rather than to an already-ended lease.
+    Ok((ttl.as_micros() as i64).max(1))
+}
+
+/// A table name is an identifier, optionally `schema.table`, at most 63 bytes a part.
+pub(crate) fn table(name: &str) -> Result<(), String> {
+    let parts: Vec<&str> = name.split('.').collect();
+    let ok = parts.len() <= 2
+        && parts.iter().all(|p| {
+            let mut chars = p.chars();
+            p.len() <= 63
+                && chars
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid table name {name:?}: expected an identifier such as `dblock_locks` or `schema.locks`"
+        ))
+    }
+}
+
+/// Cuts a holder label to the column's 255 characters.
+pub(crate) fn holder(mut s: String) -> String {
+    if let Some((at, _)) = s.char_indices().nth(255) {
+        s.truncate(at);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_checked_for_length_and_emptiness() {
+        assert!(key("a").is_ok());
+        assert!(key(&"x".repeat(255)).is_ok());
+        assert!(matches!(key(""), Err(LockError::InvalidKey { .. })));
+        assert!(matches!(
+            key(&"x".repeat(256)),
+            Err(LockError::InvalidKey { .. })
+        ));
+        // 128 two-byte characters = 256 bytes: counted in bytes, not characters.
+        assert!(key(&"é".repeat(128)).is_err());
+        assert!(key("a\0b").is_err());
+        assert!(key("'; DROP TABLE dblock_locks; --").is_ok());
+    }
+
+    #[test]
+    fn table_names_are_identifiers() {
+        assert!(table("dblock_locks").is_ok());
+        assert!(table("app.locks").is_ok());
+        assert!(table("_x1").is_ok());
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a.b.c",
+            "x; DROP TABLE y",
+            "a b",
+            "\"q\"",
+            &"a".repeat(64),
+        ] {
+            assert!(table(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn ttl_must_be_positive_and_sane() {
+        assert!(ttl_micros(Duration::ZERO).is_err());
+        assert!(ttl_micros(Duration::from_secs(u64::MAX)).is_err());
+        assert_eq!(ttl_micros(Duration::from_millis(1500)).unwrap(), 1_500_000);
+        assert_eq!(ttl_micros(Duration::from_nanos(1)).unwrap(), 1);
+    }
+
+    #[test]
+    fn holder_labels_are_cut_to_the_column() {
+        assert_eq!(holder("é".repeat(300)).chars().count(), 255);
+        assert_eq!(holder("host/1".into()), "host/1");
+    }
+}
