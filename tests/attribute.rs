@@ -190,7 +190,10 @@ async fn every_exit_path_releases_quickly() {
     let (dbs, _dir) = common::all("attr_exit").await;
     for db in &dbs {
         let l = &db.locker;
-        let quick = Duration::from_millis(100);
+        // "At once", not "when the connection is next used" or "at the ttl" (60 s here). The bound
+        // is loose because the other tests of this binary run in parallel on the same servers:
+        // a release then queues behind their commits' fsyncs (207 ms seen once on MariaDB).
+        let quick = Duration::from_secs(1);
         assert_eq!(exits(l, Exit::Value).await.unwrap(), 1);
         assert!(
             common::time_until_free(l, "exit", quick).await.is_some(),
