@@ -127,3 +127,35 @@ async fn migrate_is_quiet_when_there_is_nothing_to_do() {
         assert!(loud.is_empty(), "{}: {loud:#?}", db.name);
     }
 }
+
+/// SQLite has no server clock: a process whose clock is ahead writes lock times "in the future"
+/// for the others. `migrate()` (run at start-up) notices and says what it means.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_warns_when_a_process_sharing_the_file_runs_ahead() {
+    let (db, _dir) = common::sqlite("clock_ahead").await;
+    let table = db.locker.table_name().to_owned();
+    let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+    // What a process three hours ahead leaves behind: a lock taken at its "now".
+    let ahead_ms = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + Duration::from_secs(3 * 3600))
+    .as_millis() as i64;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{table}\" (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at)
+         VALUES ('k', 'other', 1, 1, {}, {ahead_ms})",
+        ahead_ms + 30_000
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let (out, _default) = capture();
+    db.locker.migrate().await.unwrap();
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.contains("WARN") && text.contains("must share one clock"),
+        "no warning:\n{text}"
+    );
+}

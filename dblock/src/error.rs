@@ -64,9 +64,36 @@ pub enum LockError {
     #[error("dblock configuration: {0}")]
     Config(String),
 
-    /// The database failed or could not be reached.
+    /// The database failed or could not be reached. The error is the real cause (a refused
+    /// or lost connection, a server error), never a bare pool time-out when the server is
+    /// unreachable; when a statement was sent and its answer never came, it says so
+    /// ([`is_outcome_unknown`](LockError::is_outcome_unknown)).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+}
+
+/// Wrapped around a database error after which a statement's outcome is unknown: it was sent,
+/// and no answer came (the connection broke, or the reply did not arrive in time).
+#[derive(Debug)]
+struct OutcomeUnknown {
+    what: String,
+    source: sqlx::Error,
+}
+
+impl std::fmt::Display for OutcomeUnknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "outcome of the {} unknown (it was sent, no answer came: {})",
+            self.what, self.source
+        )
+    }
+}
+
+impl std::error::Error for OutcomeUnknown {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
 }
 
 impl LockError {
@@ -95,6 +122,47 @@ impl LockError {
             Ok(_) => Ok(()),
             Err(_) => Err(LockError::NoRuntime),
         }
+    }
+
+    /// `true` when the database failed after a statement was sent and before its answer came:
+    /// it may or may not have taken effect. dblock keeps resolving such a statement in the
+    /// background (an acquire that did take effect is given back, a release goes on being sent)
+    /// until its outcome is known or the lease it concerns has ended.
+    ///
+    /// ```
+    /// # fn demo(e: dblock::LockError) {
+    /// if e.is_outcome_unknown() {
+    ///     eprintln!("the database did not answer: {e}");
+    /// }
+    /// # }
+    /// assert!(!dblock::LockError::NoLocker.is_outcome_unknown());
+    /// ```
+    pub fn is_outcome_unknown(&self) -> bool {
+        let LockError::Database(sqlx::Error::Io(io)) = self else {
+            return false;
+        };
+        io.get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<OutcomeUnknown>().is_some())
+    }
+
+    /// A database failure of `what` (e.g. "acquire of `order:7`"); `unknown` when a send of it
+    /// had no answer, which the error then says (still a `Database` error, so the cause stays
+    /// where callers look for it; the original error is its `source()`).
+    pub(crate) fn database(error: sqlx::Error, unknown: bool, what: &str) -> LockError {
+        if !unknown {
+            return LockError::Database(error);
+        }
+        let kind = match &error {
+            sqlx::Error::Io(io) => io.kind(),
+            _ => std::io::ErrorKind::Other,
+        };
+        LockError::Database(sqlx::Error::Io(std::io::Error::new(
+            kind,
+            OutcomeUnknown {
+                what: what.to_owned(),
+                source: error,
+            },
+        )))
     }
 
     pub(crate) fn invalid_key(key: &str, reason: &'static str) -> Self {

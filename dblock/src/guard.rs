@@ -11,6 +11,7 @@ use crate::info::time_from_micros;
 use crate::owner::Owner;
 use crate::renew::Registration;
 use crate::shared::Shared;
+use tokio::time::Instant;
 
 /// A lock this process holds. Dropping it releases the lock at once, in the background on the
 /// current tokio runtime; [`release`](LockGuard::release) does the same and reports the outcome.
@@ -209,12 +210,26 @@ impl LockGuard {
         LockError::require_runtime()?;
         self.armed = false;
         drop(self.renewal.take()); // no renewal from here on
-        let (hold, shared) = (self.hold.clone(), self.shared.clone());
+        let bound = self.shared.statement_timeout;
         // In a task of its own, so that dropping this future half-way cannot leave the release
-        // unsent (or queued on a pooled connection until it is next used).
-        let outcome = tokio::spawn(async move { shared.release(&hold).await })
-            .await
-            .unwrap_or_else(|_| Err(LockError::Database(sqlx::Error::WorkerCrashed)));
+        // unsent (or queued on a pooled connection until it is next used), and so that a
+        // release the database does not answer goes on after this call has returned.
+        let task = tokio::spawn(release(self.hold.clone(), self.shared.clone()));
+        let outcome = match tokio::time::timeout(bound, task).await {
+            Ok(joined) => {
+                joined.unwrap_or_else(|_| Err(LockError::Database(sqlx::Error::WorkerCrashed)))
+            }
+            Err(_) => Err(LockError::database(
+                sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer within {bound:?}; still being sent in the background until the lease has ended"
+                    ),
+                )),
+                true,
+                &format!("release of `{}`", self.hold.key),
+            )),
+        };
         match outcome? {
             Released::NotHeld => Err(LockError::NotHeld {
                 key: self.hold.key.clone(),
@@ -238,7 +253,7 @@ impl Drop for LockGuard {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    match shared.release(&hold).await {
+                    match release(hold.clone(), shared).await {
                         Ok(outcome) => {
                             tracing::debug!(key = %hold.key, ?outcome, "released on drop")
                         }
@@ -251,6 +266,13 @@ impl Drop for LockGuard {
                 "LockGuard dropped outside a tokio runtime; the lease will expire on its own"),
         }
     }
+}
+
+/// Gives the hold back, trying until its lease has surely ended (past that, the database has
+/// freed it anyway).
+async fn release(hold: Arc<Hold>, shared: Arc<Shared>) -> Result<Released, LockError> {
+    let until = hold.deadline().max(Instant::now()) + shared.statement_timeout;
+    shared.release(&hold, until).await
 }
 
 impl fmt::Debug for LockGuard {

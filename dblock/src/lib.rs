@@ -34,6 +34,11 @@
 //! - **No hold counted twice**: statements the server rolled back are retried; after a broken
 //!   connection the same attempt id is sent again and recognised.
 //! - **Released on every exit**: [`LockGuard::release`], or on drop in the background at once.
+//! - **Faults end honestly**: a grant is returned only while its lease is live; `wait` bounds
+//!   the whole call; a statement whose answer never came is resolved in the background (a hold
+//!   it took is given back, a release goes on being sent) and the error says the outcome is
+//!   unknown ([`LockError::is_outcome_unknown`]); re-entry counts only the holds this process
+//!   tracks. SQLite: processes sharing one file must share one clock.
 //!
 //! ## Backends (cargo features)
 //! `sqlite` (default), `postgres`, `mysql`; `macros` (default) re-exports the attribute.
@@ -44,6 +49,7 @@
 #[path = "private.rs"]
 pub mod __private;
 mod backend;
+mod connect;
 mod default_locker;
 mod error;
 mod guard;
@@ -59,6 +65,7 @@ mod shared;
 pub mod test_util;
 mod validate;
 
+pub use connect::ConnectOptions;
 pub use default_locker::{default_locker, set_default};
 pub use error::{LockError, Result};
 pub use guard::LockGuard;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::backend::Backend;
+use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::info::LockInfo;
 use crate::request::LockRequest;
@@ -67,7 +68,9 @@ impl Locker {
     }
 
     /// Connects to `url` and builds a pool configured for locking: autocommit connections at
-    /// READ COMMITTED, no ping before each statement, a 3 s limit on waiting for a connection.
+    /// READ COMMITTED, no ping before each statement, a 3 s limit on waiting for a connection, a
+    /// 5 s limit on each statement (see [`ConnectOptions`] for these and
+    /// [`connect_with`](Locker::connect_with) to change them).
     ///
     /// | URL | backend | feature |
     /// |---|---|---|
@@ -82,18 +85,44 @@ impl Locker {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub async fn connect(url: &str) -> Result<Locker, LockError> {
+        Self::connect_with(url, ConnectOptions::default()).await
+    }
+
+    /// [`connect`](Locker::connect) with a pool and time-outs of your choosing.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dblock::LockError> {
+    /// use std::time::Duration;
+    /// let options = dblock::ConnectOptions::new()
+    ///     .max_connections(20)
+    ///     .statement_timeout(Duration::from_secs(2));
+    /// let locker = dblock::Locker::connect_with("sqlite::memory:", options).await?;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn connect_with(url: &str, options: ConnectOptions) -> Result<Locker, LockError> {
         LockError::require_runtime()?;
         let scheme = url.split(':').next().unwrap_or_default();
         let span = tracing::debug_span!("dblock.connect", scheme);
-        let backend = Backend::connect(url, DEFAULT_TABLE)
+        let backend = Backend::connect(url, DEFAULT_TABLE, &options)
             .instrument(span)
             .await?;
-        Ok(Locker::from_backend(backend))
+        Ok(Locker {
+            shared: Shared::with_timeout(
+                Ok(backend),
+                DEFAULT_TABLE,
+                default_holder(),
+                options.statement_timeout,
+            ),
+        })
     }
 
     /// Locks in an existing PostgreSQL pool. Lock statements run as single autocommit
-    /// statements on it; for the best behaviour give it `test_before_acquire(false)` and
-    /// `default_transaction_isolation=read committed` (as [`Locker::connect`] does).
+    /// statements on it, each borrowing a connection only for itself; the LISTEN that wakes
+    /// waiters opens a connection of its own (with the pool's connect options), never one of
+    /// the pool's. For the best behaviour give the pool `test_before_acquire(false)` and
+    /// `default_transaction_isolation=read committed` (as [`Locker::connect`] does). Statements
+    /// are bounded by the default statement time-out (5 s) in the client.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -196,10 +225,11 @@ impl Locker {
         LockError::require_runtime()?;
         let backend = self.shared.backend()?;
         let span = tracing::debug_span!("dblock.migrate", backend = backend.name(), table = %self.shared.table);
-        backend.migrate().instrument(span).await.map_err(|e| {
-            tracing::warn!(error = %e, "migration failed");
-            e.into()
-        })
+        self.shared
+            .once("migration", |limit| backend.migrate(limit))
+            .instrument(span)
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "migration failed"))
     }
 
     /// Starts a request for the lock on `key`; configure it, then `.await` it.
@@ -235,9 +265,9 @@ impl Locker {
         LockError::require_runtime()?;
         validate::key(key)?;
         let backend = self.shared.backend()?;
-        Ok(Shared::retrying(backend, || backend.inspect(key))
+        self.shared
+            .once("inspect", |limit| backend.inspect(key, limit))
             .await
-            .result?)
     }
 
     /// Every lock currently held (live lease), ordered by key.
@@ -252,7 +282,7 @@ impl Locker {
     pub async fn held(&self) -> Result<Vec<LockInfo>, LockError> {
         LockError::require_runtime()?;
         let backend = self.shared.backend()?;
-        Ok(Shared::retrying(backend, || backend.held()).await.result?)
+        self.shared.once("held", |limit| backend.held(limit)).await
     }
 
     /// Frees `key` whoever holds it (operator action). Returns `true` if a live lock was freed.
@@ -270,9 +300,10 @@ impl Locker {
         LockError::require_runtime()?;
         validate::key(key)?;
         let backend = self.shared.backend()?;
-        let freed = Shared::retrying(backend, || backend.force_release(key))
-            .await
-            .result?;
+        let freed = self
+            .shared
+            .once("force_release", |limit| backend.force_release(key, limit))
+            .await?;
         tracing::info!(key, freed, "force_release");
         Ok(freed)
     }
@@ -292,9 +323,10 @@ impl Locker {
         let us = i64::try_from(older_than.as_micros())
             .map_err(|_| LockError::Config("purge: older_than is too large".into()))?;
         let backend = self.shared.backend()?;
-        let n = Shared::retrying(backend, || backend.purge(us))
-            .await
-            .result?;
+        let n = self
+            .shared
+            .once("purge", |limit| backend.purge(us, limit))
+            .await?;
         tracing::info!(deleted = n, ?older_than, "purge");
         Ok(n)
     }

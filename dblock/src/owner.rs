@@ -95,6 +95,11 @@ impl Owner {
         &self.id
     }
 
+    /// The id, shared rather than copied.
+    pub(crate) fn shared_id(&self) -> Arc<str> {
+        self.id.clone()
+    }
+
     /// Runs `fut` (a future, or a [`LockRequest`](crate::LockRequest)) as this owner: locks taken inside it (also by `#[distributed_lock]` functions)
     /// belong to this owner, so taking a key this owner already holds is reentrant.
     ///

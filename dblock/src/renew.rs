@@ -147,15 +147,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Hold>]) {
         .min()
         .unwrap_or(sent)
         .max(sent + Duration::from_millis(100));
-    let outcome = tokio::time::timeout_at(limit, backend.extend_many(&items))
-        .await
-        .unwrap_or_else(|_| {
-            Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "lease renewal statement timed out",
-            )))
-        });
-    match outcome {
+    match backend.extend_many(&items, limit).await {
         Ok(extended) => {
             for h in batch {
                 let owner = h.owner.id();
@@ -171,9 +163,9 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Hold>]) {
             }
             tracing::trace!(leases = items.len(), "leases extended");
         }
-        Err(error) => {
-            let transient = backend.classify(&error) != Failure::Fatal;
-            tracing::warn!(%error, transient, "lease renewal failed; retrying while the leases last");
+        Err(failed) => {
+            let transient = backend.classify(&failed) != Failure::Fatal;
+            tracing::warn!(error = %failed.error, transient, "lease renewal failed; retrying while the leases last");
             let now = Instant::now();
             for h in batch {
                 h.renewal_failed(now);

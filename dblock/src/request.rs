@@ -18,6 +18,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::Hold;
 use crate::owner::{Context, Owner};
+use crate::retry::{self, Policy};
 use crate::shared::Shared;
 use crate::validate;
 
@@ -29,6 +30,16 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// "As long as it takes": what `wait(Duration::MAX)` means (no `Instant` overflow).
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// An attempt that `wait` cannot cover (`wait` shorter than this) may still take this long: one
+/// round trip needs some time, and `wait = 0` means "one attempt", not "none".
+const ATTEMPT_FLOOR: Duration = Duration::from_secs(1);
+/// A grant is returned only while its lease has at least this share of its ttl left (by the
+/// local monotonic clock, counted from the send): at most [`MAX_MARGIN`].
+const MARGIN_DIVISOR: u32 = 10;
+const MAX_MARGIN: Duration = Duration::from_secs(1);
+/// How long past its deadline a call waits for its last attempt's own answer (an error that
+/// names the cause), before it reports "no answer".
+const ANSWER_GRACE: Duration = Duration::from_millis(50);
 
 /// One `locker.lock(key)` call being configured; `.await` it to take the lock.
 ///
@@ -181,10 +192,22 @@ struct Request {
 enum Try {
     Got(LockGuard),
     Busy(Option<Duration>),
+    /// Granted, but the reply came when the lease could have ended already: given back.
+    Stale,
+    Failed(LockError),
+}
+
+/// What the attempts answered so far, for the error when the call's time runs out.
+#[derive(Clone, Copy, PartialEq)]
+enum Seen {
+    Nothing,
+    Busy,
+    Stale,
 }
 
 impl Request {
-    /// The statement's binds, borrowed from the request.
+    /// The statement's binds, borrowed from the request (the tracked holds are filled in under
+    /// the owner's serialisation).
     fn statement(&self, waiting: bool) -> Acquire<'_> {
         Acquire {
             key: &self.key,
@@ -193,21 +216,37 @@ impl Request {
             holder: &self.holder,
             attempt: self.attempt,
             waiting,
+            tenure: None,
+            held: 0,
         }
     }
 
-    /// Takes the lock: attempts until granted or `wait` runs out.
+    /// Takes the lock: attempts until granted or `wait` runs out. The call returns by
+    /// `max(wait, one attempt's floor)` whatever the database does; an attempt still in flight
+    /// then goes on in the background, and a lock it gets is given back at once.
     async fn acquire(self, shared: Arc<Shared>) -> Result<LockGuard, LockError> {
         let started = Instant::now();
-        let deadline = started + self.wait.min(FOREVER);
+        let wait_until = started + self.wait.min(FOREVER);
+        let call_until = wait_until.max(started + ATTEMPT_FLOOR.min(shared.statement_timeout));
         let mut backoff = FIRST_BACKOFF;
         let mut attempts = 0u32;
+        let mut seen = Seen::Nothing;
         // Set once this call waits where the backend can wake it (PostgreSQL LISTEN/NOTIFY).
         let mut interest: Option<Interest> = None;
         loop {
             attempts += 1;
-            match self.try_once(&shared, interest.is_some()).await {
-                Ok(Try::Got(guard)) => {
+            let attempt = self.try_once(&shared, interest.is_some(), call_until);
+            // The attempt stops sending at `call_until`; a moment more lets it say why.
+            let outcome = match tokio::time::timeout_at(call_until + ANSWER_GRACE, attempt).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    let waited = started.elapsed();
+                    tracing::debug!(?waited, attempts, "no answer within the call's time");
+                    return Err(self.gave_up(seen, waited));
+                }
+            };
+            match outcome {
+                Try::Got(guard) => {
                     tracing::debug!(
                         fencing_token = guard.fencing_token(),
                         hold_count = guard.hold_count(),
@@ -216,15 +255,23 @@ impl Request {
                     );
                     return Ok(guard);
                 }
-                Ok(Try::Busy(retry_after)) => {
+                Try::Failed(e) => {
+                    tracing::warn!(error = %e, "acquire failed");
+                    return Err(e);
+                }
+                Try::Stale => {
+                    seen = Seen::Stale;
+                    if Instant::now() >= wait_until {
+                        return Err(self.gave_up(seen, started.elapsed()));
+                    }
+                }
+                Try::Busy(retry_after) => {
+                    seen = Seen::Busy;
                     let now = Instant::now();
-                    if now >= deadline {
+                    if now >= wait_until {
                         let waited = now - started;
                         tracing::debug!(?waited, attempts, "busy: giving up");
-                        return Err(LockError::Busy {
-                            key: self.key,
-                            waited,
-                        });
+                        return Err(self.gave_up(seen, waited));
                     }
                     if interest.is_none() {
                         interest = shared.backend()?.interest(&self.key).await;
@@ -235,7 +282,7 @@ impl Request {
                     // Jitter over the upper half of the step, so waiters spread out instead of
                     // arriving together; never past the holder's lease end or our deadline.
                     let jittered = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
-                    let mut pause = jittered.min(deadline - now);
+                    let mut pause = jittered.min(wait_until.saturating_duration_since(now));
                     if let Some(left) = retry_after {
                         pause = pause.min(left + Duration::from_millis(1));
                     }
@@ -252,40 +299,85 @@ impl Request {
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "acquire failed");
-                    return Err(e);
-                }
             }
+        }
+    }
+
+    /// The error for a call whose time ran out: busy if that is what the database last said, the
+    /// lease ended before its grant arrived, or no answer at all (outcome unknown).
+    fn gave_up(&self, seen: Seen, waited: Duration) -> LockError {
+        match seen {
+            Seen::Busy => LockError::Busy {
+                key: self.key.clone(),
+                waited,
+            },
+            Seen::Stale => LockError::Lost {
+                key: self.key.clone(),
+            },
+            Seen::Nothing => LockError::database(
+                sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer from the database within {waited:?}"),
+                )),
+                true,
+                &format!("acquire of `{}`", self.key),
+            ),
         }
     }
 
     /// One acquire attempt, run to completion in a task of its own.
     ///
-    /// If the caller's future is dropped while the statement is in flight, the statement still
-    /// finishes (it is not left half-sent on a pooled connection, to run whenever that connection
-    /// is next used), and a lock it took comes back as a guard nobody receives: dropping it
-    /// releases it at once. So a cancelled `lock()` never orphans a hold.
-    async fn try_once(&self, shared: &Arc<Shared>, waiting: bool) -> Result<Try, LockError> {
+    /// If the caller's future is dropped (or its time runs out) while the statement is in
+    /// flight, the statement still finishes (it is not left half-sent on a pooled connection,
+    /// to run whenever that connection is next used), an unknown outcome is still resolved, and
+    /// a lock it took comes back as a guard nobody receives: dropping it releases it at once.
+    /// So a cancelled `lock()` never orphans a hold.
+    async fn try_once(&self, shared: &Arc<Shared>, waiting: bool, call_until: Instant) -> Try {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (shared, req) = (shared.clone(), self.clone());
         tokio::spawn(
             async move {
                 let sent = Instant::now();
-                let outcome = shared.acquire(&req.statement(waiting)).await;
-                let outcome = outcome.map(|attempt| match attempt {
-                    Attempt::Acquired(grant) => {
+                let policy = Policy {
+                    rolled_back: retry::ROLLBACK_RESENDS,
+                    per_send: shared.statement_timeout,
+                    // Nothing in doubt: worth trying while the caller waits.
+                    send_until: call_until,
+                    // An unknown outcome: resolved until the lease it may have written has
+                    // surely ended (the process no longer counts it by then either).
+                    resolve_until: sent + req.ttl + shared.statement_timeout,
+                };
+                let tried = shared
+                    .acquire(&req.owner, req.statement(waiting), policy)
+                    .await;
+                let outcome = match tried.result {
+                    Ok(Attempt::Acquired(grant)) => {
+                        let key = req.key.clone();
                         let hold = Hold::new(req.key, req.owner, grant, req.ttl, sent);
-                        Try::Got(LockGuard::new(hold, shared))
+                        let guard = LockGuard::new(hold, shared);
+                        let margin = (req.ttl / MARGIN_DIVISOR).min(MAX_MARGIN);
+                        if Instant::now() + margin < guard.hold().deadline() {
+                            Try::Got(guard)
+                        } else {
+                            // Its lease could be over by the time the caller used it.
+                            tracing::warn!(%key, "grant arrived when its lease could have ended; given back");
+                            drop(guard);
+                            Try::Stale
+                        }
                     }
-                    Attempt::Busy { retry_after } => Try::Busy(retry_after),
-                });
-                // If the receiver is gone, the guard inside is dropped here: released.
+                    Ok(Attempt::Busy { retry_after }) => Try::Busy(retry_after),
+                    Err(failed) => Try::Failed(LockError::database(
+                        failed.error,
+                        tried.after_unknown,
+                        &format!("acquire of `{}`", req.key),
+                    )),
+                };
+                // If the receiver is gone, a guard inside is dropped here: released.
                 let _ = tx.send(outcome);
             }
             .in_current_span(),
         );
         rx.await
-            .unwrap_or_else(|_| Err(LockError::Database(sqlx::Error::WorkerCrashed)))
+            .unwrap_or_else(|_| Try::Failed(LockError::Database(sqlx::Error::WorkerCrashed)))
     }
 }

@@ -7,8 +7,8 @@
 //! | class | meaning | what [`run`] does |
 //! |---|---|---|
 //! | `NotCommitted` | the server rolled it back: it changed nothing | send it again after a short jittered pause, up to [`Policy::rolled_back`] times |
-//! | `Unknown` | the connection broke: it may or may not have committed | send the *same* statement again (same attempt / release id) after a growing pause, up to [`Policy::unknown`] times, and tell the caller an earlier send may have taken effect |
-//! | `NotSent` | no connection could be had: nothing was sent this time | final, unless an earlier send was `Unknown`: then keep resolving that one |
+//! | `Unknown` | the connection broke, or no reply came in time: it may or may not have committed | send the *same* statement again (same attempt / release id) after a growing pause, across reconnects, until the outcome is known or [`Policy::resolve_until`] (when it no longer matters), and tell the caller an earlier send may have taken effect |
+//! | `NotSent` | no connection could be had: nothing was sent this time | try again after a growing pause until [`Policy::send_until`] (the caller's deadline) — or, if an earlier send is in doubt, until `resolve_until` |
 //! | `Fatal` | bad SQL, missing table, permissions, ... | return the error |
 //!
 //! This is where "unknown outcomes never count twice" lives: only statements whose repeat is
@@ -19,45 +19,65 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+use crate::backend::Failed;
+
 /// What a failed statement says about its effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Failure {
     /// The server rolled the statement back (serialization failure, deadlock, lock wait timeout,
     /// Galera certification conflict, a cancelled statement): it changed nothing.
     NotCommitted,
-    /// The connection broke while the statement was (or may have been) on its way: it may or
-    /// may not have committed.
+    /// The connection broke, or no reply came in time, while the statement was (or may have
+    /// been) on its way: it may or may not have committed.
     Unknown,
-    /// No connection could be had (the pool timed out): nothing was sent this time.
+    /// Nothing was sent: no connection could be had (refused, the pool timed out, ...).
     NotSent,
     /// Anything else: sending it again will not help.
     Fatal,
 }
 
-/// How often each class of failure is retried.
+/// How long, and how often, a statement is sent again.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Policy {
-    /// Sends after a rollback.
+    /// Sends after rollbacks, at most.
     pub(crate) rolled_back: u32,
-    /// Sends after an unknown outcome (or, once one happened, after a failure to get a
-    /// connection).
-    pub(crate) unknown: u32,
+    /// Longest time one send may take (waiting for a connection and for the reply).
+    pub(crate) per_send: Duration,
+    /// While nothing is in doubt (every failure so far left the row untouched), sends go on
+    /// until here: the caller's deadline.
+    pub(crate) send_until: Instant,
+    /// Once a send's outcome was unknown, the same statement goes on being sent until its
+    /// outcome is known or this instant: when what it may have done no longer matters (for a
+    /// lock statement, when the lease it may have written has surely ended).
+    pub(crate) resolve_until: Instant,
 }
 
 impl Policy {
-    /// Every statement: ten sends after rollbacks, ten after unknown outcomes.
-    pub(crate) const STATEMENT: Policy = Policy {
-        rolled_back: 10,
-        unknown: 10,
-    };
+    /// A statement that nothing depends on resolving (a read, an idempotent write): tried for
+    /// `per_send`, resends within that.
+    pub(crate) fn within(per_send: Duration) -> Policy {
+        let until = Instant::now() + per_send;
+        Policy {
+            rolled_back: ROLLBACK_RESENDS,
+            per_send,
+            send_until: until,
+            resolve_until: until,
+        }
+    }
 }
+
+/// Sends after rollbacks, at most, unless a policy says otherwise.
+pub(crate) const ROLLBACK_RESENDS: u32 = 10;
 
 /// A statement's final result, and whether an earlier send of it had an unknown outcome.
 #[derive(Debug)]
 pub(crate) struct Tried<T> {
-    pub(crate) result: Result<T, sqlx::Error>,
+    pub(crate) result: Result<T, Failed>,
     /// An earlier send failed with an unknown outcome: it may have committed, so the final
-    /// answer may describe that earlier effect (a release then finds nothing left to release).
+    /// answer may describe that earlier effect (a release then finds nothing left to release),
+    /// and a final error leaves the outcome unknown.
     pub(crate) after_unknown: bool,
 }
 
@@ -79,9 +99,9 @@ fn rollback_pause() -> Duration {
     Duration::from_micros(fastrand::u64(100..2000))
 }
 
-/// Pause before the `n`th resend after an unknown outcome (n ≥ 1): 5 ms doubling to 250 ms,
-/// jittered over the upper half, so a reconnect storm does not spend the budget in milliseconds.
-fn unknown_pause(n: u32) -> Duration {
+/// Pause before the `n`th resend after a connection failure (n ≥ 1): 5 ms doubling to 250 ms,
+/// jittered over the upper half, so a reconnect storm does not spin.
+fn reconnect_pause(n: u32) -> Duration {
     let step = Duration::from_millis(5)
         .saturating_mul(1 << n.saturating_sub(1).min(6))
         .min(Duration::from_millis(250));
@@ -89,53 +109,70 @@ fn unknown_pause(n: u32) -> Duration {
 }
 
 /// Runs `op` until it succeeds or the policy gives up, classing each failure with `classify`.
+/// `op` gets the instant its send must be done by.
 pub(crate) async fn run<T, Op, Fut>(
     policy: Policy,
-    classify: impl Fn(&sqlx::Error) -> Failure,
+    classify: impl Fn(&Failed) -> Failure,
     mut op: Op,
 ) -> Tried<T>
 where
-    Op: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, sqlx::Error>>,
+    Op: FnMut(Instant) -> Fut,
+    Fut: Future<Output = Result<T, Failed>>,
 {
-    let (mut rolled_back, mut unknown) = (0, 0);
+    let (mut rolled_back, mut reconnects) = (0, 0);
     let mut after_unknown = false;
     loop {
-        let error = match op().await {
+        let until = if after_unknown {
+            policy.resolve_until
+        } else {
+            policy.send_until
+        };
+        let limit = (Instant::now() + policy.per_send).min(until);
+        let failed = match op(limit).await {
             Ok(value) => {
                 return Tried {
                     result: Ok(value),
                     after_unknown,
                 }
             }
-            Err(e) => e,
+            Err(failed) => failed,
         };
-        let failure = classify(&error);
+        let failure = classify(&failed);
         let pause = match failure {
             Failure::NotCommitted if rolled_back < policy.rolled_back => {
                 rolled_back += 1;
-                rollback_pause()
+                Some(rollback_pause())
             }
-            Failure::Unknown if unknown < policy.unknown => {
-                unknown += 1;
+            Failure::Unknown => {
                 after_unknown = true;
-                unknown_pause(unknown)
+                reconnects += 1;
+                Some(reconnect_pause(reconnects))
             }
-            // Nothing was sent this time, but an earlier send may have committed: resolving
-            // that is worth another try once a connection can be had.
-            Failure::NotSent if after_unknown && unknown < policy.unknown => {
-                unknown += 1;
-                unknown_pause(unknown)
+            // Nothing was sent this time; if an earlier send is in doubt, resolving it is worth
+            // another try once a connection can be had.
+            Failure::NotSent => {
+                reconnects += 1;
+                Some(reconnect_pause(reconnects))
+            }
+            _ => None,
+        };
+        let until = if after_unknown {
+            policy.resolve_until
+        } else {
+            policy.send_until
+        };
+        match pause {
+            Some(pause) if Instant::now() + pause < until => {
+                tracing::debug!(error = %failed.error, ?failure, ?pause, "statement failed; sending it again");
+                tokio::time::sleep(pause).await;
             }
             _ => {
                 return Tried {
-                    result: Err(error),
+                    result: Err(failed),
                     after_unknown,
                 }
             }
-        };
-        tracing::debug!(%error, ?failure, ?pause, "statement failed; sending it again");
-        tokio::time::sleep(pause).await;
+        }
     }
 }
 
@@ -144,15 +181,17 @@ mod tests {
     use super::*;
     use std::collections::VecDeque;
     use std::sync::Mutex;
-    use tokio::time::Instant;
 
     /// Scripted failures: a `Protocol` error whose text names its class.
-    fn fail(class: &str) -> sqlx::Error {
-        sqlx::Error::Protocol(class.into())
+    fn fail(class: &str) -> Failed {
+        Failed {
+            error: sqlx::Error::Protocol(class.into()),
+            sent: class != "not-sent",
+        }
     }
 
-    fn classify(e: &sqlx::Error) -> Failure {
-        match e.to_string() {
+    fn classify(f: &Failed) -> Failure {
+        match f.error.to_string() {
             s if s.contains("rolled-back") => Failure::NotCommitted,
             s if s.contains("unknown") => Failure::Unknown,
             s if s.contains("not-sent") => Failure::NotSent,
@@ -160,112 +199,129 @@ mod tests {
         }
     }
 
-    /// Runs a script of outcomes (`Ok(n)` or a failure class) through the policy; returns what
-    /// `run` returned and how many sends it made.
-    async fn script(policy: Policy, steps: &[Result<u32, &str>]) -> (Tried<u32>, usize) {
+    fn policy(send_for: u64, resolve_for: u64) -> Policy {
+        let now = Instant::now();
+        Policy {
+            rolled_back: ROLLBACK_RESENDS,
+            per_send: Duration::from_millis(500),
+            send_until: now + Duration::from_millis(send_for),
+            resolve_until: now + Duration::from_millis(resolve_for),
+        }
+    }
+
+    /// Runs a script of outcomes (`Ok(n)` or a failure class; the last one repeats) through the
+    /// policy; returns what `run` returned and the limit each send was given.
+    async fn script(policy: Policy, steps: &[Result<u32, &str>]) -> (Tried<u32>, Vec<Instant>) {
         let steps: Mutex<VecDeque<Result<u32, &str>>> = Mutex::new(steps.iter().copied().collect());
-        let sends = Mutex::new(0);
-        let tried = run(policy, classify, || {
-            *sends.lock().unwrap() += 1;
-            let next = steps.lock().unwrap().pop_front().expect("script ran out");
+        let limits = Mutex::new(Vec::new());
+        let tried = run(policy, classify, |limit| {
+            limits.lock().unwrap().push(limit);
+            let mut steps = steps.lock().unwrap();
+            let next = if steps.len() > 1 {
+                steps.pop_front().unwrap()
+            } else {
+                steps[0]
+            };
             async move { next.map_err(fail) }
         })
         .await;
-        let n = *sends.lock().unwrap();
-        (tried, n)
+        let limits = limits.into_inner().unwrap();
+        (tried, limits)
     }
 
     #[tokio::test(start_paused = true)]
     async fn rolled_back_statements_are_sent_again_as_they_are() {
         let (tried, sends) = script(
-            Policy::STATEMENT,
+            policy(1000, 1000),
             &[Err("rolled-back"), Err("rolled-back"), Ok(7)],
         )
         .await;
         assert_eq!(tried.result.unwrap(), 7);
         assert!(!tried.after_unknown, "a rollback changed nothing");
-        assert_eq!(sends, 3);
+        assert_eq!(sends.len(), 3);
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_unknown_outcome_is_resent_and_reported_to_the_caller() {
-        let (tried, sends) = script(Policy::STATEMENT, &[Err("unknown"), Ok(1)]).await;
+        let (tried, sends) = script(policy(1000, 1000), &[Err("unknown"), Ok(1)]).await;
         assert_eq!(tried.result.unwrap(), 1);
         assert!(
             tried.after_unknown,
             "the caller must learn an earlier send may have committed"
         );
-        assert_eq!(sends, 2);
+        assert_eq!(sends.len(), 2);
     }
 
     #[tokio::test(start_paused = true)]
     async fn fatal_errors_are_returned_at_once() {
-        let (tried, sends) = script(Policy::STATEMENT, &[Err("bad sql"), Ok(1)]).await;
+        let (tried, sends) = script(policy(1000, 1000), &[Err("bad sql"), Ok(1)]).await;
         assert!(tried.result.is_err());
         assert!(!tried.after_unknown);
-        assert_eq!(sends, 1);
+        assert_eq!(sends.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn budgets_bound_each_class() {
-        let policy = Policy {
-            rolled_back: 3,
-            unknown: 2,
-        };
-        let (tried, sends) = script(policy, &[Err("rolled-back"); 10]).await;
+    async fn rollbacks_have_a_budget() {
+        let mut p = policy(60_000, 60_000);
+        p.rolled_back = 3;
+        let (tried, sends) = script(p, &[Err("rolled-back")]).await;
         assert!(tried.result.is_err());
-        assert_eq!(sends, 4, "first send + 3 after rollbacks");
-
-        let (tried, sends) = script(policy, &[Err("unknown"); 10]).await;
-        assert!(tried.result.is_err());
-        assert!(tried.after_unknown);
-        assert_eq!(sends, 3, "first send + 2 after unknown outcomes");
-
-        // The budgets are separate: rollbacks do not use up the unknown-outcome budget.
-        let (tried, sends) = script(
-            policy,
-            &[
-                Err("unknown"),
-                Err("rolled-back"),
-                Err("rolled-back"),
-                Err("unknown"),
-                Ok(5),
-            ],
-        )
-        .await;
-        assert_eq!(tried.result.unwrap(), 5);
-        assert!(tried.after_unknown);
-        assert_eq!(sends, 5);
+        assert_eq!(sends.len(), 4, "first send + 3 after rollbacks");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn no_connection_is_final_unless_an_earlier_send_is_unresolved() {
-        let (tried, sends) = script(Policy::STATEMENT, &[Err("not-sent"), Ok(1)]).await;
-        assert!(matches!(tried.result, Err(sqlx::Error::Protocol(_))));
-        assert_eq!(sends, 1, "nothing was sent: nothing to resolve");
-
-        let (tried, sends) = script(
-            Policy::STATEMENT,
-            &[Err("unknown"), Err("not-sent"), Err("not-sent"), Ok(3)],
-        )
-        .await;
-        assert_eq!(tried.result.unwrap(), 3, "kept resolving the unknown send");
+    async fn an_unknown_outcome_is_resolved_until_it_no_longer_matters() {
+        // The caller's deadline is 1 s away, the lease could last 10 s: resends go on, with
+        // growing pauses, until the outcome is known...
+        let start = Instant::now();
+        let mut steps = vec![Err("unknown"); 12];
+        steps.extend([Err("not-sent"), Err("not-sent"), Ok(9)]);
+        let (tried, sends) = script(policy(1000, 10_000), &steps).await;
+        assert_eq!(tried.result.unwrap(), 9, "resolved across reconnects");
         assert!(tried.after_unknown);
-        assert_eq!(sends, 4);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn unknown_outcomes_back_off_instead_of_spinning() {
-        let started = Instant::now();
-        let (_, sends) = script(Policy::STATEMENT, &[Err("unknown"); 11]).await;
-        assert_eq!(sends, 11);
-        let spent = started.elapsed();
-        // 5, 10, 20, 40, 80, 160, then 250 ms steps, each jittered over its upper half.
+        assert_eq!(sends.len(), 15);
         assert!(
-            spent >= Duration::from_millis(5 + 10 + 20 + 40 + 80 + 160 + 4 * 250) / 2,
-            "ten resends in {spent:?}"
+            start.elapsed() > Duration::from_secs(1),
+            "gave up at the caller's deadline"
         );
-        assert!(spent <= Duration::from_millis(5 + 10 + 20 + 40 + 80 + 160 + 4 * 250));
+
+        // ... or until the lease it may have written has surely ended.
+        let start = Instant::now();
+        let (tried, sends) = script(policy(1000, 10_000), &[Err("unknown")]).await;
+        assert!(tried.result.is_err() && tried.after_unknown);
+        let spent = start.elapsed();
+        assert!(
+            spent > Duration::from_secs(9) && spent <= Duration::from_secs(10),
+            "{spent:?}"
+        );
+        // 5, 10, 20, 40, 80, 160, then 250 ms steps, each at least half that (125 ms): at most
+        // 7 + 9.7 s / 125 ms sends, no spinning.
+        assert!(sends.len() <= 85, "{} sends in {spent:?}", sends.len());
+        assert!(
+            sends
+                .iter()
+                .all(|limit| *limit <= start + Duration::from_secs(10)),
+            "a send outlived the resolution deadline"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_connection_is_retried_until_the_callers_deadline_only() {
+        let start = Instant::now();
+        let (tried, sends) = script(policy(1000, 10_000), &[Err("not-sent")]).await;
+        assert!(matches!(tried.result, Err(Failed { sent: false, .. })));
+        assert!(!tried.after_unknown, "nothing was ever sent");
+        assert!(start.elapsed() <= Duration::from_secs(1));
+        assert!(sends.len() > 3, "retried within the deadline");
+        assert!(sends.iter().all(|l| *l <= start + Duration::from_secs(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_send_gets_its_own_limit() {
+        let start = Instant::now();
+        let (_, sends) = script(policy(5000, 5000), &[Err("unknown"), Ok(1)]).await;
+        assert_eq!(sends[0], start + Duration::from_millis(500), "per_send");
+        assert!(sends[1] > sends[0], "a fresh limit for the resend");
     }
 
     #[test]

@@ -6,15 +6,17 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::BuildHasher;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
-use crate::backend::{Acquire, Attempt, Backend, Released};
+use crate::backend::{Acquire, Attempt, Backend, Failed, Released};
+use crate::connect::DEFAULT_STATEMENT_TIMEOUT;
 use crate::error::LockError;
 use crate::hold::Hold;
+use crate::owner::Owner;
 use crate::renew::Renewer;
 use crate::retry::{self, Policy, Tried};
 use crate::validate;
@@ -27,15 +29,27 @@ pub(crate) struct Shared {
     pub(crate) table: String,
     /// `host/pid`: the start of every `holder` value this locker writes.
     pub(crate) holder: String,
+    /// Longest time one statement may take (`ConnectOptions::statement_timeout`).
+    pub(crate) statement_timeout: Duration,
 }
 
 impl Shared {
     pub(crate) fn new(backend: Result<Backend, String>, table: &str, holder: String) -> Arc<Self> {
+        Self::with_timeout(backend, table, holder, DEFAULT_STATEMENT_TIMEOUT)
+    }
+
+    pub(crate) fn with_timeout(
+        backend: Result<Backend, String>,
+        table: &str,
+        holder: String,
+        statement_timeout: Duration,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             backend,
             renewer: Arc::default(),
             table: table.to_owned(),
             holder,
+            statement_timeout,
         })
     }
 
@@ -46,7 +60,7 @@ impl Shared {
             Ok(b) => Ok(b.with_table(name)),
             Err(e) => Err(e.clone()),
         });
-        Shared::new(backend, name, self.holder.clone())
+        Self::with_timeout(backend, name, self.holder.clone(), self.statement_timeout)
     }
 
     pub(crate) fn backend(&self) -> Result<&Backend, LockError> {
@@ -67,43 +81,131 @@ impl Shared {
         }
     }
 
-    /// Runs `op` (a statement whose repeat is recognised or harmless) under the retry policy,
-    /// classing failures by this backend's error codes.
-    pub(crate) async fn retrying<T, Op, Fut>(backend: &Backend, op: Op) -> Tried<T>
+    /// Runs a statement that nothing depends on resolving (a read, an operator action, an
+    /// extension) for at most one statement time-out, resending within it.
+    pub(crate) async fn once<T, Op, Fut>(&self, what: &str, op: Op) -> Result<T, LockError>
     where
-        Op: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, sqlx::Error>>,
+        Op: FnMut(Instant) -> Fut,
+        Fut: Future<Output = Result<T, Failed>>,
     {
-        retry::run(Policy::STATEMENT, |e| backend.classify(e), op).await
+        let backend = self.backend()?;
+        let tried = retry::run(
+            Policy::within(self.statement_timeout),
+            |f| backend.classify(f),
+            op,
+        )
+        .await;
+        tried
+            .result
+            .map_err(|f| LockError::database(f.error, tried.after_unknown, what))
     }
 
-    /// Sends one acquire statement, again after rollbacks and unknown outcomes with the same
-    /// attempt id (so an earlier, unacknowledged success is recognised, not counted twice),
-    /// serialised with the owner's other statements on the key.
-    pub(crate) async fn acquire(&self, a: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let backend = self.backend()?;
-        let _serial = serialise(a.owner, a.key).await;
-        Self::retrying(backend, || backend.acquire(a))
-            .await
-            .result
-            .map_err(LockError::from)
+    /// Sends one acquire statement for `a` under `policy`: again after rollbacks, and after an
+    /// unknown outcome with the same attempt id (so an earlier, unacknowledged success is
+    /// recognised, not counted twice) until the outcome is known or `policy.resolve_until`.
+    /// Serialised with the owner's other statements on the key; re-entry counts only the holds
+    /// this process tracks. A grant is recorded as tracked before it is returned.
+    pub(crate) async fn acquire(
+        &self,
+        owner: &Owner,
+        mut a: Acquire<'_>,
+        policy: Policy,
+    ) -> Tried<Attempt> {
+        let backend = match self.backend() {
+            Ok(b) => b,
+            Err(e) => {
+                return Tried {
+                    result: Err(Failed {
+                        error: sqlx::Error::Configuration(e.to_string().into()),
+                        sent: false,
+                    }),
+                    after_unknown: false,
+                }
+            }
+        };
+        let mut tracked = serialise(owner, a.key).await;
+        a.held = tracked.holds;
+        a.tenure = tracked.tenure.map(|t| t as i64);
+        let tried = retry::run(
+            policy,
+            |f| backend.classify(f),
+            |limit| backend.acquire(&a, limit),
+        )
+        .await;
+        if let Ok(Attempt::Acquired(grant)) = &tried.result {
+            if tracked.tenure != Some(grant.fencing_token) {
+                // A new tenure: whatever this process tracked of the old one is stale.
+                tracked.tenure = Some(grant.fencing_token);
+            }
+            tracked.holds = grant.hold_count;
+        }
+        tried
     }
 
     /// Gives one hold back, recording a fresh release id in the row: a resend after a lost reply
-    /// then matches nothing instead of decrementing twice. The owner's statements on this key
-    /// are serialised meanwhile, so no re-entry of the same owner can slip in between.
-    pub(crate) async fn release(&self, hold: &Hold) -> Result<Released, LockError> {
+    /// then matches nothing instead of decrementing twice, and a "not held" answer after an
+    /// unknown outcome is checked (was it our release, of this tenure?) before it counts as done.
+    /// Tries until `until` (past it the lease has ended anyway); the owner's statements on this
+    /// key are serialised meanwhile, so no re-entry of the same owner can slip in between.
+    pub(crate) async fn release(&self, hold: &Hold, until: Instant) -> Result<Released, LockError> {
         let backend = self.backend()?;
-        let _serial = serialise(hold.owner.id(), &hold.key).await;
+        let mut tracked = serialise(&hold.owner, &hold.key).await;
+        let current = tracked.tenure == Some(hold.fencing_token);
+        let remaining = if current {
+            tracked.holds.saturating_sub(1)
+        } else {
+            0
+        };
         let release_id = fastrand::i64(1..i64::MAX);
         let held = hold.as_ref();
-        let tried = Self::retrying(backend, || backend.release(&held, release_id)).await;
-        match tried.result? {
-            Released::NotHeld if tried.after_unknown => {
-                tracing::debug!(key = %hold.key, "release after a lost reply: earlier attempt took effect");
-                Ok(Released::StillHeld(hold.hold_count.saturating_sub(1)))
+        let policy = Policy {
+            rolled_back: retry::ROLLBACK_RESENDS,
+            // Half a statement time-out a send: a resend fits in what the caller waits.
+            per_send: self.statement_timeout / 2,
+            send_until: until,
+            resolve_until: until,
+        };
+        let tried = retry::run(
+            policy,
+            |f| backend.classify(f),
+            |limit| backend.release(&held, remaining, release_id, limit),
+        )
+        .await;
+        if current {
+            // Whatever the answer, this process no longer tracks the hold.
+            tracked.holds = remaining;
+            if remaining == 0 {
+                tracked.tenure = None;
             }
-            outcome => Ok(outcome),
+        }
+        match tried.result {
+            Ok(Released::NotHeld) if tried.after_unknown => {
+                let limit = Instant::now() + self.statement_timeout;
+                let ours = backend
+                    .last_write(&hold.key, limit)
+                    .await
+                    .map_err(|f| LockError::database(f.error, true, "release"))?;
+                if ours == Some((release_id, hold.fencing_token)) {
+                    tracing::debug!(key = %hold.key, "release after a lost reply: the earlier send took effect");
+                    Ok(match remaining {
+                        0 => Released::Free,
+                        n => Released::StillHeld(n),
+                    })
+                } else {
+                    Ok(Released::NotHeld)
+                }
+            }
+            Ok(Released::NotHeld) => {
+                if current {
+                    // The tenure is over (expired and taken, or force-released): so are the
+                    // other holds this process has of it.
+                    tracked.holds = 0;
+                    tracked.tenure = None;
+                }
+                Ok(Released::NotHeld)
+            }
+            Ok(outcome) => Ok(outcome),
+            Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),
         }
     }
 
@@ -114,8 +216,10 @@ impl Shared {
         let backend = self.backend()?;
         let sent = Instant::now();
         let held = hold.as_ref();
-        let tried = Self::retrying(backend, || backend.extend(&held, ttl_us)).await;
-        match tried.result? {
+        let extended = self
+            .once("extend", |limit| backend.extend(&held, ttl_us, limit))
+            .await?;
+        match extended {
             Some(expires_at_us) => {
                 hold.extended(sent, ttl, Some(expires_at_us));
                 tracing::trace!(key = %hold.key, "lease extended");
@@ -131,40 +235,90 @@ impl Shared {
     }
 }
 
-/// hash(owner, key) → the async mutex serialising that owner's statements on that key, for the
-/// whole process: every `Locker` (also `locker.table(..)` copies and separately connected ones)
-/// goes through the same map, since an owner's holds may be reached through any of them. A hash
-/// collision only serialises two unrelated pairs, which is harmless.
-static SERIAL: LazyLock<Mutex<HashMap<u64, Weak<tokio::sync::Mutex<()>>>>> =
-    LazyLock::new(Mutex::default);
+/// What this process holds of one owner's key: the tenure (its fencing token) and how many
+/// holds of it. Re-entry counts from here, never from the row alone, so a hold the process
+/// lost track of (an acquire whose reply never came) is never built upon.
+#[derive(Default, Debug)]
+pub(crate) struct Tracked {
+    tenure: Option<u64>,
+    holds: u32,
+}
+
+/// One owner's key, as the process-wide registry keeps it: the serialisation of the owner's
+/// statements on the key, and what the process holds of it.
+struct Entry {
+    owner: Arc<str>,
+    key: Box<str>,
+    tracked: Arc<tokio::sync::Mutex<Tracked>>,
+}
+
+/// The registry: hash(owner, key) → entries (a bucket, so a hash collision can never mix two
+/// owners' counts). Process-wide: every `Locker` (also `locker.table(..)` copies and separately
+/// connected ones) goes through it, since an owner's holds may be reached through any of them.
+#[derive(Default)]
+struct Registry {
+    buckets: HashMap<u64, Vec<Entry>>,
+    entries: usize,
+    /// Prune when the registry has grown to twice its size after the last pruning.
+    prune_at: usize,
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
 /// Fixed keys, so every call hashes alike (the map is in-process only).
-static SERIAL_HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =
+static HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =
     std::hash::BuildHasherDefault::new();
 
+impl Registry {
+    fn entry(&mut self, owner: &Owner, key: &str) -> Arc<tokio::sync::Mutex<Tracked>> {
+        if self.entries > self.prune_at.max(1024) {
+            self.prune();
+        }
+        let bucket = self
+            .buckets
+            .entry(HASHER.hash_one((owner.id(), key)))
+            .or_default();
+        if let Some(e) = bucket
+            .iter()
+            .find(|e| &*e.owner == owner.id() && &*e.key == key)
+        {
+            return e.tracked.clone();
+        }
+        let tracked = Arc::new(tokio::sync::Mutex::new(Tracked::default()));
+        bucket.push(Entry {
+            owner: owner.shared_id(),
+            key: key.into(),
+            tracked: tracked.clone(),
+        });
+        self.entries += 1;
+        tracked
+    }
+
+    /// Drops the entries nobody uses and that track no hold.
+    fn prune(&mut self) {
+        for bucket in self.buckets.values_mut() {
+            bucket.retain(|e| {
+                Arc::strong_count(&e.tracked) > 1
+                    || e.tracked.try_lock().map_or(true, |t| t.tenure.is_some())
+            });
+        }
+        self.buckets.retain(|_, b| !b.is_empty());
+        self.entries = self.buckets.values().map(Vec::len).sum();
+        self.prune_at = self.entries * 2;
+    }
+}
+
 /// Serialises one owner's acquire and release statements on one key (in this process, which is
-/// where all of an owner's holds live). While an operation retries after a lost reply, no other
-/// operation of the same owner on the key can change the row, so the repeat's "did my earlier
-/// attempt commit?" check (attempt / release id in the row) is exact.
-pub(crate) async fn serialise(owner: &str, key: &str) -> OwnedMutexGuard<()> {
-    let mutex = {
-        let mut map = SERIAL
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if map.len() > 1024 {
-            map.retain(|_, m| m.strong_count() > 0);
-        }
-        let hash = SERIAL_HASHER.hash_one((owner, key));
-        match map.get(&hash).and_then(Weak::upgrade) {
-            Some(m) => m,
-            None => {
-                let m = Arc::new(tokio::sync::Mutex::new(()));
-                map.insert(hash, Arc::downgrade(&m));
-                m
-            }
-        }
-    };
-    mutex.lock_owned().await
+/// where all of an owner's holds live), and hands over what the process holds of it. While an
+/// operation retries after a lost reply, no other operation of the same owner on the key can
+/// change the row, so the repeat's "did my earlier attempt commit?" check (attempt / release id
+/// in the row) is exact.
+pub(crate) async fn serialise(owner: &Owner, key: &str) -> OwnedMutexGuard<Tracked> {
+    let tracked = REGISTRY
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .entry(owner, key);
+    tracked.lock_owned().await
 }
 
 /// `host/pid`, for the `holder` column.
@@ -186,9 +340,11 @@ mod tests {
     /// The serialisation is per (owner, key) for the whole process, not per `Locker` value.
     #[tokio::test(start_paused = true)]
     async fn one_owners_statements_on_a_key_never_interleave_process_wide() {
-        let first = serialise("owner-a", "k").await;
+        let (a, b) = (Owner::new(), Owner::new());
+        let first = serialise(&a, "k").await;
         // The same owner and key, whichever locker asks: waits.
-        let same = tokio::spawn(async { serialise("owner-a", "k").await });
+        let a2 = a.clone();
+        let same = tokio::spawn(async move { serialise(&a2, "k").await.holds });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
             !same.is_finished(),
@@ -196,12 +352,12 @@ mod tests {
         );
         // Another owner, or another key: does not wait.
         drop(
-            tokio::time::timeout(Duration::from_millis(10), serialise("owner-b", "k"))
+            tokio::time::timeout(Duration::from_millis(10), serialise(&b, "k"))
                 .await
                 .expect("another owner waited"),
         );
         drop(
-            tokio::time::timeout(Duration::from_millis(10), serialise("owner-a", "other"))
+            tokio::time::timeout(Duration::from_millis(10), serialise(&a, "other"))
                 .await
                 .expect("another key waited"),
         );

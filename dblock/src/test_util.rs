@@ -14,6 +14,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::backend::{Acquire, Attempt, Backend, HoldRef, Released};
 use crate::locker::Locker;
 use crate::shared::Shared;
@@ -55,6 +57,9 @@ pub fn statements(locker: &Locker) -> Statements {
     }
 }
 
+/// How long one raw statement may take.
+const STATEMENT_LIMIT: Duration = Duration::from_secs(10);
+
 /// See [`statements`].
 pub struct Statements {
     locker: Locker,
@@ -82,8 +87,12 @@ impl Statements {
             holder: &self.locker.shared().holder,
             attempt: fastrand::i64(1..i64::MAX),
             waiting: false,
+            tenure: None,
+            held: 0,
         };
-        Ok(match self.backend()?.acquire(&attempt).await? {
+        let limit = Instant::now() + STATEMENT_LIMIT;
+        let attempted = self.backend()?.acquire(&attempt, limit).await;
+        Ok(match attempted.map_err(|f| f.error)? {
             Attempt::Acquired(grant) => Some(grant.fencing_token),
             Attempt::Busy { .. } => None,
         })
@@ -101,10 +110,12 @@ impl Statements {
             owner,
             fencing_token,
         };
+        let limit = Instant::now() + STATEMENT_LIMIT;
         let released = self
             .backend()?
-            .release(&hold, fastrand::i64(1..i64::MAX))
-            .await?;
+            .release(&hold, 0, fastrand::i64(1..i64::MAX), limit)
+            .await
+            .map_err(|f| f.error)?;
         Ok(released != Released::NotHeld)
     }
 }

@@ -1,10 +1,8 @@
-//! The operator queries (inspect, held, force_release, purge) and the row decoder, written once
-//! for every backend. Each dialect supplies only its SQL text ([`AdminSql`]), which returns the
+//! The operator queries (inspect, held, force_release, purge), the last-writer read, and the row
+//! decoder, written once for every backend. Each dialect supplies only its SQL text ([`AdminSql`]), which returns the
 //! columns of [`LockRow`] with the same types everywhere.
 
-use sqlx::{
-    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, SqlStr, Type,
-};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, SqlStr, Type};
 
 use crate::info::{LockInfo, LockRow};
 
@@ -19,6 +17,9 @@ pub(crate) struct AdminSql {
     pub(crate) force_release: SqlStr,
     /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
     pub(crate) purge: SqlStr,
+    /// `$1`/`?` = key; the row's last writer id (attempt or release id) and tenure: after a
+    /// release whose reply was lost, tells "my release took effect" from "not mine".
+    pub(crate) last_write: SqlStr,
 }
 
 /// Rows one purge statement deletes at most where the dialect can bound it (MySQL), so a large
@@ -74,61 +75,109 @@ where
     })
 }
 
-/// The operator queries over one pool of any backend.
-pub(crate) struct Admin<'a, DB: Database> {
-    pub(crate) pool: &'a Pool<DB>,
-    pub(crate) sql: &'a AdminSql,
+pub(crate) async fn inspect<DB>(
+    conn: &mut DB::Connection,
+    sql: &AdminSql,
+    key: &str,
+) -> Result<Option<LockInfo>, sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB>,
+    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> bool: Decode<'r, DB> + Type<DB>,
+{
+    let row = sqlx::query(sql.inspect.clone())
+        .bind(key.to_owned())
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.map(|r| decode(&r).map(LockInfo::from)).transpose()
 }
 
-impl<DB> Admin<'_, DB>
+pub(crate) async fn held<DB>(
+    conn: &mut DB::Connection,
+    sql: &AdminSql,
+) -> Result<Vec<LockInfo>, sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> bool: Decode<'r, DB> + Type<DB>,
+{
+    let rows = sqlx::query(sql.held.clone()).fetch_all(&mut *conn).await?;
+    rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
+}
+
+pub(crate) async fn force_release<DB>(
+    conn: &mut DB::Connection,
+    sql: &AdminSql,
+    key: &str,
+) -> Result<bool, sqlx::Error>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     DB::QueryResult: RowsAffected,
     for<'q> String: Encode<'q, DB> + Type<DB>,
-    i64: for<'q> Encode<'q, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB>,
-    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB>,
-    for<'r> bool: Decode<'r, DB> + Type<DB>,
 {
-    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
-        let row = sqlx::query(self.sql.inspect.clone())
-            .bind(key.to_owned())
-            .fetch_optional(self.pool)
-            .await?;
-        row.map(|r| decode(&r).map(LockInfo::from)).transpose()
-    }
+    let done = sqlx::query(sql.force_release.clone())
+        .bind(key.to_owned())
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows() > 0)
+}
 
-    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
-        let rows = sqlx::query(self.sql.held.clone())
-            .fetch_all(self.pool)
+pub(crate) async fn purge<DB>(
+    conn: &mut DB::Connection,
+    sql: &AdminSql,
+    older_than_us: i64,
+) -> Result<u64, sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    DB::QueryResult: RowsAffected,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+{
+    let mut total = 0;
+    loop {
+        let done = sqlx::query(sql.purge.clone())
+            .bind(older_than_us)
+            .execute(&mut *conn)
             .await?;
-        rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
-    }
-
-    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(self.sql.force_release.clone())
-            .bind(key.to_owned())
-            .execute(self.pool)
-            .await?;
-        Ok(done.rows() > 0)
-    }
-
-    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
-        let mut total = 0;
-        loop {
-            let done = sqlx::query(self.sql.purge.clone())
-                .bind(older_than_us)
-                .execute(self.pool)
-                .await?;
-            let n = done.rows();
-            total += n;
-            if n < PURGE_BATCH {
-                return Ok(total);
-            }
+        let n = done.rows();
+        total += n;
+        if n < PURGE_BATCH {
+            return Ok(total);
         }
     }
+}
+
+pub(crate) async fn last_write<DB>(
+    conn: &mut DB::Connection,
+    sql: &AdminSql,
+    key: &str,
+) -> Result<Option<(Option<i64>, i64)>, sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+{
+    let row = sqlx::query(sql.last_write.clone())
+        .bind(key.to_owned())
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
 }

@@ -8,17 +8,25 @@
 use std::future::Future;
 use std::time::Duration;
 
+use sqlx::Pool;
+use tokio::time::Instant;
+
+use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::info::LockInfo;
 use crate::retry::{self, Failure};
 
 mod admin;
+pub(crate) mod exec;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+
+use admin::AdminSql;
+pub(crate) use exec::Failed;
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("dblock needs at least one backend feature: `sqlite`, `postgres` or `mysql`");
@@ -37,6 +45,10 @@ pub(crate) struct Acquire<'a> {
     /// A waiter whose LISTEN is in place: on PostgreSQL, a busy attempt asks for a NOTIFY.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub waiting: bool,
+    /// The tenure (fencing token) of this owner's holds of the key that the process tracks, and
+    /// how many: re-entry counts from these, never from the row alone.
+    pub tenure: Option<i64>,
+    pub held: u32,
 }
 
 /// A lock that the statement granted (first hold, takeover or re-entry).
@@ -87,13 +99,20 @@ pub(crate) struct RenewItem<'a> {
 /// The holds a batched extension found live and extended: (key, owner, fencing token).
 pub(crate) type Extended = Vec<(String, String, u64)>;
 
-/// What every backend provides. Each statement is one round trip; the futures are `Send`.
+/// What every backend provides: one statement per operation, each on a connection the caller
+/// hands in (see [`exec`]), each future `Send`.
 pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     /// `"postgres"`, `"mysql"`, `"sqlite"`.
     const NAME: &'static str;
 
     /// The sqlx database of its pool.
     type Db: sqlx::Database;
+
+    /// The pool statements run on.
+    fn pool(&self) -> &Pool<Self::Db>;
+
+    /// The operator statements, run by the shared code in `admin.rs`.
+    fn admin(&self) -> &AdminSql;
 
     /// The same database and pool, another table (already validated).
     fn with_table(&self, table: &str) -> Self;
@@ -102,24 +121,33 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     fn classify(error: &dyn sqlx::error::DatabaseError) -> Failure;
 
     /// Creates the table if it does not exist; idempotent, safe from many processes at once.
-    fn migrate(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    fn migrate(
+        &self,
+        conn: &mut Conn<Self>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Acquire, re-entry or takeover, or busy: one statement.
-    fn acquire(&self, a: &Acquire<'_>)
-        -> impl Future<Output = Result<Attempt, sqlx::Error>> + Send;
+    fn acquire(
+        &self,
+        conn: &mut Conn<Self>,
+        a: &Acquire<'_>,
+    ) -> impl Future<Output = Result<Attempt, sqlx::Error>> + Send;
 
-    /// Decrements the hold count if `h` is the live tenure, recording `release_id` in the row;
-    /// a repeat with the same id (after a lost reply) then matches nothing instead of
-    /// decrementing twice. Callers serialise the owner's operations on the key around it.
+    /// Sets the hold count to `remaining` (the process's holds left; 0 frees the key) if `h` is
+    /// the live tenure, recording `release_id` in the row; a repeat with the same id (after a
+    /// lost reply) then matches nothing. Callers serialise the owner's operations on the key.
     fn release(
         &self,
+        conn: &mut Conn<Self>,
         h: &HoldRef<'_>,
+        remaining: u32,
         release_id: i64,
     ) -> impl Future<Output = Result<Released, sqlx::Error>> + Send;
 
     /// Pushes the lease end to at least `now + ttl`; `None` if `h` is not the live tenure.
     fn extend(
         &self,
+        conn: &mut Conn<Self>,
         h: &HoldRef<'_>,
         ttl_us: i64,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
@@ -128,12 +156,13 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     /// extended.
     fn extend_many(
         &self,
+        conn: &mut Conn<Self>,
         items: &[RenewItem<'_>],
     ) -> impl Future<Output = Result<Extended, sqlx::Error>> + Send;
-
-    /// Its pool and operator statements, for the shared operator queries in `admin.rs`.
-    fn admin(&self) -> admin::Admin<'_, Self::Db>;
 }
+
+/// The connection type of a dialect's pool.
+pub(crate) type Conn<D> = <<D as Dialect>::Db as sqlx::Database>::Connection;
 
 /// The database behind a [`Locker`](crate::Locker): a closed set, dispatched statically.
 #[derive(Clone, Debug)]
@@ -146,37 +175,26 @@ pub(crate) enum Backend {
     Sqlite(sqlite::Lite),
 }
 
-/// Forwards a call to whichever backend is active.
+/// Forwards a call to whichever backend is active: `$b` is the dialect value, `$D` its type.
 macro_rules! dispatch {
-    ($self:expr, $b:ident => $call:expr) => {
+    ($self:expr, $b:ident, $D:ident => $call:expr) => {
         match $self {
             #[cfg(feature = "postgres")]
-            Backend::Postgres($b) => $call,
-            #[cfg(feature = "mysql")]
-            Backend::MySql($b) => $call,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite($b) => $call,
-        }
-    };
-}
-
-/// Forwards a call to a backend's `Dialect` type (for associated items).
-macro_rules! dispatch_type {
-    ($self:expr, $t:ident => $call:expr) => {
-        match $self {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => {
-                type $t = postgres::Pg;
+            Backend::Postgres($b) => {
+                #[allow(dead_code)]
+                type $D = postgres::Pg;
                 $call
             }
             #[cfg(feature = "mysql")]
-            Backend::MySql(_) => {
-                type $t = mysql::My;
+            Backend::MySql($b) => {
+                #[allow(dead_code)]
+                type $D = mysql::My;
                 $call
             }
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => {
-                type $t = sqlite::Lite;
+            Backend::Sqlite($b) => {
+                #[allow(dead_code)]
+                type $D = sqlite::Lite;
                 $call
             }
         }
@@ -185,15 +203,21 @@ macro_rules! dispatch_type {
 
 impl Backend {
     /// Connects to `url` with a pool configured for locking, by the URL's scheme.
-    pub(crate) async fn connect(url: &str, table: &str) -> Result<Backend, LockError> {
+    pub(crate) async fn connect(
+        url: &str,
+        table: &str,
+        options: &ConnectOptions,
+    ) -> Result<Backend, LockError> {
         let scheme = url.split(':').next().unwrap_or_default();
         match scheme {
             #[cfg(feature = "postgres")]
-            "postgres" | "postgresql" => Ok(Backend::Postgres(postgres::connect(url, table).await?)),
+            "postgres" | "postgresql" => {
+                Ok(Backend::Postgres(postgres::connect(url, table, options).await?))
+            }
             #[cfg(feature = "mysql")]
-            "mysql" | "mariadb" => Ok(Backend::MySql(mysql::connect(url, table).await?)),
+            "mysql" | "mariadb" => Ok(Backend::MySql(mysql::connect(url, table, options).await?)),
             #[cfg(feature = "sqlite")]
-            "sqlite" => Ok(Backend::Sqlite(sqlite::connect(url, table).await?)),
+            "sqlite" => Ok(Backend::Sqlite(sqlite::connect(url, table, options).await?)),
             #[allow(unreachable_patterns)]
             "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
                 let feature = match scheme {
@@ -212,70 +236,131 @@ impl Backend {
     }
 
     pub(crate) fn name(&self) -> &'static str {
-        dispatch_type!(self, D => D::NAME)
+        dispatch!(self, _b, D => D::NAME)
     }
 
     pub(crate) fn with_table(&self, table: &str) -> Backend {
-        dispatch!(self, b => b.with_table(table).into())
+        dispatch!(self, b, D => b.with_table(table).into())
     }
 
     /// How a failed statement may be retried: the server's own codes by this backend's
-    /// mapping, everything else by the transport's.
-    pub(crate) fn classify(&self, e: &sqlx::Error) -> Failure {
-        match e {
-            sqlx::Error::Database(db) => dispatch_type!(self, D => D::classify(db.as_ref())),
+    /// mapping, everything else by the transport's; whatever failed before anything was sent
+    /// certainly did not commit.
+    pub(crate) fn classify(&self, failed: &Failed) -> Failure {
+        let failure = match &failed.error {
+            sqlx::Error::Database(db) => dispatch!(self, _b, D => D::classify(db.as_ref())),
             other => retry::transport(other),
+        };
+        match failure {
+            Failure::Unknown | Failure::NotCommitted if !failed.sent => Failure::NotSent,
+            other => other,
         }
     }
 
-    pub(crate) async fn migrate(&self) -> Result<(), sqlx::Error> {
-        dispatch!(self, b => b.migrate().await)
+    pub(crate) async fn migrate(&self, deadline: Instant) -> Result<(), Failed> {
+        dispatch!(self, b, D => exec::run(b.pool(), deadline, async |c| b.migrate(c).await).await)
     }
 
-    pub(crate) async fn acquire(&self, a: &Acquire<'_>) -> Result<Attempt, sqlx::Error> {
-        dispatch!(self, b => b.acquire(a).await)
+    pub(crate) async fn acquire(
+        &self,
+        a: &Acquire<'_>,
+        deadline: Instant,
+    ) -> Result<Attempt, Failed> {
+        dispatch!(self, b, D => exec::run(b.pool(), deadline, async |c| b.acquire(c, a).await).await)
     }
 
     pub(crate) async fn release(
         &self,
         h: &HoldRef<'_>,
+        remaining: u32,
         release_id: i64,
-    ) -> Result<Released, sqlx::Error> {
-        dispatch!(self, b => b.release(h, release_id).await)
+        deadline: Instant,
+    ) -> Result<Released, Failed> {
+        dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| {
+                b.release(c, h, remaining, release_id).await
+            })
+            .await
+        })
+    }
+
+    /// The row's last writer id and tenure: `Some((id, token))`, `None` if no row or no id.
+    pub(crate) async fn last_write(
+        &self,
+        key: &str,
+        deadline: Instant,
+    ) -> Result<Option<(i64, u64)>, Failed> {
+        let row = dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| {
+                admin::last_write::<<D as Dialect>::Db>(c, b.admin(), key).await
+            })
+            .await
+        })?;
+        Ok(row.and_then(|(id, token)| Some((id?, token as u64))))
     }
 
     pub(crate) async fn extend(
         &self,
         h: &HoldRef<'_>,
         ttl_us: i64,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        dispatch!(self, b => b.extend(h, ttl_us).await)
+        deadline: Instant,
+    ) -> Result<Option<i64>, Failed> {
+        dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| b.extend(c, h, ttl_us).await).await
+        })
     }
 
     pub(crate) async fn extend_many(
         &self,
         items: &[RenewItem<'_>],
-    ) -> Result<Extended, sqlx::Error> {
+        deadline: Instant,
+    ) -> Result<Extended, Failed> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        dispatch!(self, b => b.extend_many(items).await)
+        dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| b.extend_many(c, items).await).await
+        })
     }
 
-    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, sqlx::Error> {
-        dispatch!(self, b => b.admin().inspect(key).await)
+    pub(crate) async fn inspect(
+        &self,
+        key: &str,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, Failed> {
+        dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| {
+                admin::inspect::<<D as Dialect>::Db>(c, b.admin(), key).await
+            })
+            .await
+        })
     }
 
-    pub(crate) async fn held(&self) -> Result<Vec<LockInfo>, sqlx::Error> {
-        dispatch!(self, b => b.admin().held().await)
+    pub(crate) async fn held(&self, deadline: Instant) -> Result<Vec<LockInfo>, Failed> {
+        dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| {
+                admin::held::<<D as Dialect>::Db>(c, b.admin()).await
+            })
+            .await
+        })
     }
 
-    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
-        dispatch!(self, b => b.admin().force_release(key).await)
+    pub(crate) async fn force_release(&self, key: &str, deadline: Instant) -> Result<bool, Failed> {
+        dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| {
+                admin::force_release::<<D as Dialect>::Db>(c, b.admin(), key).await
+            })
+            .await
+        })
     }
 
-    pub(crate) async fn purge(&self, older_than_us: i64) -> Result<u64, sqlx::Error> {
-        dispatch!(self, b => b.admin().purge(older_than_us).await)
+    pub(crate) async fn purge(&self, older_than_us: i64, deadline: Instant) -> Result<u64, Failed> {
+        dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| {
+                admin::purge::<<D as Dialect>::Db>(c, b.admin(), older_than_us).await
+            })
+            .await
+        })
     }
 
     /// PostgreSQL: interest in a release of `key`, woken by NOTIFY (the LISTEN connection is set

@@ -10,14 +10,17 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
+use sqlx::mysql::{
+    MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
+};
+use sqlx::{AssertSqlSafe, Pool, Row, SqlSafeStr, SqlStr};
 use tokio::sync::OnceCell;
 
-use super::admin::{Admin, AdminSql};
+use super::admin::AdminSql;
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Released, RenewItem,
 };
+use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::retry::Failure;
 
@@ -84,6 +87,8 @@ struct Statements {
 
 fn sql(template: &str, table: &str) -> SqlStr {
     let text = template
+        .replace("{same}", SAME)
+        .replace("{acquirable}", ACQUIRABLE)
         .replace("{info}", INFO_COLUMNS)
         .replace("{us_now}", US_NOW)
         .replace("{table}", table);
@@ -105,62 +110,85 @@ const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
 /// while the UPDATE part runs, so the "may I take it" decision and the write see one row version.
 /// A busy attempt assigns every column its own value (nothing changes).
 ///
-/// Binds: key, owner, ttl µs, holder, attempt. `VALUES(col)` is the value this statement would
-/// have inserted, so each bind is sent once. Order of assignments (left to right!):
-/// 1. `hold_count` first: it reads owner, expires_at and attempt_id while they are old.
-/// 2. token, acquired_at, holder, attempt_id: read old owner / expires_at.
-/// 3. `owner`: after it, `owner = VALUES(owner)` is true exactly when this call holds the key.
-/// 4. `expires_at` last: reads the NEW owner on purpose (old owner is gone by then).
+/// Binds: key, owner, ttl µs, holder, attempt, then the tenure this process holds (NULL if none)
+/// before each {same} and its hold count once. `VALUES(col)` is the value this statement would
+/// have inserted. Conditions, all on OLD values and never NULL:
+/// - {free}: nobody holds a live lease; {acquirable}: free, or ours;
+/// - {same}: a live hold of ours in the tenure this process holds, or written by this very
+///   attempt (its earlier send succeeded, the reply was lost: returned as it is). Re-entry
+///   counts from the process's holds; a live row of ours that the process does not track is
+///   taken over as a new tenure ({acquirable} and not {same}), never built upon.
 ///
-/// "Free" is `owner IS NULL OR expires_at <= now`; a live row always has owner set and count ≥ 1,
-/// so the old hold_count is never needed to tell re-entry from takeover (the trap of testing
-/// `expires_at` after owner was reassigned, where a freed-at time later than this statement's
-/// start looked like a live lease, does not arise).
+/// Order of assignments (left to right, each sees those before it):
+/// 1. `hold_count`, `holder`, `acquired_at`: read only columns still old.
+/// 2. `fencing_token`: reads its own old value and the old `attempt_id`.
+/// 3. `attempt_id`, `owner`: read the old owner / expires_at.
+/// 4. `expires_at` last: reads the NEW owner on purpose (`owner = VALUES(owner)` is then true
+///    exactly when this call holds the key).
 const UPSERT: &str = "INSERT INTO {table}
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id)
 VALUES (?, ?, 1, {token}, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), ?, ?)
 ON DUPLICATE KEY UPDATE
-    hold_count    = IF(owner = VALUES(owner) AND expires_at > UTC_TIMESTAMP(6),
-                       IF(attempt_id = VALUES(attempt_id), hold_count, hold_count + 1),
-                       IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), 1, hold_count)),
-    fencing_token = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), fencing_token + 1, fencing_token),
-    acquired_at   = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), acquired_at),
-    holder        = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), VALUES(holder), holder),
-    attempt_id    = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6) OR owner = VALUES(owner),
-                       VALUES(attempt_id), attempt_id),
-    owner         = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6) OR owner = VALUES(owner),
-                       VALUES(owner), owner),
+    hold_count    = IF({same}, IF(attempt_id <=> VALUES(attempt_id), hold_count, ? + 1),
+                       IF({acquirable}, 1, hold_count)),
+    holder        = IF({acquirable} AND NOT {same}, VALUES(holder), holder),
+    acquired_at   = IF({acquirable} AND NOT {same}, UTC_TIMESTAMP(6), acquired_at),
+    fencing_token = IF({acquirable} AND NOT {same}, fencing_token + 1, fencing_token),
+    attempt_id    = IF({acquirable}, VALUES(attempt_id), attempt_id),
+    owner         = IF({acquirable}, VALUES(owner), owner),
     expires_at    = {expires}";
 
-/// A pool configured for locking: autocommit connections at READ COMMITTED, Galera's automatic
-/// retry off and causal reads on, no ping before each statement, a bounded wait for a connection.
-pub(crate) async fn connect(url: &str, table: &str) -> Result<My, LockError> {
+const SAME: &str = "(owner <=> VALUES(owner) AND expires_at > UTC_TIMESTAMP(6)
+           AND (attempt_id <=> VALUES(attempt_id) OR fencing_token <=> ?))";
+const ACQUIRABLE: &str =
+    "(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6) OR owner <=> VALUES(owner))";
+
+/// A pool configured for locking: autocommit connections at READ COMMITTED, statement and row
+/// lock time-outs, Galera's automatic retry off and causal reads on, no ping before each
+/// statement, a bounded wait for a connection.
+pub(crate) async fn connect(
+    url: &str,
+    table: &str,
+    opts: &ConnectOptions,
+) -> Result<My, LockError> {
     let url = url.replacen("mariadb://", "mysql://", 1);
     let options = MySqlConnectOptions::from_str(&url).map_err(|e| super::bad_url(&url, e))?;
+    let secs = opts.statement_timeout.as_secs_f64();
+    // MariaDB's max_statement_time (seconds, any statement); innodb_lock_wait_timeout is whole
+    // seconds, at least 1.
+    let session = Arc::new([
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_owned(),
+        format!(
+            "SET SESSION innodb_lock_wait_timeout = {}",
+            secs.ceil().max(1.0) as u64
+        ),
+        format!("SET SESSION max_statement_time = {secs:.3}"),
+        // Galera: no automatic autocommit retry (it can answer one RETURNING statement with two
+        // rows, the first stale), and causal reads for read-only paths.
+        "SET SESSION wsrep_retry_autocommit = 0, wsrep_sync_wait = 1".to_owned(),
+    ]);
     let pool = MySqlPoolOptions::new()
-        .max_connections(10)
+        .max_connections(opts.max_connections.unwrap_or(10))
         .test_before_acquire(false)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .after_connect(|conn, _meta| {
+        .acquire_timeout(opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT))
+        .after_connect(move |conn, _meta| {
+            let session = session.clone();
             Box::pin(async move {
                 use sqlx::Executor as _;
-                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                    .await?;
-                // Galera: no automatic autocommit retry (it can answer one RETURNING statement
-                // with two rows, the first stale), and causal reads for read-only paths.
-                // Servers without wsrep (MySQL) do not know these variables: fine.
-                match conn
-                    .execute("SET SESSION wsrep_retry_autocommit = 0, wsrep_sync_wait = 1")
-                    .await
-                {
-                    Err(sqlx::Error::Database(e))
-                        if e.try_downcast_ref::<MySqlDatabaseError>()
-                            .is_some_and(|e| e.number() == code::ER_UNKNOWN_SYSTEM_VARIABLE) =>
-                    {
-                        Ok(())
+                for statement in session.iter() {
+                    match conn.execute(AssertSqlSafe(statement.as_str())).await {
+                        // A server without the variable (MySQL has no max_statement_time and
+                        // no wsrep_*): that setting does not apply there.
+                        Err(sqlx::Error::Database(e))
+                            if e.try_downcast_ref::<MySqlDatabaseError>().is_some_and(|e| {
+                                e.number() == code::ER_UNKNOWN_SYSTEM_VARIABLE
+                            }) => {}
+                        other => {
+                            other?;
+                        }
                     }
-                    other => other.map(|_| ()),
                 }
+                Ok(())
             })
         })
         .connect_with(options)
@@ -208,11 +236,12 @@ RETURNING owner <=> ?, hold_count, fencing_token,
                 &t,
             ),
             // Single-row UPDATE by primary key under the row's exclusive lock. hold_count is
-            // assigned first; owner and expires_at then read its NEW value on purpose.
-            // The remaining count comes back as last_insert_id; rows_affected = 0 means not held.
+            // assigned first, to the count the process has left (absolute: a stray resend cannot
+            // count down twice); owner and expires_at then read its NEW value on purpose. The
+            // count comes back as last_insert_id; rows_affected = 0 means not held.
             release: sql(
                 "UPDATE {table} SET
-    hold_count = LAST_INSERT_ID(hold_count - 1),
+    hold_count = LAST_INSERT_ID(?),
     owner      = IF(hold_count = 0, NULL, owner),
     expires_at = IF(hold_count = 0, UTC_TIMESTAMP(6), expires_at),
     attempt_id = ?
@@ -231,6 +260,10 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIME
                 &t,
             ),
             admin: AdminSql {
+                last_write: sql(
+                    "SELECT attempt_id, fencing_token FROM {table} WHERE lock_key = ?",
+                    &t,
+                ),
                 inspect: sql("SELECT {info} FROM {table} WHERE lock_key = ?", &t),
                 held: sql(
                     "SELECT {info} FROM {table}
@@ -257,11 +290,11 @@ WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
         }
     }
 
-    async fn supports_returning(&self) -> Result<bool, sqlx::Error> {
+    async fn supports_returning(&self, conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
         self.returning
             .get_or_try_init(|| async {
                 let version: String = sqlx::query_scalar("SELECT VERSION()")
-                    .fetch_one(&self.pool)
+                    .fetch_one(&mut *conn)
                     .await?;
                 Ok(mariadb_with_returning(&version))
             })
@@ -299,23 +332,28 @@ impl Dialect for My {
         }
     }
 
-    fn admin(&self) -> Admin<'_, MySql> {
-        Admin {
-            pool: &self.pool,
-            sql: &self.sql.admin,
-        }
+    fn pool(&self) -> &Pool<MySql> {
+        &self.pool
     }
 
-    async fn migrate(&self) -> Result<(), sqlx::Error> {
+    fn admin(&self) -> &AdminSql {
+        &self.sql.admin
+    }
+
+    async fn migrate(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
         // CREATE TABLE IF NOT EXISTS is serialised by the metadata lock: safe from many processes.
         sqlx::raw_sql(self.sql.ddl.clone())
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }
 
-    async fn acquire(&self, p: &Acquire<'_>) -> Result<Attempt, sqlx::Error> {
-        if self.supports_returning().await? {
+    async fn acquire(
+        &self,
+        conn: &mut MySqlConnection,
+        p: &Acquire<'_>,
+    ) -> Result<Attempt, sqlx::Error> {
+        if self.supports_returning(conn).await? {
             // Read ALL rows and keep the last: a Galera node whose automatic autocommit retry
             // fired (when the pool is not ours and wsrep_retry_autocommit could not be set to 0)
             // sends one stale row per aborted attempt before the committed one.
@@ -325,8 +363,13 @@ impl Dialect for My {
                 .bind(p.ttl_us)
                 .bind(p.holder)
                 .bind(p.attempt)
+                .bind(p.tenure)
+                .bind(i64::from(p.held))
+                .bind(p.tenure)
+                .bind(p.tenure)
+                .bind(p.tenure)
                 .bind(p.owner)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *conn)
                 .await?;
             let Some(row) = rows.last() else {
                 return Err(sqlx::Error::RowNotFound);
@@ -350,7 +393,12 @@ impl Dialect for My {
                 .bind(p.ttl_us)
                 .bind(p.holder)
                 .bind(p.attempt)
-                .execute(&self.pool)
+                .bind(p.tenure)
+                .bind(i64::from(p.held))
+                .bind(p.tenure)
+                .bind(p.tenure)
+                .bind(p.tenure)
+                .execute(&mut *conn)
                 .await?;
             let packed = done.last_insert_id();
             if packed == 0 {
@@ -370,14 +418,21 @@ impl Dialect for My {
         }
     }
 
-    async fn release(&self, h: &HoldRef<'_>, release_id: i64) -> Result<Released, sqlx::Error> {
+    async fn release(
+        &self,
+        conn: &mut MySqlConnection,
+        h: &HoldRef<'_>,
+        remaining: u32,
+        release_id: i64,
+    ) -> Result<Released, sqlx::Error> {
         let done = sqlx::query(self.sql.release.clone())
+            .bind(i64::from(remaining))
             .bind(release_id)
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
             .bind(release_id)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(match (done.rows_affected(), done.last_insert_id()) {
             (0, _) => Released::NotHeld,
@@ -386,13 +441,18 @@ impl Dialect for My {
         })
     }
 
-    async fn extend(&self, h: &HoldRef<'_>, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
+    async fn extend(
+        &self,
+        conn: &mut MySqlConnection,
+        h: &HoldRef<'_>,
+        ttl_us: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
         let done = sqlx::query(self.sql.extend.clone())
             .bind(ttl_us)
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok((done.rows_affected() > 0).then_some(done.last_insert_id() as i64))
     }
@@ -402,7 +462,11 @@ impl Dialect for My {
     /// owner/tenure/live check as `extend`. MySQL has no RETURNING for UPDATE: when fewer rows
     /// matched than were sent, one read names the holds still live (a hold that was not extended
     /// cannot be live again: its token would have changed).
-    async fn extend_many(&self, items: &[RenewItem<'_>]) -> Result<Extended, sqlx::Error> {
+    async fn extend_many(
+        &self,
+        conn: &mut MySqlConnection,
+        items: &[RenewItem<'_>],
+    ) -> Result<Extended, sqlx::Error> {
         let mut rows = vec!["SELECT ? AS k, ? AS o, ? AS tok, ? AS ttl"; 1];
         rows.extend(std::iter::repeat_n("SELECT ?, ?, ?, ?", items.len() - 1));
         let text = format!(
@@ -421,7 +485,7 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)",
                 .bind(i.fencing_token as i64)
                 .bind(i.ttl_us);
         }
-        let matched = q.execute(&self.pool).await?.rows_affected();
+        let matched = q.execute(&mut *conn).await?.rows_affected();
         let all = || {
             items
                 .iter()
@@ -441,7 +505,7 @@ WHERE lock_key IN ({marks}) AND expires_at > UTC_TIMESTAMP(6)",
         for i in items {
             q = q.bind(i.key);
         }
-        let live = q.fetch_all(&self.pool).await?;
+        let live = q.fetch_all(&mut *conn).await?;
         Ok(items
             .iter()
             .filter(|i| {

@@ -10,15 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{
-    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
+    Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
+    SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, Pool, Row, SqlSafeStr, SqlStr};
 
-use super::admin::{Admin, AdminSql};
+use super::admin::AdminSql;
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Released, RenewItem,
 };
+use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::retry::Failure;
 
@@ -32,6 +33,9 @@ mod code {
     pub(super) const SQLITE_BUSY_SNAPSHOT: &str = "517";
     pub(super) const SQLITE_BUSY_TIMEOUT: &str = "773";
 }
+
+/// Clock differences between processes sharing a file that `migrate` lets pass without a warning.
+const CLOCK_TOLERANCE_MS: i64 = 1000;
 
 /// How long a statement waits for SQLite's write lock (its busy handler) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -63,14 +67,21 @@ pub(crate) struct Lite {
 #[derive(Debug)]
 struct Statements {
     ddl: SqlStr,
+    clock_check: SqlStr,
     acquire: SqlStr,
     release: SqlStr,
     extend: SqlStr,
     admin: AdminSql,
 }
 
+/// The acquire statement's "a live hold of ours in the tenure this process holds, or one written
+/// by this very attempt"; never NULL.
+const SAME: &str = "coalesce(l.owner = excluded.owner AND l.expires_at > {now}
+                   AND (l.attempt_id = excluded.attempt_id OR l.fencing_token = $6), 0)";
+
 fn sql(template: &str, table: &str) -> SqlStr {
     let text = template
+        .replace("{same}", SAME)
         .replace("{info}", INFO_COLUMNS)
         .replace("{now}", NOW)
         .replace("{table}", table);
@@ -90,17 +101,27 @@ fn ms_ceil(us: i64) -> i64 {
 
 /// A pool configured for locking: WAL, `synchronous = FULL` (a granted lock and its fencing token
 /// survive a power cut), a busy timeout; an in-memory database keeps its one connection forever.
-pub(crate) async fn connect(url: &str, table: &str) -> Result<Lite, LockError> {
+pub(crate) async fn connect(
+    url: &str,
+    table: &str,
+    opts: &ConnectOptions,
+) -> Result<Lite, LockError> {
     let options = SqliteConnectOptions::from_str(url)
         .map_err(|e| super::bad_url(url, e))?
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(BUSY_TIMEOUT);
+        // A write waits for SQLite's lock at most as long as a statement may take.
+        .busy_timeout(opts.statement_timeout.min(BUSY_TIMEOUT));
     let in_memory = url.contains(":memory:") || url.contains("mode=memory");
     let mut pool = SqlitePoolOptions::new()
-        .max_connections(if in_memory { 1 } else { 8 })
+        // An in-memory database is one connection's: more would each see a database of its own.
+        .max_connections(if in_memory {
+            1
+        } else {
+            opts.max_connections.unwrap_or(8)
+        })
         .test_before_acquire(false)
-        .acquire_timeout(BUSY_TIMEOUT);
+        .acquire_timeout(opts.acquire_timeout.unwrap_or(BUSY_TIMEOUT));
     if in_memory {
         // An in-memory database lives only as long as a connection to it: keep one forever.
         pool = pool
@@ -116,27 +137,28 @@ impl Lite {
         let t = quote_ident(table, '"');
         let statements = Statements {
             ddl: sql(DDL, &t),
+            clock_check: sql("SELECT max(acquired_at) - {now} FROM {table}", &t),
             // One INSERT ... ON CONFLICT DO UPDATE ... WHERE: SQLite runs every write under the
             // database's single write lock, so the conflict check, the WHERE ("may I take it")
             // and the update are one indivisible step. SET reads the old row throughout. When the
             // WHERE refuses (busy) nothing is written and RETURNING yields no row.
-            // $5 = attempt id: a repeat of an attempt that already succeeded keeps the count.
+            // {same}: a live hold of ours in the tenure this process holds ($6, with $7 holds)
+            // or written by this very attempt ($5, whose earlier send succeeded but whose reply
+            // was lost: returned as it is). Re-entry counts from the process's holds, so a live
+            // row of ours the process does not track is taken over as a new tenure.
             acquire: sql(
                 "INSERT INTO {table} AS l
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id)
 VALUES ($1, $2, 1, {now} * 1000, {now} + $3, {now}, $4, $5)
 ON CONFLICT (lock_key) DO UPDATE SET
-    hold_count    = CASE WHEN l.owner = excluded.owner AND l.expires_at > {now}
+    hold_count    = CASE WHEN {same}
                          THEN CASE WHEN l.attempt_id = excluded.attempt_id
-                                   THEN l.hold_count ELSE l.hold_count + 1 END
+                                   THEN l.hold_count ELSE $7 + 1 END
                          ELSE 1 END,
-    fencing_token = CASE WHEN l.owner = excluded.owner AND l.expires_at > {now}
-                         THEN l.fencing_token ELSE l.fencing_token + 1 END,
-    acquired_at   = CASE WHEN l.owner = excluded.owner AND l.expires_at > {now}
-                         THEN l.acquired_at ELSE excluded.acquired_at END,
-    holder        = CASE WHEN l.owner = excluded.owner AND l.expires_at > {now}
-                         THEN l.holder ELSE excluded.holder END,
-    expires_at    = CASE WHEN l.owner = excluded.owner AND l.expires_at > excluded.expires_at
+    fencing_token = CASE WHEN {same} THEN l.fencing_token ELSE l.fencing_token + 1 END,
+    acquired_at   = CASE WHEN {same} THEN l.acquired_at ELSE excluded.acquired_at END,
+    holder        = CASE WHEN {same} THEN l.holder ELSE excluded.holder END,
+    expires_at    = CASE WHEN {same} AND l.expires_at > excluded.expires_at
                          THEN l.expires_at ELSE excluded.expires_at END,
     attempt_id    = excluded.attempt_id,
     owner         = excluded.owner
@@ -144,12 +166,13 @@ WHERE l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at <= {now}
 RETURNING hold_count, fencing_token, expires_at * 1000",
                 &t,
             ),
-            // Single-row UPDATE under the write lock; SET reads the old row.
+            // Single-row UPDATE under the write lock; SET reads the old row. $5 = the count the
+            // process has left (absolute: a stray resend cannot count down twice).
             release: sql(
                 "UPDATE {table} SET
-    hold_count = hold_count - 1,
-    owner      = CASE WHEN hold_count > 1 THEN owner END,
-    expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE {now} END,
+    hold_count = $5,
+    owner      = CASE WHEN $5 > 0 THEN owner END,
+    expires_at = CASE WHEN $5 > 0 THEN expires_at ELSE {now} END,
     attempt_id = $4
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS NOT $4
   AND expires_at > {now}
@@ -163,6 +186,10 @@ RETURNING expires_at * 1000",
                 &t,
             ),
             admin: AdminSql {
+                last_write: sql(
+                    "SELECT attempt_id, fencing_token FROM {table} WHERE lock_key = $1",
+                    &t,
+                ),
                 inspect: sql("SELECT {info} FROM {table} WHERE lock_key = $1", &t),
                 held: sql(
                     "SELECT {info} FROM {table}
@@ -209,29 +236,50 @@ impl Dialect for Lite {
         }
     }
 
-    fn admin(&self) -> Admin<'_, Sqlite> {
-        Admin {
-            pool: &self.pool,
-            sql: &self.sql.admin,
-        }
+    fn pool(&self) -> &Pool<Sqlite> {
+        &self.pool
     }
 
-    async fn migrate(&self) -> Result<(), sqlx::Error> {
+    fn admin(&self) -> &AdminSql {
+        &self.sql.admin
+    }
+
+    async fn migrate(&self, conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
         // One statement under SQLite's write lock; IF NOT EXISTS makes repeats a no-op.
         sqlx::raw_sql(self.sql.ddl.clone())
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
+        // The one clock check that costs nothing at run time: a lock taken "in the future" was
+        // written by a process whose clock is ahead of this one's, and expiry between the two
+        // is then wrong by that much.
+        let ahead_ms: Option<i64> = sqlx::query_scalar(self.sql.clock_check.clone())
+            .fetch_one(&mut *conn)
+            .await?;
+        if let Some(ms) = ahead_ms.filter(|ms| *ms > CLOCK_TOLERANCE_MS) {
+            tracing::warn!(
+                ahead_ms = ms,
+                "a process sharing this SQLite file took a lock {ms} ms ahead of this process's \
+                 clock: every process sharing one SQLite file must share one clock, or leases \
+                 end early or late by the difference"
+            );
+        }
         Ok(())
     }
 
-    async fn acquire(&self, p: &Acquire<'_>) -> Result<Attempt, sqlx::Error> {
+    async fn acquire(
+        &self,
+        conn: &mut SqliteConnection,
+        p: &Acquire<'_>,
+    ) -> Result<Attempt, sqlx::Error> {
         let row = sqlx::query(self.sql.acquire.clone())
             .bind(p.key)
             .bind(p.owner)
             .bind(ms_ceil(p.ttl_us))
             .bind(p.holder)
             .bind(p.attempt)
-            .fetch_optional(&self.pool)
+            .bind(p.tenure)
+            .bind(i64::from(p.held))
+            .fetch_optional(&mut *conn)
             .await?;
         match row {
             Some(row) => Ok(Attempt::Acquired(Grant {
@@ -243,13 +291,20 @@ impl Dialect for Lite {
         }
     }
 
-    async fn release(&self, h: &HoldRef<'_>, release_id: i64) -> Result<Released, sqlx::Error> {
+    async fn release(
+        &self,
+        conn: &mut SqliteConnection,
+        h: &HoldRef<'_>,
+        remaining: u32,
+        release_id: i64,
+    ) -> Result<Released, sqlx::Error> {
         let left: Option<i64> = sqlx::query_scalar(self.sql.release.clone())
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
             .bind(release_id)
-            .fetch_optional(&self.pool)
+            .bind(i64::from(remaining))
+            .fetch_optional(&mut *conn)
             .await?;
         Ok(match left {
             None => Released::NotHeld,
@@ -258,19 +313,28 @@ impl Dialect for Lite {
         })
     }
 
-    async fn extend(&self, h: &HoldRef<'_>, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
+    async fn extend(
+        &self,
+        conn: &mut SqliteConnection,
+        h: &HoldRef<'_>,
+        ttl_us: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
         sqlx::query_scalar(self.sql.extend.clone())
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
             .bind(ms_ceil(ttl_us))
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await
     }
 
     /// Renewal of many leases: one UPDATE ... FROM a list of (key, owner, token, ttl) rows, under
     /// SQLite's single write lock, with the same owner/tenure/live check as `extend`.
-    async fn extend_many(&self, items: &[RenewItem<'_>]) -> Result<Extended, sqlx::Error> {
+    async fn extend_many(
+        &self,
+        conn: &mut SqliteConnection,
+        items: &[RenewItem<'_>],
+    ) -> Result<Extended, sqlx::Error> {
         let rows = vec!["(?, ?, ?, ?)"; items.len()].join(", ");
         let text = format!(
             "UPDATE {table} AS l SET expires_at = max(l.expires_at, {now} + r.column4)
@@ -289,7 +353,7 @@ RETURNING lock_key, owner, fencing_token",
                 .bind(i.fencing_token as i64)
                 .bind(ms_ceil(i.ttl_us));
         }
-        let rows = q.fetch_all(&self.pool).await?;
+        let rows = q.fetch_all(&mut *conn).await?;
         Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
     }
 }

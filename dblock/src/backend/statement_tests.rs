@@ -11,7 +11,9 @@ async fn backends() -> Vec<(String, Backend)> {
     #[cfg(feature = "sqlite")]
     out.push((
         "sqlite".into(),
-        Backend::connect("sqlite::memory:", &table).await.unwrap(),
+        Backend::connect("sqlite::memory:", &table, &ConnectOptions::default())
+            .await
+            .unwrap(),
     ));
     let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
     #[allow(unused_variables)]
@@ -33,7 +35,7 @@ async fn backends() -> Vec<(String, Backend)> {
             continue;
         }
         let url = std::env::var(var).unwrap_or_else(|_| default.into());
-        match Backend::connect(&url, &table).await {
+        match Backend::connect(&url, &table, &ConnectOptions::default()).await {
             Ok(b) => {
                 if name == "mariadb" {
                     out.push(("mysql8-path".into(), b.without_returning()));
@@ -45,7 +47,7 @@ async fn backends() -> Vec<(String, Backend)> {
         }
     }
     for (_, b) in &out {
-        b.migrate().await.unwrap();
+        b.migrate(soon()).await.unwrap();
     }
     out
 }
@@ -55,6 +57,22 @@ fn grant(a: Attempt) -> Grant {
         Attempt::Acquired(g) => g,
         Attempt::Busy { .. } => panic!("expected a grant"),
     }
+}
+
+fn soon() -> Instant {
+    Instant::now() + std::time::Duration::from_secs(10)
+}
+
+async fn acquire(b: &Backend, p: &Acquire<'_>) -> Attempt {
+    b.acquire(p, soon()).await.unwrap()
+}
+
+async fn release(b: &Backend, h: &HoldRef<'_>, remaining: u32, id: i64) -> Released {
+    b.release(h, remaining, id, soon()).await.unwrap()
+}
+
+async fn count(b: &Backend, key: &str) -> u32 {
+    b.inspect(key, soon()).await.unwrap().unwrap().hold_count
 }
 
 #[tokio::test]
@@ -67,31 +85,33 @@ async fn a_repeated_attempt_is_recognised_not_counted_twice() {
             holder: "h",
             attempt: 7,
             waiting: false,
+            tenure: None,
+            held: 0,
         };
-        let first = grant(b.acquire(&p).await.unwrap());
-        let repeat = grant(b.acquire(&p).await.unwrap());
+        let first = grant(acquire(&b, &p).await);
+        let repeat = grant(acquire(&b, &p).await);
         assert_eq!(
             (first.hold_count, repeat.hold_count),
             (1, 1),
             "{name}: repeat counted twice"
         );
         assert_eq!(first.fencing_token, repeat.fencing_token, "{name}");
+        // A new attempt of the process that holds it once: re-entry.
         p.attempt = 8;
+        p.tenure = Some(first.fencing_token as i64);
+        p.held = 1;
+        let second = grant(acquire(&b, &p).await);
+        assert_eq!(second.hold_count, 2, "{name}: new attempt is re-entry");
         assert_eq!(
-            grant(b.acquire(&p).await.unwrap()).hold_count,
-            2,
-            "{name}: new attempt is re-entry"
+            second.fencing_token, first.fencing_token,
+            "{name}: same tenure"
         );
         assert_eq!(
-            grant(b.acquire(&p).await.unwrap()).hold_count,
+            grant(acquire(&b, &p).await).hold_count,
             2,
             "{name}: repeat of re-entry"
         );
-        assert_eq!(
-            b.inspect("idem").await.unwrap().unwrap().hold_count,
-            2,
-            "{name}"
-        );
+        assert_eq!(count(&b, "idem").await, 2, "{name}");
 
         // Another owner's attempt with the same id is still busy.
         let other = Acquire {
@@ -99,47 +119,79 @@ async fn a_repeated_attempt_is_recognised_not_counted_twice() {
             ..p
         };
         assert!(
-            matches!(b.acquire(&other).await.unwrap(), Attempt::Busy { .. }),
+            matches!(acquire(&b, &other).await, Attempt::Busy { .. }),
             "{name}"
         );
 
         // Release: a repeat of the same release (same id, after a lost reply) matches
-        // nothing instead of decrementing twice; a new release decrements again.
+        // nothing; a new release sets the count the process has left.
         let h = HoldRef {
             key: "idem",
             owner: "owner-1",
             fencing_token: first.fencing_token,
         };
         assert_eq!(
-            b.release(&h, 100).await.unwrap(),
+            release(&b, &h, 1, 100).await,
             Released::StillHeld(1),
             "{name}"
         );
         assert_eq!(
-            b.release(&h, 100).await.unwrap(),
+            release(&b, &h, 1, 100).await,
             Released::NotHeld,
             "{name}: applied twice"
         );
-        assert_eq!(
-            b.inspect("idem").await.unwrap().unwrap().hold_count,
-            1,
-            "{name}"
-        );
+        assert_eq!(count(&b, "idem").await, 1, "{name}");
         let stale = HoldRef {
             fencing_token: first.fencing_token - 1,
             ..h
         };
         assert_eq!(
-            b.release(&stale, 101).await.unwrap(),
+            release(&b, &stale, 0, 101).await,
             Released::NotHeld,
             "{name}: other tenure"
         );
-        assert_eq!(b.release(&h, 102).await.unwrap(), Released::Free, "{name}");
+        assert_eq!(release(&b, &h, 0, 102).await, Released::Free, "{name}");
+        assert_eq!(release(&b, &h, 0, 103).await, Released::NotHeld, "{name}");
         assert_eq!(
-            b.release(&h, 103).await.unwrap(),
-            Released::NotHeld,
-            "{name}"
+            b.last_write("idem", soon()).await.unwrap(),
+            Some((102, first.fencing_token))
         );
+    }
+}
+
+/// A live row of ours that the process does not track (an acquire whose reply never came) is
+/// not built upon: a first hold of the process takes it over as a new tenure.
+#[tokio::test]
+async fn an_untracked_hold_of_the_same_owner_is_taken_over_not_reentered() {
+    for (name, b) in backends().await {
+        let p = Acquire {
+            key: "orphan",
+            owner: "owner-1",
+            ttl_us: 30_000_000,
+            holder: "h",
+            attempt: 1,
+            waiting: false,
+            tenure: None,
+            held: 0,
+        };
+        let orphan = grant(acquire(&b, &p).await);
+        // The process never saw that grant: its next lock is a first hold.
+        let fresh = grant(acquire(&b, &Acquire { attempt: 2, ..p }).await);
+        assert_eq!(fresh.hold_count, 1, "{name}: built on an untracked hold");
+        assert!(
+            fresh.fencing_token > orphan.fencing_token,
+            "{name}: a new tenure"
+        );
+        // Re-entry into a tenure that is not the row's (a stale one): also a takeover.
+        let stale = Acquire {
+            attempt: 3,
+            tenure: Some(orphan.fencing_token as i64),
+            held: 4,
+            ..p
+        };
+        let again = grant(acquire(&b, &stale).await);
+        assert_eq!(again.hold_count, 1, "{name}");
+        assert!(again.fencing_token > fresh.fencing_token, "{name}");
     }
 }
 
@@ -153,14 +205,16 @@ async fn busy_attempts_report_the_holders_time_left_where_the_dialect_can() {
             holder: "h",
             attempt: 1,
             waiting: false,
+            tenure: None,
+            held: 0,
         };
-        grant(b.acquire(&p).await.unwrap());
+        grant(acquire(&b, &p).await);
         let q = Acquire {
             owner: "b",
             attempt: 2,
             ..p
         };
-        match b.acquire(&q).await.unwrap() {
+        match acquire(&b, &q).await {
             Attempt::Busy {
                 retry_after: Some(left),
             } => {

@@ -6,13 +6,14 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
-use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, Postgres};
+use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 
-use super::admin::{Admin, AdminSql};
+use super::admin::AdminSql;
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Released, RenewItem,
 };
+use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::retry::Failure;
 
@@ -34,6 +35,10 @@ mod sqlstate {
 
 /// How long `Locker::connect`'s pool waits for a connection before failing.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Server-side TCP keepalives (s): a vanished client's connection is dropped within ~25 s.
+const KEEPALIVE_IDLE: &str = "10";
+const KEEPALIVE_INTERVAL: &str = "5";
+const KEEPALIVE_COUNT: &str = "3";
 
 /// Lease end as microseconds since the epoch.
 const US: &str = "(extract(epoch FROM {c}) * 1000000)::int8";
@@ -74,8 +79,14 @@ struct Statements {
     admin: AdminSql,
 }
 
+/// The acquire statement's "a live hold of ours in the tenure this process holds ($7), or one
+/// written by this very attempt ($5)"; never NULL.
+const SAME: &str = "coalesce(l.owner = $2 AND l.expires_at > statement_timestamp()
+                   AND (l.attempt_id = $5 OR l.fencing_token = $7), false)";
+
 fn sql(template: &str, table: &str) -> SqlStr {
     let text = template
+        .replace("{same}", SAME)
         .replace("{us_expires}", &US.replace("{c}", "expires_at"))
         .replace("{us_acquired}", &US.replace("{c}", "acquired_at"))
         .replace("{table}", table);
@@ -88,19 +99,32 @@ const INFO_COLUMNS: &str =
        (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,
        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8";
 
-/// A pool configured for locking: autocommit connections at READ COMMITTED (set at start-up, no
-/// extra round trip), no ping before each statement, a bounded wait for a connection.
-pub(crate) async fn connect(url: &str, table: &str) -> Result<Pg, LockError> {
+/// A pool configured for locking: autocommit connections at READ COMMITTED, statement and lock
+/// time-outs and server keepalives (all set at start-up, no extra round trip), no ping before
+/// each statement, a bounded wait for a connection.
+pub(crate) async fn connect(
+    url: &str,
+    table: &str,
+    opts: &ConnectOptions,
+) -> Result<Pg, LockError> {
+    let statement_ms = opts.statement_timeout.as_millis().to_string();
     let options = PgConnectOptions::from_str(url)
         .map_err(|e| super::bad_url(url, e))?
-        .options([("default_transaction_isolation", "read committed")]);
+        .options([
+            ("default_transaction_isolation", "read committed"),
+            ("statement_timeout", statement_ms.as_str()),
+            ("lock_timeout", statement_ms.as_str()),
+            ("tcp_keepalives_idle", KEEPALIVE_IDLE),
+            ("tcp_keepalives_interval", KEEPALIVE_INTERVAL),
+            ("tcp_keepalives_count", KEEPALIVE_COUNT),
+        ]);
     let pool = PgPoolOptions::new()
-        .max_connections(10)
+        .max_connections(opts.max_connections.unwrap_or(10))
         .test_before_acquire(false)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .acquire_timeout(opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT))
         .connect_with(options)
         .await?;
-    Ok(Pg::new(pool, table))
+    Ok(Pg::new(pool, table).listening(opts.listen))
 }
 
 impl Pg {
@@ -121,26 +145,25 @@ impl Pg {
             //   "busy" (no row) instead of an error, so nothing is inserted-then-caught.
             // - A busy attempt (row held by someone else) updates nothing and inserts nothing:
             //   no row lock kept, no WAL written, just the final SELECT of the holder's state.
-            // - `attempt_id = $5` on a live hold of ours means this exact attempt already
-            //   succeeded (its reply was lost): the count is returned as it is, not bumped again.
+            // - {same}: a live hold of ours in the tenure this process holds ($7, with $8 holds)
+            //   or written by this very attempt ($5). `attempt_id = $5` means this attempt
+            //   already succeeded (its reply was lost): the row is returned as it is. Re-entry
+            //   counts from the process's holds ($8 + 1), never from the row alone: a live row of
+            //   ours that the process does not track (an acquire whose reply never came) is
+            //   taken over as a new tenure instead of being built upon.
             acquire: sql(
                 "WITH upd AS (
     UPDATE {table} AS l SET
-        hold_count = CASE
-            WHEN l.owner = $2 AND l.expires_at > statement_timestamp()
-                THEN CASE WHEN l.attempt_id = $5 THEN l.hold_count ELSE l.hold_count + 1 END
-            ELSE 1 END,
-        fencing_token = CASE WHEN l.owner = $2 AND l.expires_at > statement_timestamp()
-                             THEN l.fencing_token ELSE l.fencing_token + 1 END,
-        acquired_at = CASE WHEN l.owner = $2 AND l.expires_at > statement_timestamp()
-                           THEN l.acquired_at ELSE statement_timestamp() END,
-        holder = CASE WHEN l.owner = $2 AND l.expires_at > statement_timestamp()
-                      THEN l.holder ELSE $4 END,
-        expires_at = greatest(CASE WHEN l.owner = $2 THEN l.expires_at END,
+        hold_count = CASE WHEN {same}
+                          THEN CASE WHEN l.attempt_id = $5 THEN l.hold_count ELSE $8 + 1 END
+                          ELSE 1 END,
+        fencing_token = CASE WHEN {same} THEN l.fencing_token ELSE l.fencing_token + 1 END,
+        acquired_at = CASE WHEN {same} THEN l.acquired_at ELSE statement_timestamp() END,
+        holder = CASE WHEN {same} THEN l.holder ELSE $4 END,
+        expires_at = greatest(CASE WHEN {same} THEN l.expires_at END,
                               statement_timestamp() + $3::float8 * interval '1 microsecond'),
         attempt_id = $5,
-        contended = (l.contended AND l.owner IS NOT DISTINCT FROM $2
-                     AND l.expires_at > statement_timestamp()),
+        contended = (l.contended AND {same}),
         owner = $2
     WHERE l.lock_key = $1
       AND (l.owner IS NULL OR l.owner = $2 OR l.expires_at <= statement_timestamp())
@@ -174,16 +197,18 @@ FROM res",
             ),
 
             // One single-row UPDATE by primary key: the WHERE (owner, tenure, live lease) and the
-            // decrement are applied to the same row version under its row lock, so a release
-            // can neither race another release nor touch a lease that has run out.
+            // new count are applied to the same row version under its row lock, so a release
+            // can neither race another release nor touch a lease that has run out. The count
+            // left ($6) is the process's (its holds of this tenure, less this one): absolute,
+            // so a stray resend cannot count down twice; the release id ($4) recognises one.
             // A full release of a key someone waits for (`contended`) also NOTIFYs the key on
             // the locker's channel ($5); NOTIFY is delivered at commit, i.e. once it is free.
             release: sql(
                 "WITH r AS (
     UPDATE {table} SET
-        hold_count = hold_count - 1,
-        owner      = CASE WHEN hold_count > 1 THEN owner END,
-        expires_at = CASE WHEN hold_count > 1 THEN expires_at ELSE statement_timestamp() END,
+        hold_count = $6,
+        owner      = CASE WHEN $6 > 0 THEN owner END,
+        expires_at = CASE WHEN $6 > 0 THEN expires_at ELSE statement_timestamp() END,
         attempt_id = $4
     WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS DISTINCT FROM $4
       AND expires_at > statement_timestamp()
@@ -193,6 +218,7 @@ SELECT hold_count, CASE WHEN hold_count = 0 AND contended THEN pg_notify($5, loc
 FROM r",
                 &t,
             ),
+
 
             // Single-row UPDATE, owner- and tenure-checked in its WHERE; never shortens a lease.
             extend: sql(
@@ -216,6 +242,10 @@ RETURNING l.lock_key, l.owner, l.fencing_token",
                 &t,
             ),
             admin: AdminSql {
+                last_write: sql(
+                    "SELECT attempt_id, fencing_token FROM {table} WHERE lock_key = $1",
+                    &t,
+                ),
                 inspect: sql(
                     &format!("SELECT {INFO_COLUMNS} FROM {{table}} WHERE lock_key = $1"),
                     &t,
@@ -254,6 +284,23 @@ WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'"
         }
     }
 
+    /// With (`true`) or without LISTEN/NOTIFY wake-ups.
+    pub(crate) fn listening(self, on: bool) -> Self {
+        Pg {
+            notifier: if on {
+                self.notifier.or_else(|| {
+                    Some(notify::Notifier::new(
+                        self.pool.clone(),
+                        self.channel.to_string(),
+                    ))
+                })
+            } else {
+                None
+            },
+            ..self
+        }
+    }
+
     /// Interest in a release of `key` (LISTEN set up on first use); `None` when LISTEN is off
     /// or failed.
     pub(crate) async fn interest(&self, key: &str) -> Option<notify::Interest> {
@@ -266,7 +313,7 @@ impl Dialect for Pg {
     type Db = Postgres;
 
     fn with_table(&self, table: &str) -> Self {
-        Pg::new(self.pool.clone(), table)
+        Pg::new(self.pool.clone(), table).listening(self.notifier.is_some())
     }
 
     fn classify(e: &dyn sqlx::error::DatabaseError) -> Failure {
@@ -284,19 +331,20 @@ impl Dialect for Pg {
         }
     }
 
-    fn admin(&self) -> Admin<'_, Postgres> {
-        Admin {
-            pool: &self.pool,
-            sql: &self.sql.admin,
-        }
+    fn pool(&self) -> &Pool<Postgres> {
+        &self.pool
     }
 
-    async fn migrate(&self) -> Result<(), sqlx::Error> {
+    fn admin(&self) -> &AdminSql {
+        &self.sql.admin
+    }
+
+    async fn migrate(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         // The usual case at every start: the table is there. One read, no lock, and none of
         // the "already exists, skipping" NOTICEs that sqlx would log at INFO.
         let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
             .bind(&self.sql.table)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *conn)
             .await?;
         if exists {
             return Ok(());
@@ -305,7 +353,7 @@ impl Dialect for Pg {
         // "exists?" check and one dies on pg_type's unique index. A transaction-scoped advisory
         // lock makes concurrent migrations queue instead; the ones that queued then find the
         // table made, quietly.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = conn.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(7170034453421551936)")
             .execute(&mut *tx)
             .await?;
@@ -318,7 +366,11 @@ impl Dialect for Pg {
         tx.commit().await
     }
 
-    async fn acquire(&self, p: &Acquire<'_>) -> Result<Attempt, sqlx::Error> {
+    async fn acquire(
+        &self,
+        conn: &mut PgConnection,
+        p: &Acquire<'_>,
+    ) -> Result<Attempt, sqlx::Error> {
         let row = sqlx::query(self.sql.acquire.clone())
             .bind(p.key)
             .bind(p.owner)
@@ -326,7 +378,9 @@ impl Dialect for Pg {
             .bind(p.holder)
             .bind(p.attempt)
             .bind(p.waiting)
-            .fetch_optional(&self.pool)
+            .bind(p.tenure)
+            .bind(p.held as i32)
+            .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = row else {
             // The key was inserted by someone else during this statement.
@@ -345,14 +399,21 @@ impl Dialect for Pg {
         }
     }
 
-    async fn release(&self, h: &HoldRef<'_>, release_id: i64) -> Result<Released, sqlx::Error> {
+    async fn release(
+        &self,
+        conn: &mut PgConnection,
+        h: &HoldRef<'_>,
+        remaining: u32,
+        release_id: i64,
+    ) -> Result<Released, sqlx::Error> {
         let left: Option<i32> = sqlx::query_scalar(self.sql.release.clone())
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
             .bind(release_id)
             .bind(&*self.channel)
-            .fetch_optional(&self.pool)
+            .bind(remaining as i32)
+            .fetch_optional(&mut *conn)
             .await?;
         Ok(match left {
             None => Released::NotHeld,
@@ -361,17 +422,26 @@ impl Dialect for Pg {
         })
     }
 
-    async fn extend(&self, h: &HoldRef<'_>, ttl_us: i64) -> Result<Option<i64>, sqlx::Error> {
+    async fn extend(
+        &self,
+        conn: &mut PgConnection,
+        h: &HoldRef<'_>,
+        ttl_us: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
         sqlx::query_scalar(self.sql.extend.clone())
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
             .bind(ttl_us as f64)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await
     }
 
-    async fn extend_many(&self, items: &[RenewItem<'_>]) -> Result<Extended, sqlx::Error> {
+    async fn extend_many(
+        &self,
+        conn: &mut PgConnection,
+        items: &[RenewItem<'_>],
+    ) -> Result<Extended, sqlx::Error> {
         let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.owner).collect();
         let tokens: Vec<i64> = items.iter().map(|i| i.fencing_token as i64).collect();
@@ -381,7 +451,7 @@ impl Dialect for Pg {
             .bind(owners)
             .bind(tokens)
             .bind(ttls)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
     }
@@ -400,10 +470,7 @@ pub(crate) fn notify_channel(table: &str) -> String {
 impl Pg {
     /// The same backend without LISTEN/NOTIFY wake-ups (waiters only poll).
     pub(crate) fn without_notify(&self) -> Self {
-        Pg {
-            notifier: None,
-            ..self.clone()
-        }
+        self.clone().listening(false)
     }
 
     /// The channel releases of this table are announced on.

@@ -9,11 +9,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use sqlx::postgres::{PgListener, PgPool};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, OnceCell};
 
 /// The waiters of one locker, by key, and its listening connection.
 pub(crate) struct Notifier {
+    /// The locker's pool: only its connect options are used (LISTEN has a connection of its own).
     pool: PgPool,
     channel: String,
     waiters: Mutex<HashMap<String, Waiter>>,
@@ -91,10 +92,14 @@ impl Notifier {
         })
     }
 
-    /// LISTENs on a connection of its own (not one of the pool's), then hands it to a task that
-    /// wakes one waiter of the released key per notification.
+    /// LISTENs on a connection of its own, opened with the pool's connect options but never
+    /// taken out of the pool (which is the caller's, for `Locker::postgres(pool)`), then hands
+    /// it to a task that wakes one waiter of the released key per notification.
     async fn listen(self: &Arc<Self>) -> Result<(), sqlx::Error> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy_with((*self.pool.connect_options()).clone());
+        let mut listener = PgListener::connect_with(&own).await?;
         listener.listen(&self.channel).await?;
         let me: Weak<Notifier> = Arc::downgrade(self);
         tokio::spawn(async move {
