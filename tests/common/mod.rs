@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use dblock::Locker;
 
+pub mod proxy;
+
 pub const POSTGRES_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
 pub const MYSQL_DEFAULT: &str = "mysql://root@127.0.0.1:3306/test";
 
@@ -27,6 +29,17 @@ pub fn postgres_url() -> String {
 
 pub fn mysql_url() -> String {
     std::env::var("DBLOCK_MYSQL_URL").unwrap_or_else(|_| MYSQL_DEFAULT.into())
+}
+
+/// `host:port` of a database URL (what a fault proxy forwards to).
+pub fn host_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let after_user = rest.rsplit_once('@').map_or(rest, |(_, hp)| hp);
+    after_user
+        .split('/')
+        .next()
+        .unwrap_or(after_user)
+        .to_owned()
 }
 
 /// A table name unique to this test and process.
@@ -136,6 +149,18 @@ pub async fn postgres(test: &str) -> Option<Db> {
     }
 }
 
+/// MariaDB on a fresh table, if this build has the backend and the server is reachable.
+pub async fn mysql(test: &str) -> Option<Db> {
+    report_missing_features();
+    #[cfg(feature = "mysql")]
+    return server("mariadb", mysql_url(), test).await;
+    #[cfg(not(feature = "mysql"))]
+    {
+        let _ = test;
+        None
+    }
+}
+
 /// Every backend this build has and this machine can reach: SQLite on a temp file, PostgreSQL,
 /// MariaDB with RETURNING, and (with the private `_test-util` feature, as `--all-features`
 /// has) MariaDB through the MySQL 8 statements (no RETURNING).
@@ -154,8 +179,7 @@ pub async fn all(test: &str) -> (Vec<Db>, tempfile::TempDir) {
     if let Some(pg) = postgres(test).await {
         dbs.push(pg);
     }
-    #[cfg(feature = "mysql")]
-    if let Some(my) = server("mariadb", mysql_url(), test).await {
+    if let Some(my) = mysql(test).await {
         // The MySQL 8 statements, run against MariaDB through a test hook.
         #[cfg(feature = "_test-util")]
         let compat = Db {

@@ -1,0 +1,458 @@
+//! Faults at the worst moment, on PostgreSQL and MariaDB, through a TCP fault proxy
+//! (`common::proxy`): lost replies, lost sends, a silent partition, slow replies, refused
+//! connections, cancelled statements, an exhausted pool. Each test makes one fault happen
+//! exactly when it hurts and checks what the caller sees and what the row says.
+
+#![cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(unused))]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::proxy::{Mode, Proxy};
+use dblock::{ConnectOptions, LockError, Locker, Owner};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A server backend reached through a fault proxy, and the same table reached directly (the
+/// observer, which sees the truth while the proxy lies).
+struct Faulty {
+    name: &'static str,
+    proxy: Proxy,
+    url: String,
+    locker: Locker,
+    observer: Locker,
+}
+
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+#[test]
+#[ignore = "the fault tests need `--features postgres` and/or `--features mysql` (or --all-features)"]
+fn fault_tests_need_a_server_backend() {}
+
+/// PostgreSQL and MariaDB (those this build has and this machine reaches), each behind a proxy.
+async fn servers(test: &str, options: ConnectOptions) -> Vec<Faulty> {
+    let mut out = Vec::new();
+    #[allow(unused_mut)]
+    let mut candidates: Vec<(&'static str, String)> = Vec::new();
+    #[cfg(feature = "postgres")]
+    if common::postgres(test).await.is_some() {
+        candidates.push(("postgres", common::postgres_url()));
+    }
+    #[cfg(feature = "mysql")]
+    if common::mysql(test).await.is_some() {
+        candidates.push(("mariadb", common::mysql_url()));
+    }
+    for (name, direct) in candidates {
+        let proxy = Proxy::start(&common::host_of(&direct)).await;
+        let url = proxy.url(&direct);
+        let table = common::table_for(test);
+        let observer = Locker::connect(&direct).await.unwrap().table(&table);
+        observer.migrate().await.unwrap();
+        let locker = Locker::connect_with(&url, options.clone())
+            .await
+            .unwrap()
+            .table(&table);
+        // Warm the pool's one connection: its statements prepared (a prepare's reply held back
+        // would stop a statement before it runs), MariaDB's dialect detected.
+        let warm = locker.lock("warm").await.unwrap();
+        warm.extend(SEC).await.unwrap();
+        warm.release().await.unwrap();
+        settle().await;
+        out.push(Faulty {
+            name,
+            proxy,
+            url,
+            locker,
+            observer,
+        });
+    }
+    out
+}
+
+/// sqlx pings a connection in the background when it goes back to the pool: let that finish,
+/// so the next statement runs on the warm connection rather than a new one.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(150)).await;
+}
+
+/// One connection, so the faults hit the connection whose statements the warm-up prepared (a
+/// prepare whose reply is held back stops a statement before it runs, which is a different
+/// test).
+fn options() -> ConnectOptions {
+    ConnectOptions::new()
+        .max_connections(1)
+        .statement_timeout(Duration::from_millis(800))
+        .acquire_timeout(SEC)
+}
+
+/// 1. An acquire commits, its reply is lost, the connections are reset and reconnecting fails
+/// for a while: the call resolves its own outcome (same attempt id, across reconnects, with
+/// pauses) and returns the hold once, counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_resolved_and_counted_once() {
+    for s in servers("fault_lost_reply", options()).await {
+        let me = Owner::new();
+        s.proxy.set(Mode::HoldReplies);
+        let l = s.locker.clone();
+        let owner = me.clone();
+        let call =
+            tokio::spawn(
+                async move { l.lock("k").owner(&owner).ttl(10 * SEC).wait(5 * SEC).await },
+            );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let row = s.observer.inspect("k").await.unwrap().expect("row");
+        assert!(row.held, "{}: the acquire did not commit", s.name);
+        assert_eq!(row.owner.as_deref(), Some(me.id()));
+        // The reply never comes; the connections die; reconnecting fails for 1.5 s.
+        s.proxy.set(Mode::Refuse);
+        s.proxy.reset_all();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        s.proxy.set(Mode::Pass);
+        let g = call.await.unwrap().unwrap_or_else(|e| {
+            panic!("{}: the call did not resolve its own success: {e}", s.name)
+        });
+        assert_eq!(g.hold_count(), 1, "{}: counted twice", s.name);
+        assert_eq!(g.fencing_token(), row.fencing_token, "{}", s.name);
+        // Re-entry builds on it exactly once; the last release frees the key.
+        let again = s.locker.lock("k").owner(&me).await.unwrap();
+        assert_eq!(again.hold_count(), 2, "{}", s.name);
+        again.release().await.unwrap();
+        g.release().await.unwrap();
+        let row = s.observer.inspect("k").await.unwrap().unwrap();
+        assert!(!row.held, "{}: the key stayed held: {row:?}", s.name);
+    }
+}
+
+/// 1b. The outcome stays unknown past the caller's `wait`: the call returns at its deadline,
+/// saying so; the background resolution then finds the hold and gives it back (long before the
+/// ttl), and the owner's next lock is a first hold, not a re-entry into the orphan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_acquire_returns_at_its_deadline_and_is_given_back_later() {
+    for s in servers("fault_unresolved", options()).await {
+        let me = Owner::new();
+        s.proxy.set(Mode::HoldReplies);
+        let started = Instant::now();
+        let l = s.locker.clone();
+        let owner = me.clone();
+        let call =
+            tokio::spawn(async move { l.lock("k").owner(&owner).ttl(30 * SEC).wait(SEC).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.proxy.set(Mode::Refuse);
+        s.proxy.reset_all();
+        let e = call.await.unwrap().unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(1600),
+            "{}: wait(1s) took {took:?}",
+            s.name
+        );
+        assert!(e.is_outcome_unknown(), "{}: {e}", s.name);
+        assert!(e.to_string().contains("unknown"), "{}: {e}", s.name);
+        assert!(s.observer.inspect("k").await.unwrap().unwrap().held);
+
+        s.proxy.set(Mode::Pass);
+        let freed = common::time_until_free(&s.observer, "k", 10 * SEC).await;
+        assert!(
+            freed.is_some_and(|t| t < 5 * SEC),
+            "{}: the orphaned hold was not given back: {freed:?}",
+            s.name
+        );
+        let g = s.locker.lock("k").owner(&me).await.unwrap();
+        assert_eq!(
+            g.hold_count(),
+            1,
+            "{}: built on a hold it no longer tracked",
+            s.name
+        );
+        g.release().await.unwrap();
+    }
+}
+
+/// 2. A release whose send was lost, while its lease ran out and another owner took the key:
+/// "not held" is checked (was it our release, this tenure?) and reported, never read as success.
+/// And a release that did commit but whose reply was lost is recognised as done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_a_lost_send_is_checked_before_it_counts() {
+    let opts = options().statement_timeout(2 * SEC);
+    for s in servers("fault_release", opts).await {
+        // The send is lost; the lease ends; another owner takes the key; the resend says "not
+        // held", and it was not ours.
+        let g = s
+            .locker
+            .lock("gone")
+            .ttl(Duration::from_millis(600))
+            .await
+            .unwrap();
+        settle().await;
+        s.proxy.set(Mode::DropSends);
+        let release = tokio::spawn(async move { g.release().await });
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let thief = s.observer.lock("gone").await.expect("free after its ttl");
+        s.proxy.set(Mode::Pass);
+        let outcome = release.await.unwrap();
+        assert!(
+            matches!(outcome, Err(LockError::NotHeld { .. })),
+            "{}: a release that did not happen was reported {outcome:?}",
+            s.name
+        );
+        assert!(s.observer.inspect("gone").await.unwrap().unwrap().held);
+        thief.release().await.unwrap();
+
+        // The release commits; its reply is lost: recognised as done.
+        let g = s.locker.lock("done").await.unwrap();
+        settle().await;
+        s.proxy.set(Mode::HoldReplies);
+        let release = tokio::spawn(async move { g.release().await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!s.observer.inspect("done").await.unwrap().unwrap().held);
+        s.proxy.set(Mode::Pass);
+        s.proxy.reset_all();
+        let outcome = release.await.unwrap();
+        assert!(outcome.is_ok(), "{}: {outcome:?}", s.name);
+    }
+}
+
+/// 3. Replies slower than the ttl: a grant that arrives when its lease could have ended is
+/// given back, never returned; the call goes on waiting and ends with `Lost` at its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_is_only_returned_live() {
+    let opts = options().statement_timeout(5 * SEC);
+    for s in servers("fault_stale", opts).await {
+        s.proxy.set(Mode::DelayReplies(Duration::from_millis(1200)));
+        let started = Instant::now();
+        let outcome = s
+            .locker
+            .lock("slow")
+            .ttl(SEC)
+            .wait(Duration::from_millis(2500))
+            .await;
+        let took = started.elapsed();
+        assert!(
+            matches!(outcome, Err(LockError::Lost { .. })),
+            "{}: a stale grant was returned: {outcome:?}",
+            s.name
+        );
+        assert!(took < Duration::from_millis(3000), "{}: {took:?}", s.name);
+        s.proxy.set(Mode::Pass);
+        // The grants were given back (or ran out): the key is free for others.
+        assert!(common::time_until_free(&s.observer, "slow", 3 * SEC)
+            .await
+            .is_some());
+    }
+}
+
+/// 4. `wait` bounds the whole call, also through a silent partition; releases and extends are
+/// bounded by the statement time-out; `wait = 0` on an exhausted pool does not sit out the
+/// pool's time-out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_and_the_statement_timeout_bound_every_call() {
+    for s in servers("fault_bounds", options()).await {
+        let g = s.locker.lock("held").ttl(30 * SEC).await.unwrap();
+        s.proxy.set(Mode::Blackhole);
+        let started = Instant::now();
+        let outcome = s.locker.lock("k").wait(2 * SEC).await;
+        let took = started.elapsed();
+        assert!(outcome.is_err(), "{}", s.name);
+        assert!(
+            took >= Duration::from_millis(1900) && took < Duration::from_millis(2600),
+            "{}: wait(2s) took {took:?}",
+            s.name
+        );
+        let started = Instant::now();
+        assert!(g.extend(30 * SEC).await.is_err());
+        assert!(
+            started.elapsed() < Duration::from_millis(1300),
+            "{}",
+            s.name
+        );
+        let started = Instant::now();
+        let released = g.release().await;
+        assert!(released.unwrap_err().is_outcome_unknown(), "{}", s.name);
+        assert!(
+            started.elapsed() < Duration::from_millis(1300),
+            "{}: release took {:?}",
+            s.name,
+            started.elapsed()
+        );
+        s.proxy.set(Mode::Pass);
+        // The release went on in the background: the key is freed once the network is back.
+        assert!(
+            common::time_until_free(&s.observer, "held", 5 * SEC)
+                .await
+                .is_some(),
+            "{}: the release was abandoned",
+            s.name
+        );
+        drop(s.proxy);
+    }
+    exhausted_pool_with_wait_zero().await;
+}
+
+async fn exhausted_pool_with_wait_zero() {
+    #[cfg(feature = "postgres")]
+    if let Some(db) = common::postgres("fault_pool").await {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(10 * SEC)
+            .connect(&db.url)
+            .await
+            .unwrap();
+        let l = Locker::postgres(pool.clone()).table(db.locker.table_name());
+        let busy_conn = pool.acquire().await.unwrap();
+        let started = Instant::now();
+        let e = l.lock("k").await.unwrap_err();
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(1500), "wait 0 took {took:?}");
+        assert!(
+            e.to_string().contains("pool timed out"),
+            "the real cause is an exhausted pool: {e}"
+        );
+        drop(busy_conn);
+        let g = l.lock("k").await.expect("works once a connection is free");
+        g.release().await.unwrap();
+    }
+}
+
+/// 5. A cancelled statement was rolled back: it is sent again, not reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_statements_are_sent_again() {
+    #[cfg(feature = "postgres")]
+    if let Some(db) = common::postgres("fault_cancel").await {
+        let table = db.locker.table_name().to_owned();
+        db.locker.lock("k").await.unwrap().release().await.unwrap(); // the row exists
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        let mut blocker = pool.begin().await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT 1 FROM \"{table}\" WHERE lock_key = 'k' FOR UPDATE"
+        )))
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+        let l = db.locker.clone();
+        let call = tokio::spawn(async move { l.lock("k").wait(10 * SEC).await });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let cancelled: Vec<bool> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%{table}%' AND pid <> pg_backend_pid()"
+        )))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            cancelled,
+            vec![true],
+            "the acquire was waiting on the row lock"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        blocker.commit().await.unwrap();
+        let g = call
+            .await
+            .unwrap()
+            .expect("57014 is rolled back: sent again");
+        g.release().await.unwrap();
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(db) = common::mysql("fault_kill_query").await {
+        let table = db.locker.table_name().to_owned();
+        db.locker.lock("k").await.unwrap().release().await.unwrap();
+        let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+        let mut blocker = pool.begin().await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT 1 FROM `{table}` WHERE lock_key = 'k' FOR UPDATE"
+        )))
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+        let l = db.locker.clone();
+        let call = tokio::spawn(async move { l.lock("k").wait(10 * SEC).await });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT ID FROM information_schema.PROCESSLIST
+             WHERE INFO LIKE 'INSERT INTO `{table}`%' AND ID <> CONNECTION_ID()"
+        )))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(ids.len(), 1, "the acquire was waiting on the row lock");
+        sqlx::query(sqlx::AssertSqlSafe(format!("KILL QUERY {}", ids[0])))
+            .execute(&pool)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        blocker.commit().await.unwrap();
+        let g = call
+            .await
+            .unwrap()
+            .expect("1317 is rolled back: sent again");
+        g.release().await.unwrap();
+    }
+}
+
+/// 6. A server that cannot be reached is reported as that (the connection error), not as a pool
+/// time-out; nothing was sent, so the outcome is not "unknown".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_named_as_the_cause() {
+    for s in servers("fault_refused", options()).await {
+        s.proxy.set(Mode::Refuse);
+        s.proxy.reset_all();
+        // A locker whose pool has no connection yet: every connect is refused.
+        let lazy = Locker::connect_with(&s.url, options()).await;
+        assert!(
+            lazy.is_err(),
+            "{}: connected through a refusing proxy",
+            s.name
+        );
+        let e = lazy.unwrap_err();
+        assert!(matches!(e, LockError::Database(_)), "{}: {e:?}", s.name);
+        assert!(!e.to_string().contains("pool timed out"), "{}: {e}", s.name);
+        assert!(!e.is_outcome_unknown(), "{}: nothing was sent: {e}", s.name);
+        let _ = &s.url;
+    }
+    #[cfg(feature = "postgres")]
+    {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(SEC)
+            .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+            .unwrap();
+        let e = Locker::postgres(pool).lock("k").await.unwrap_err();
+        assert!(e.to_string().to_lowercase().contains("refused"), "{e}");
+    }
+}
+
+/// 7. `Locker::postgres(pool)` never keeps one of the caller's connections: LISTEN has its own.
+/// With a pool of one connection, a waiter that LISTENs leaves the pool free for everyone.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listen_connection_is_not_taken_from_the_callers_pool() {
+    let Some(db) = common::postgres("fault_listen").await else {
+        return;
+    };
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(2 * SEC)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let l = Locker::postgres(pool.clone()).table(db.locker.table_name());
+    let held = l.lock("hot").await.unwrap();
+    let l2 = l.clone();
+    let waiter = tokio::spawn(async move { l2.lock("hot").wait(10 * SEC).await });
+    tokio::time::sleep(Duration::from_millis(500)).await; // the waiter LISTENs by now
+    for i in 0..20 {
+        let started = Instant::now();
+        l.lock(format!("other{i}"))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        assert!(
+            started.elapsed() < SEC,
+            "cycle {i} took {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(pool.size(), 1);
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+}
