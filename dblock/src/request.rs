@@ -162,7 +162,6 @@ impl IntoFuture for LockRequest {
                     ttl: self.ttl,
                     wait: self.wait,
                     owner,
-                    attempt: fastrand::i64(1..i64::MAX),
                 };
                 self.shared.backend()?;
                 request.acquire(self.shared).await
@@ -183,9 +182,6 @@ struct Request {
     owner: Owner,
     /// `host/pid[/label]`.
     holder: Arc<str>,
-    /// Random id of this call, the same in every statement it sends: a resend after an unknown
-    /// outcome recognises its own earlier success instead of counting the hold twice.
-    attempt: i64,
 }
 
 /// The outcome of one attempt, with the lock already inside a guard.
@@ -208,13 +204,13 @@ enum Seen {
 impl Request {
     /// The statement's binds, borrowed from the request (the tracked holds are filled in under
     /// the owner's serialisation).
-    fn statement(&self, waiting: bool) -> Acquire<'_> {
+    fn statement(&self, waiting: bool, attempt: i64) -> Acquire<'_> {
         Acquire {
             key: &self.key,
             owner: self.owner.id(),
             ttl_us: self.ttl_us,
             holder: &self.holder,
-            attempt: self.attempt,
+            attempt,
             waiting,
             tenure: None,
             held: 0,
@@ -338,6 +334,11 @@ impl Request {
         tokio::spawn(
             async move {
                 let sent = Instant::now();
+                // One id per attempt, the same in each of its resends: a resend after an unknown
+                // outcome recognises its own earlier success instead of counting the hold twice.
+                // A later attempt of the call is a new statement with a new id, so it can never
+                // be mistaken for a grant this attempt gave back.
+                let attempt = fastrand::i64(1..i64::MAX);
                 let policy = Policy {
                     rolled_back: retry::ROLLBACK_RESENDS,
                     per_send: shared.statement_timeout,
@@ -348,7 +349,7 @@ impl Request {
                     resolve_until: sent + req.ttl + shared.statement_timeout,
                 };
                 let tried = shared
-                    .acquire(&req.owner, req.statement(waiting), policy)
+                    .acquire(&req.owner, req.statement(waiting, attempt), policy)
                     .await;
                 let outcome = match tried.result {
                     Ok(Attempt::Acquired(grant)) => {
@@ -359,9 +360,10 @@ impl Request {
                         if Instant::now() + margin < guard.hold().deadline() {
                             Try::Got(guard)
                         } else {
-                            // Its lease could be over by the time the caller used it.
+                            // Its lease could be over by the time the caller used it: given back
+                            // before the next attempt, so that one starts from the row as it is.
                             tracing::warn!(%key, "grant arrived when its lease could have ended; given back");
-                            drop(guard);
+                            let _ = guard.release().await;
                             Try::Stale
                         }
                     }
