@@ -97,6 +97,23 @@ async fn lists_releases_and_purges() {
             db.name
         );
 
+        // The operator's release is recorded as a failure; reset forgets it.
+        let show = admin(db, &["show", "job:nightly"]);
+        assert!(show.contains("failed"), "{}: {show}", db.name);
+        let show = admin(db, &["show", "old"]);
+        assert!(show.contains("succeeded"), "{}: {show}", db.name);
+        let out = admin(db, &["reset", "job:nightly"]);
+        assert!(out.contains("reset"), "{}: {out}", db.name);
+        assert_eq!(
+            db.locker
+                .inspect("job:nightly")
+                .await
+                .unwrap()
+                .unwrap()
+                .last_outcome,
+            None
+        );
+
         let out = admin(db, &["purge", "0s"]);
         assert!(out.contains("purged 2 rows"), "{}: {out}", db.name);
         assert!(db.locker.inspect("old").await.unwrap().is_none());

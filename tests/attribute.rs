@@ -347,3 +347,75 @@ async fn a_locked_fn_outside_a_tokio_runtime_returns_no_runtime() {
         assert_eq!(ran.load(Ordering::SeqCst), 0, "{}: body ran", db.name);
     }
 }
+
+#[distributed_lock(key = "payout:{id}", locker = locker, once = true)]
+async fn payout(locker: &Locker, id: u32, ran: &AtomicUsize, fail: bool) -> Result<u32, AppError> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    if fail {
+        return Err(AppError::App("provider said no"));
+    }
+    Ok(id)
+}
+
+/// `once = true`: the body runs until it succeeds once; a failed run (an `Err`) leaves it
+/// runnable; after a success the call is refused with `AlreadyDone`, the body not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_runs_the_body_until_it_succeeds() {
+    let (dbs, _dir) = common::all("attr_once").await;
+    for db in &dbs {
+        let l = db.locker.table(&common::table_for("attr_once"));
+        l.migrate().await.unwrap();
+        let ran = AtomicUsize::new(0);
+        assert!(matches!(
+            payout(&l, 7, &ran, true).await,
+            Err(AppError::App(_))
+        ));
+        assert_eq!(payout(&l, 7, &ran, false).await.unwrap(), 7, "{}", db.name);
+        let third = payout(&l, 7, &ran, false).await;
+        assert!(
+            matches!(third, Err(AppError::Lock(LockError::AlreadyDone { .. }))),
+            "{}: {third:?}",
+            db.name
+        );
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            2,
+            "{}: the body ran after success",
+            db.name
+        );
+        assert_eq!(
+            l.inspect("payout:7").await.unwrap().unwrap().last_outcome,
+            Some(dblock::Outcome::Succeeded)
+        );
+    }
+}
+
+#[distributed_lock(key = "tick", locker = locker, min_hold = "800ms")]
+async fn tick(locker: &Locker) -> Result<(), AppError> {
+    Ok(())
+}
+
+/// `min_hold`: the body is quick, the key stays taken for 800 ms after it began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_hold_keeps_the_key_after_a_quick_body() {
+    let (dbs, _dir) = common::all("attr_min_hold").await;
+    for db in &dbs {
+        let l = db.locker.table(&common::table_for("attr_min_hold"));
+        l.migrate().await.unwrap();
+        let started = Instant::now();
+        tick(&l).await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{}",
+            db.name
+        );
+        let again = tick(&l).await;
+        assert!(
+            matches!(again, Err(AppError::Lock(LockError::Busy { .. }))),
+            "{}: ran twice within min_hold: {again:?}",
+            db.name
+        );
+        tokio::time::sleep(Duration::from_millis(900).saturating_sub(started.elapsed())).await;
+        tick(&l).await.unwrap();
+    }
+}

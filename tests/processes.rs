@@ -11,6 +11,16 @@ use std::time::{Duration, Instant};
 use dblock::Locker;
 
 const CHILDREN: usize = 3;
+/// The scheduled job's period and how many periods the scheduler test runs.
+const PERIOD_MS: u64 = 1000;
+const PERIODS: u64 = 5;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
 const ITERATIONS: u64 = 15;
 
 /// Runs only inside a child process (ignored in normal runs).
@@ -64,6 +74,31 @@ async fn child_entry() {
             std::io::stdout().flush().unwrap();
             tokio::time::sleep(Duration::from_secs(120)).await;
             drop(g);
+        }
+        "scheduler" => {
+            // A job every PERIOD on every process: try at each period boundary (wall clock, the
+            // same for every process on this machine), with min_hold just under the period.
+            let dir = std::env::var("DBLOCK_CHILD_DIR").unwrap();
+            let log = Path::new(&dir).join("runs");
+            let start = now_ms() / PERIOD_MS + 1;
+            for period in start..start + PERIODS {
+                let at = period * PERIOD_MS + fastrand::u64(0..20);
+                tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await;
+                if let Ok(g) = locker
+                    .lock("job")
+                    .min_hold(Duration::from_millis(PERIOD_MS - 100))
+                    .await
+                {
+                    let mut f = std::fs::OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open(&log)
+                        .unwrap();
+                    f.write_all(format!("{} {}\n", std::process::id(), now_ms()).as_bytes())
+                        .unwrap();
+                    g.release().await.unwrap(); // a short job: the key stays taken regardless
+                }
+            }
         }
         other => panic!("unknown role {other}"),
     }
@@ -206,5 +241,49 @@ async fn a_killed_holder_blocks_others_only_until_its_ttl_ends() {
         );
         assert!(g.fencing_token() > dead_token, "{}", db.name);
         g.release().await.unwrap();
+    }
+}
+
+/// Three processes run a job every second, each trying at every period boundary with `min_hold`
+/// just under the period: the job runs once a period, not three times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_hold_runs_a_scheduled_job_once_a_period_across_processes() {
+    let (dbs, _dir) = common::all("procs_schedule").await;
+    for db in &dbs {
+        let work = tempfile::tempdir().unwrap();
+        let children: Vec<_> = (0..CHILDREN)
+            .map(|_| {
+                child(db, "scheduler", work.path())
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut c in children {
+            let status = tokio::task::spawn_blocking(move || c.wait())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(status.success(), "{}: scheduler failed: {status}", db.name);
+        }
+        let runs: Vec<u64> = std::fs::read_to_string(work.path().join("runs"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+            .collect();
+        // Once per period: as many runs as periods (give or take the edges), never two close.
+        assert!(
+            (PERIODS - 1..=PERIODS + 1).contains(&(runs.len() as u64)),
+            "{}: {} runs in {PERIODS} periods on {CHILDREN} processes: {runs:?}",
+            db.name,
+            runs.len()
+        );
+        let mut sorted = runs.clone();
+        sorted.sort();
+        assert!(
+            sorted.windows(2).all(|w| w[1] - w[0] >= PERIOD_MS - 150),
+            "{}: two runs within one period: {sorted:?}",
+            db.name
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ..., crate = ...`.
+//! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ...,
+//! min_hold = ..., once = ..., crate = ...`.
 
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
 use crate::duration;
 use crate::errors::Errors;
 
-const VALID: &str = "`key`, `ttl`, `wait`, `locker`, `renew`, `crate`";
+const VALID: &str = "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `crate`";
 
 pub(crate) enum Key {
     /// A string literal: a template checked against the parameters.
@@ -34,6 +35,8 @@ pub(crate) struct Args {
     pub wait: Option<Dur>,
     pub locker: Option<Expr>,
     pub renew: Option<Expr>,
+    pub min_hold: Option<Dur>,
+    pub once: Option<Expr>,
     pub krate: Option<Path>,
 }
 
@@ -86,6 +89,11 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             }
             "locker" => set(&mut args.locker, Some(value), &name, errors),
             "renew" => set(&mut args.renew, Some(value), &name, errors),
+            "min_hold" => {
+                let d = duration_arg(value, "min_hold", errors);
+                set(&mut args.min_hold, d, &name, errors)
+            }
+            "once" => set(&mut args.once, Some(value), &name, errors),
             "crate" => {
                 let p = crate_path(value, errors);
                 set(&mut args.krate, p, &name, errors)

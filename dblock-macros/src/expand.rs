@@ -269,6 +269,19 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
         quote!(::core::time::Duration::from_secs(30)),
     );
     let wait = duration_tokens(args.wait.as_ref(), quote!(::core::time::Duration::ZERO));
+    let builder = Ident::new("__dblock_builder", Span::mixed_site());
+    // Options the builder only gets when the attribute names them.
+    let min_hold = args.min_hold.as_ref().map(|d| {
+        let d = duration_tokens(Some(d), TokenStream::new());
+        quote! { let #builder = #builder.min_hold(#d); }
+    });
+    let once = args.once.as_ref().map(|e| {
+        let o = Ident::new("__dblock_once", Span::mixed_site());
+        quote_spanned! {e.span()=>
+            let #o: bool = #e;
+            let #builder = if #o { #builder.once() } else { #builder };
+        }
+    });
     let renew = match &args.renew {
         None => quote!(true),
         Some(e) => {
@@ -305,7 +318,6 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
     };
 
     let request_var = Ident::new("__dblock_request", Span::mixed_site());
-    let builder = Ident::new("__dblock_builder", Span::mixed_site());
     quote! {
         #(#attrs)*
         #vis #sig {
@@ -318,7 +330,12 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 #key_var,
                 ::core::concat!(::core::module_path!(), "::", #function),
             )
-            .map(|#builder| #builder.ttl(#ttl).wait(#wait));
+            .map(|#builder| {
+                let #builder = #builder.ttl(#ttl).wait(#wait);
+                #min_hold
+                #once
+                #builder
+            });
             #krate::__private::locked(
                 #request_var,
                 #renew,

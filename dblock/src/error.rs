@@ -54,6 +54,21 @@ pub enum LockError {
     #[error("no locker: call dblock::set_default(locker) at start-up or pass `locker = ...`")]
     NoLocker,
 
+    /// A `once` lock (attribute `once = true`, [`LockRequest::once`](crate::LockRequest::once))
+    /// whose last hold succeeded: the work is done, the body does not run again.
+    #[error("lock `{key}` is done: its work already succeeded{}", finished_at.map(|t| format!(" (at {:?})", t)).unwrap_or_default())]
+    AlreadyDone {
+        /// The key.
+        key: String,
+        /// When the successful hold ended (database clock), where the backend reports it.
+        finished_at: Option<std::time::SystemTime>,
+    },
+
+    /// The locker was shut down ([`Locker::shutdown`](crate::Locker::shutdown)): it takes no
+    /// more locks, and the holds it had were released.
+    #[error("the locker was shut down")]
+    ShutDown,
+
     /// Called outside a tokio runtime. dblock runs its statements, releases and renewals on
     /// tokio (through sqlx): call it from `#[tokio::main]`, a `#[tokio::test]` or
     /// `Runtime::block_on`, with the runtime's I/O and time drivers enabled (`enable_all()`).

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::backend::Released;
+use crate::backend::{Outcome, Released};
 use crate::error::LockError;
 use crate::hold::Hold;
 use crate::info::time_from_micros;
@@ -44,8 +44,10 @@ pub struct LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(hold: Hold, shared: Arc<Shared>) -> Self {
+        let hold = Arc::new(hold);
+        shared.track(&hold);
         LockGuard {
-            hold: Arc::new(hold),
+            hold,
             shared,
             renewal: None,
             armed: true,
@@ -95,9 +97,18 @@ impl LockGuard {
         self.hold.is_lost()
     }
 
+    /// Resolves when `Locker::shutdown` takes the lock away (never otherwise).
+    pub(crate) async fn revoked(&self) -> LockError {
+        self.hold.revoked().await;
+        LockError::Lost {
+            key: self.hold.key.clone(),
+        }
+    }
+
     /// Resolves with [`LockError::Lost`] when the lock is lost: when renewal (see
     /// [`auto_renew`](Self::auto_renew)) finds it gone, or, without renewal, when the ttl runs
-    /// out. Use it to stop work that must not continue unprotected.
+    /// out, or when [`Locker::shutdown`](crate::Locker::shutdown) takes it away. Use it to stop
+    /// work that must not continue unprotected.
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -205,16 +216,41 @@ impl LockGuard {
     /// assert!(!locker.inspect("k").await?.unwrap().held);
     /// # Ok(()) }
     /// ```
-    pub async fn release(mut self) -> Result<(), LockError> {
+    pub async fn release(self) -> Result<(), LockError> {
+        self.give_back(Outcome::Succeeded).await
+    }
+
+    /// Releases now, recording that the work under the lock failed ([`Outcome::Failed`]): a
+    /// [`once`](crate::LockRequest::once) key stays runnable. Otherwise as
+    /// [`release`](Self::release). (A dropped guard records a failure too.)
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let guard = locker.lock("payout:7").once().await?;
+    /// // ... the payment provider said no ...
+    /// guard.release_failed().await?;
+    /// assert!(locker.lock("payout:7").once().await.is_ok()); // runnable again
+    /// # Ok(()) }
+    /// ```
+    pub async fn release_failed(self) -> Result<(), LockError> {
+        self.give_back(Outcome::Failed).await
+    }
+
+    async fn give_back(mut self, outcome: Outcome) -> Result<(), LockError> {
         // Outside a runtime the guard is dropped as it is (its Drop says the lease will expire).
         LockError::require_runtime()?;
         self.armed = false;
+        self.shared.untrack(&self.hold);
+        if self.hold.is_revoked() {
+            // Locker::shutdown released it already.
+            return Err(LockError::ShutDown);
+        }
         drop(self.renewal.take()); // no renewal from here on
         let bound = self.shared.statement_timeout;
         // In a task of its own, so that dropping this future half-way cannot leave the release
         // unsent (or queued on a pooled connection until it is next used), and so that a
         // release the database does not answer goes on after this call has returned.
-        let task = tokio::spawn(release(self.hold.clone(), self.shared.clone()));
+        let task = tokio::spawn(release(self.hold.clone(), self.shared.clone(), outcome));
         let outcome = match tokio::time::timeout(bound, task).await {
             Ok(joined) => {
                 joined.unwrap_or_else(|_| Err(LockError::Database(sqlx::Error::WorkerCrashed)))
@@ -248,12 +284,16 @@ impl Drop for LockGuard {
         if !self.armed {
             return;
         }
+        self.shared.untrack(&self.hold);
+        if self.hold.is_revoked() {
+            return; // Locker::shutdown released it already
+        }
         let (hold, shared) = (self.hold.clone(), self.shared.clone());
         // Not lazily on the next use of a connection: a task of its own, right now.
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    match release(hold.clone(), shared).await {
+                    match release(hold.clone(), shared, Outcome::Failed).await {
                         Ok(outcome) => {
                             tracing::debug!(key = %hold.key, ?outcome, "released on drop")
                         }
@@ -270,9 +310,13 @@ impl Drop for LockGuard {
 
 /// Gives the hold back, trying until its lease has surely ended (past that, the database has
 /// freed it anyway).
-async fn release(hold: Arc<Hold>, shared: Arc<Shared>) -> Result<Released, LockError> {
+async fn release(
+    hold: Arc<Hold>,
+    shared: Arc<Shared>,
+    outcome: Outcome,
+) -> Result<Released, LockError> {
     let until = hold.deadline().max(Instant::now()) + shared.statement_timeout;
-    shared.release(&hold, until).await
+    shared.release(&hold, outcome, until).await
 }
 
 impl fmt::Debug for LockGuard {

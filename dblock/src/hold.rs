@@ -30,6 +30,8 @@ pub(crate) struct Hold {
     lease: Mutex<Lease>,
     lost: AtomicBool,
     lost_signal: Notify,
+    /// Taken away by `Locker::shutdown`, which released it: nothing left for the guard to do.
+    revoked: AtomicBool,
 }
 
 /// What changes while the hold lives.
@@ -68,6 +70,7 @@ impl Hold {
             }),
             lost: AtomicBool::new(false),
             lost_signal: Notify::new(),
+            revoked: AtomicBool::new(false),
         }
     }
 
@@ -141,6 +144,29 @@ impl Hold {
     pub(crate) fn renewal_refused(&self, now: Instant) {
         self.lease().due = now + Duration::from_secs(3600);
         self.mark_lost();
+    }
+
+    /// `Locker::shutdown` takes the hold away (and releases it): it is lost, and whoever holds
+    /// the guard has nothing left to release. `false` if it was already revoked.
+    pub(crate) fn revoke(&self) -> bool {
+        let first = !self.revoked.swap(true, Ordering::SeqCst);
+        self.mark_lost();
+        first
+    }
+
+    pub(crate) fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when `Locker::shutdown` takes the hold away (never otherwise).
+    pub(crate) async fn revoked(&self) {
+        loop {
+            let signal = self.lost_signal.notified();
+            if self.is_revoked() {
+                return;
+            }
+            signal.await;
+        }
     }
 
     fn mark_lost(&self) {

@@ -38,6 +38,50 @@ pub struct LockInfo {
     pub held: bool,
     /// Lease time left, measured by the database (zero when not held).
     pub time_left: Duration,
+    /// How the last finished hold ended (`None`: none has finished yet, or an operator reset
+    /// the key). A hold that ran out without a release counts as failed once it is taken over.
+    pub last_outcome: Option<Outcome>,
+    /// When the last finished hold ended. Database clock.
+    pub finished_at: Option<SystemTime>,
+}
+
+/// How a hold ended, as the row records it: the attribute's body returned `Ok` (or
+/// [`LockGuard::release`](crate::LockGuard::release)), or it failed: returned `Err`, panicked,
+/// was cancelled, the guard was dropped or released with
+/// [`release_failed`](crate::LockGuard::release_failed), the lease ran out, or an operator
+/// force-released it.
+///
+/// ```
+/// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+/// locker.lock("job").await?.release().await?;
+/// let info = locker.inspect("job").await?.unwrap();
+/// assert_eq!(info.last_outcome, Some(dblock::Outcome::Succeeded));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The work under the lock finished and said so.
+    Succeeded,
+    /// The work under the lock did not finish well (or nobody knows that it did).
+    Failed,
+}
+
+impl Outcome {
+    /// The code in the `last_outcome` column.
+    pub(crate) fn code(self) -> i16 {
+        match self {
+            Outcome::Succeeded => 1,
+            Outcome::Failed => 2,
+        }
+    }
+
+    fn from_code(code: i64) -> Option<Outcome> {
+        match code {
+            1 => Some(Outcome::Succeeded),
+            2 => Some(Outcome::Failed),
+            _ => None,
+        }
+    }
 }
 
 /// A row as every backend's state query returns it, in this column order (each dialect's SQL
@@ -52,6 +96,8 @@ pub(crate) struct LockRow {
     pub(crate) acquired_at_us: i64,
     pub(crate) held: bool,
     pub(crate) remaining_ms: i64,
+    pub(crate) last_outcome: Option<i64>,
+    pub(crate) finished_at_us: Option<i64>,
 }
 
 impl From<LockRow> for LockInfo {
@@ -74,6 +120,8 @@ impl From<LockRow> for LockInfo {
             } else {
                 Duration::ZERO
             },
+            last_outcome: r.last_outcome.and_then(Outcome::from_code),
+            finished_at: r.finished_at_us.map(time_from_micros),
         }
     }
 }

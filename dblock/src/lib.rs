@@ -69,7 +69,7 @@ pub use connect::ConnectOptions;
 pub use default_locker::{default_locker, set_default};
 pub use error::{LockError, Result};
 pub use guard::LockGuard;
-pub use info::LockInfo;
+pub use info::{LockInfo, Outcome};
 pub use locker::Locker;
 pub use owner::{current, HeldLock, Owner};
 pub use request::{LockRequest, DEFAULT_TTL};
@@ -109,6 +109,8 @@ pub use validate::MAX_KEY_LEN;
 /// | `wait` | how long to keep trying; `"0s"` = one attempt | `"0s"` |
 /// | `locker` | expression giving `Locker` or `&Locker` (also `Arc<Locker>`), evaluated on entry | [`set_default`] |
 /// | `renew` | keep extending the lease while the body runs | `true` |
+/// | `min_hold` | the key stays unavailable to others until this long after it was taken, however quick the body ([`LockRequest::min_hold`]) | none |
+/// | `once` | run until the work succeeds once: after an `Ok`, the call returns `Err(LockError::AlreadyDone)` without running the body ([`LockRequest::once`]) | `false` |
 /// | `crate` | path to this crate when re-exported under another name | `::dblock` |
 ///
 /// **`key`**: `{param}` is a parameter, `{param.field.sub}` a field path (`{pair.0}` for tuples),
@@ -164,6 +166,24 @@ pub use validate::MAX_KEY_LEN;
 /// #[distributed_lock(key = "quick", ttl = "5s", renew = false)]
 /// async fn quick() -> Result<(), LockError> { Ok(()) }
 /// ```
+///
+/// **`min_hold`** and **`once`**: a job started on every instance each period runs once a
+/// period (`min_hold` just under the period), and a payout runs until it succeeds once. Every
+/// release records how the body ended — `Ok` as [`Outcome::Succeeded`], `Err`, a panic or a
+/// cancellation as [`Outcome::Failed`] — and `once` builds on that:
+///
+/// ```
+/// # use dblock::{distributed_lock, LockError};
+/// #[distributed_lock(key = "report", wait = "0s", min_hold = "55s")]
+/// async fn minutely_report() -> Result<(), LockError> { Ok(()) }
+///
+/// #[distributed_lock(key = "payout:{id}", once = true)]
+/// async fn payout(id: u64) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// **Transactions**: the lock is released when the function returns. Called inside a caller's
+/// open transaction, that is before the transaction commits: another instance may then take the
+/// key and see data not yet committed.
 ///
 /// **`crate`**: for code that re-exports dblock under another path.
 ///

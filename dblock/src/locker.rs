@@ -210,7 +210,7 @@ impl Locker {
 
     /// Creates the lock table if it does not exist. Idempotent and safe to run from many
     /// processes at once; it never touches sqlx's `_sqlx_migrations`, and says nothing when
-    /// there is nothing to do. The same DDL is in `migrations/<backend>/0001_dblock_locks.sql`
+    /// there is nothing to do. The same DDL is in `migrations/<backend>/` (0001, then 0002)
     /// for teams that run their own migrations.
     ///
     /// ```
@@ -223,6 +223,7 @@ impl Locker {
     /// ```
     pub async fn migrate(&self) -> Result<(), LockError> {
         LockError::require_runtime()?;
+        self.shared.check_open()?;
         let backend = self.shared.backend()?;
         let span = tracing::debug_span!("dblock.migrate", backend = backend.name(), table = %self.shared.table);
         self.shared
@@ -263,6 +264,7 @@ impl Locker {
     /// ```
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         LockError::require_runtime()?;
+        self.shared.check_open()?;
         validate::key(key)?;
         let backend = self.shared.backend()?;
         self.shared
@@ -281,6 +283,7 @@ impl Locker {
     /// ```
     pub async fn held(&self) -> Result<Vec<LockInfo>, LockError> {
         LockError::require_runtime()?;
+        self.shared.check_open()?;
         let backend = self.shared.backend()?;
         self.shared.once("held", |limit| backend.held(limit)).await
     }
@@ -298,6 +301,7 @@ impl Locker {
     /// ```
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
         LockError::require_runtime()?;
+        self.shared.check_open()?;
         validate::key(key)?;
         let backend = self.shared.backend()?;
         let freed = self
@@ -306,6 +310,55 @@ impl Locker {
             .await?;
         tracing::info!(key, freed, "force_release");
         Ok(freed)
+    }
+
+    /// Makes a key that is not held runnable again: forgets how its last hold ended (a
+    /// [`once`](crate::LockRequest::once) key whose work succeeded runs again) and ends a
+    /// [`min_hold`](crate::LockRequest::min_hold) wait. Returns `false` if the key is held (or has
+    /// no row). For operators (`dblock-admin reset KEY`).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// locker.lock("payout:9").once().await?.release().await?;
+    /// assert!(locker.lock("payout:9").once().await.is_err()); // AlreadyDone
+    /// assert!(locker.reset("payout:9").await?);
+    /// assert!(locker.lock("payout:9").once().await.is_ok());
+    /// # Ok(()) }
+    /// ```
+    pub async fn reset(&self, key: &str) -> Result<bool, LockError> {
+        LockError::require_runtime()?;
+        self.shared.check_open()?;
+        validate::key(key)?;
+        let backend = self.shared.backend()?;
+        let reset = self
+            .shared
+            .once("reset", |limit| backend.reset(key, limit))
+            .await?;
+        tracing::info!(key, reset, "reset");
+        Ok(reset)
+    }
+
+    /// Shuts the locker down, for graceful deploys: every hold of its guards is released at once
+    /// (recorded as failed; locked bodies end with [`LockError::Lost`] at their next `.await`),
+    /// renewal and the PostgreSQL listener stop, and every later call on it (or on a copy of it)
+    /// fails with [`LockError::ShutDown`]. Another instance can take the keys at once.
+    /// Idempotent. Lockers made from it with [`table`](Locker::table) are lockers of their own.
+    ///
+    /// Wire it to the signal that ends the process:
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: dblock::Locker) {
+    /// let for_signal = locker.clone();
+    /// tokio::spawn(async move {
+    ///     let _ = tokio::signal::ctrl_c().await; // or tokio::signal::unix::signal(SIGTERM)
+    ///     for_signal.shutdown().await;
+    /// });
+    /// # }
+    /// ```
+    pub async fn shutdown(&self) {
+        if LockError::require_runtime().is_ok() {
+            self.shared.shutdown().await;
+        }
     }
 
     /// Deletes rows that have been free (or expired) for longer than `older_than`;
@@ -320,6 +373,7 @@ impl Locker {
     /// ```
     pub async fn purge(&self, older_than: Duration) -> Result<u64, LockError> {
         LockError::require_runtime()?;
+        self.shared.check_open()?;
         let us = i64::try_from(older_than.as_micros())
             .map_err(|_| LockError::Config("purge: older_than is too large".into()))?;
         let backend = self.shared.backend()?;

@@ -60,18 +60,36 @@ pub fn key_string<T: KeyPart + ?Sized>(value: &T) -> String {
 pub trait LockResult: Sized {
     /// The value a call returns when the lock could not be had (or was lost).
     fn from_lock_error(error: LockError) -> Self;
+    /// Whether the body succeeded: what the release records.
+    fn succeeded(&self) -> bool;
 }
 
 impl<T, E: From<LockError>> LockResult for Result<T, E> {
     fn from_lock_error(error: LockError) -> Self {
         Err(E::from(error))
     }
+
+    fn succeeded(&self) -> bool {
+        self.is_ok()
+    }
 }
 
-/// Checks the declared return type (the macro spans the call at it) and gives `locked` the way
-/// to turn a `LockError` into that type, so the rule is checked, and reported, only here.
-pub const fn must_return_result<R: LockResult>() -> fn(LockError) -> R {
-    R::from_lock_error
+/// What `locked` needs of the declared return type, without a trait bound of its own (so the
+/// rule is checked, and reported, only once: where the macro spans `must_return_result`).
+pub struct ReturnType<R> {
+    /// A lock error as the declared return value.
+    pub on_error: fn(LockError) -> R,
+    /// Whether a returned value is a success (what the release records).
+    pub succeeded: fn(&R) -> bool,
+}
+
+/// Checks the declared return type (the macro spans the call at it) and gives `locked` what it
+/// needs of it.
+pub const fn must_return_result<R: LockResult>() -> ReturnType<R> {
+    ReturnType {
+        on_error: R::from_lock_error,
+        succeeded: R::succeeded,
+    }
 }
 
 /// Takes the lock, runs `body` as the lock's owner, releases: the whole attribute.
@@ -87,12 +105,13 @@ pub async fn locked<R, F>(
     request: Result<LockRequest, LockError>,
     renew: bool,
     function: &'static str,
-    on_error: fn(LockError) -> R,
+    returns: ReturnType<R>,
     body: F,
 ) -> R
 where
     F: Future<Output = R>,
 {
+    let on_error = returns.on_error;
     let request = match request {
         Ok(request) => request,
         Err(e) => return on_error(e),
@@ -109,7 +128,8 @@ where
     let guard = if renew { guard.auto_renew() } else { guard };
     let body = context.scope(body);
     let out = if renew {
-        // Renewal found the lock gone: the body is dropped here, at its current `.await`.
+        // Renewal found the lock gone (or the locker shut down): the body is dropped here, at
+        // its current `.await`.
         tokio::select! {
             biased;
             lost = guard.lost() => {
@@ -120,9 +140,25 @@ where
             out = body => out,
         }
     } else {
-        body.await
+        // Without renewal the lease simply ends at its ttl; only a shutdown stops the body.
+        tokio::select! {
+            biased;
+            lost = guard.revoked() => {
+                tracing::warn!(function, "locker shut down while the body ran; body cancelled");
+                drop(guard);
+                return on_error(lost);
+            }
+            out = body => out,
+        }
     };
-    if let Err(e) = guard.release().await {
+    // The row records how the body ended (a panic or a cancellation never gets here: the
+    // dropped guard records a failure).
+    let released = if (returns.succeeded)(&out) {
+        guard.release().await
+    } else {
+        guard.release_failed().await
+    };
+    if let Err(e) = released {
         // The body has finished and its effects are done; report, do not discard its result.
         tracing::warn!(function, error = %e, "lock was not held at the end of the body");
     }

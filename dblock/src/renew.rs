@@ -33,6 +33,7 @@ pub(crate) struct Renewer {
     holds: Mutex<HashMap<u64, Arc<Hold>>>,
     next_id: AtomicU64,
     started: AtomicBool,
+    stopped: AtomicBool,
     wake: Arc<Notify>,
 }
 
@@ -55,6 +56,13 @@ impl Renewer {
         self.holds
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stops renewing for good (`Locker::shutdown`): the task ends at once.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.holds().clear();
+        self.wake.notify_one();
     }
 
     /// Starts renewing `hold` (the task starts with the first registration).
@@ -92,6 +100,9 @@ impl Renewer {
 async fn run(renewer: Weak<Renewer>, wake: Arc<Notify>, backend: Backend) {
     tracing::debug!(backend = backend.name(), "renewal task started");
     while let Some(shared) = renewer.upgrade() {
+        if shared.stopped.load(Ordering::SeqCst) {
+            break;
+        }
         let next = shared.holds().values().map(|h| h.due()).min();
         let woken = wake.notified();
         drop(shared); // do not keep the locker alive while sleeping
@@ -116,7 +127,7 @@ async fn run(renewer: Weak<Renewer>, wake: Arc<Notify>, backend: Backend) {
             renew_batch(&backend, batch).await;
         }
     }
-    tracing::debug!("renewal task stopped: locker dropped");
+    tracing::debug!("renewal task stopped");
 }
 
 async fn renew_batch(backend: &Backend, batch: &[Arc<Hold>]) {

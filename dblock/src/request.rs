@@ -13,10 +13,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Acquire, Attempt, Interest};
+use crate::backend::{Acquire, Attempt, Interest, Outcome};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::Hold;
+use crate::info::time_from_micros;
 use crate::owner::{Context, Owner};
 use crate::retry::{self, Policy};
 use crate::shared::Shared;
@@ -62,6 +63,8 @@ pub struct LockRequest {
     wait: Duration,
     owner: Option<Owner>,
     label: Option<String>,
+    min_hold: Duration,
+    once: bool,
 }
 
 impl LockRequest {
@@ -73,7 +76,50 @@ impl LockRequest {
             wait: Duration::ZERO,
             owner: None,
             label: None,
+            min_hold: Duration::ZERO,
+            once: false,
         }
+    }
+
+    /// Keeps the key unavailable to every other owner until this long after it was acquired
+    /// (database clock), even if it is released sooner: a job started on every instance each
+    /// period runs once a period, not once per instance (ShedLock's "lock at least for"). The
+    /// holder's own release still returns at once. The lease is at least this long, so a
+    /// crashed holder's key waits for it too. Default: none.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// use std::time::Duration;
+    /// // Every instance tries each minute; one runs the report, the others find it busy.
+    /// if let Ok(guard) = locker.lock("report").min_hold(Duration::from_secs(50)).await {
+    ///     // ... the report ...
+    ///     guard.release().await?; // the key stays unavailable until 50 s after it was taken
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = min_hold;
+        self
+    }
+
+    /// Runs the work until it succeeds once: a key whose last hold ended in success (released
+    /// with [`LockGuard::release`]) is not acquired again; the call returns
+    /// [`LockError::AlreadyDone`]. After a failure ([`LockGuard::release_failed`], a dropped
+    /// guard, a lease that ran out) it can be acquired again. [`Locker::reset`](crate::Locker::reset)
+    /// makes a done key runnable again.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// match locker.lock("payout:42").once().await {
+    ///     Ok(guard) => guard.release().await?, // ... pay, then record the success ...
+    ///     Err(dblock::LockError::AlreadyDone { .. }) => {} // paid before
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn once(mut self) -> Self {
+        self.once = true;
+        self
     }
 
     /// Lease length; the lock is free for others once it runs out unless extended. Must be
@@ -154,9 +200,13 @@ impl IntoFuture for LockRequest {
             );
             async move {
                 LockError::require_runtime()?;
+                self.shared.check_open()?;
                 validate::key(&self.key)?;
                 let request = Request {
                     ttl_us: validate::ttl_micros(self.ttl)?,
+                    min_hold_us: validate::min_hold_micros(self.min_hold)?,
+                    min_hold: self.min_hold,
+                    once: self.once,
                     holder: self.shared.holder_for(self.label.as_deref()).into(),
                     key: self.key,
                     ttl: self.ttl,
@@ -178,6 +228,9 @@ struct Request {
     key: String,
     ttl: Duration,
     ttl_us: i64,
+    min_hold: Duration,
+    min_hold_us: i64,
+    once: bool,
     wait: Duration,
     owner: Owner,
     /// `host/pid[/label]`.
@@ -214,7 +267,14 @@ impl Request {
             waiting,
             tenure: None,
             held: 0,
+            min_hold_us: self.min_hold_us,
+            once: self.once,
         }
+    }
+
+    /// The lease a grant gets: the ttl, or min_hold if that is longer.
+    fn lease(&self) -> Duration {
+        self.ttl.max(self.min_hold)
     }
 
     /// Takes the lock: attempts until granted or `wait` runs out. The call returns by
@@ -348,26 +408,38 @@ impl Request {
                     // surely ended (the process no longer counts it by then either).
                     resolve_until: sent + req.ttl + shared.statement_timeout,
                 };
-                let tried = shared
+                let (tried, serial) = shared
                     .acquire(&req.owner, req.statement(waiting, attempt), policy)
                     .await;
+                let lease = req.lease();
                 let outcome = match tried.result {
                     Ok(Attempt::Acquired(grant)) => {
-                        let key = req.key.clone();
-                        let hold = Hold::new(req.key, req.owner, grant, req.ttl, sent);
-                        let guard = LockGuard::new(hold, shared);
-                        let margin = (req.ttl / MARGIN_DIVISOR).min(MAX_MARGIN);
-                        if Instant::now() + margin < guard.hold().deadline() {
-                            Try::Got(guard)
+                        let hold = Hold::new(req.key, req.owner, grant, lease, sent);
+                        let margin = (lease / MARGIN_DIVISOR).min(MAX_MARGIN);
+                        if Instant::now() + margin < hold.deadline() {
+                            drop(serial);
+                            Try::Got(LockGuard::new(hold, shared))
                         } else {
-                            // Its lease could be over by the time the caller used it: given back
-                            // before the next attempt, so that one starts from the row as it is.
-                            tracing::warn!(%key, "grant arrived when its lease could have ended; given back");
-                            let _ = guard.release().await;
-                            Try::Stale
+                            // Its lease could be over by the time the caller used it. The caller
+                            // hears at once; the grant is given back under the owner's
+                            // serialisation, before any next attempt can reach the row.
+                            tracing::warn!(key = %hold.key, "grant arrived when its lease could have ended; given back");
+                            let _ = tx.send(Try::Stale);
+                            if let Some(mut serial) = serial {
+                                let until = hold.deadline().max(Instant::now())
+                                    + shared.statement_timeout;
+                                let _ = shared
+                                    .release_serialised(&hold, &mut serial, Outcome::Failed, until)
+                                    .await;
+                            }
+                            return;
                         }
                     }
                     Ok(Attempt::Busy { retry_after }) => Try::Busy(retry_after),
+                    Ok(Attempt::Done { finished_at_us }) => Try::Failed(LockError::AlreadyDone {
+                        key: req.key.clone(),
+                        finished_at: finished_at_us.map(time_from_micros),
+                    }),
                     Err(failed) => Try::Failed(LockError::database(
                         failed.error,
                         tried.after_unknown,

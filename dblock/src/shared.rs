@@ -6,13 +6,14 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::BuildHasher;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
-use crate::backend::{Acquire, Attempt, Backend, Failed, Released};
+use crate::backend::{Acquire, Attempt, Backend, Failed, Outcome, Released};
 use crate::connect::DEFAULT_STATEMENT_TIMEOUT;
 use crate::error::LockError;
 use crate::hold::Hold;
@@ -31,6 +32,10 @@ pub(crate) struct Shared {
     pub(crate) holder: String,
     /// Longest time one statement may take (`ConnectOptions::statement_timeout`).
     pub(crate) statement_timeout: Duration,
+    /// Set by `Locker::shutdown`: no more locks.
+    closed: AtomicBool,
+    /// The holds of this locker's live guards (for `shutdown`), by address.
+    live: Mutex<HashMap<usize, Weak<Hold>>>,
 }
 
 impl Shared {
@@ -50,7 +55,64 @@ impl Shared {
             table: table.to_owned(),
             holder,
             statement_timeout,
+            closed: AtomicBool::new(false),
+            live: Mutex::default(),
         })
+    }
+
+    /// `Err(ShutDown)` once `Locker::shutdown` ran.
+    pub(crate) fn check_open(&self) -> Result<(), LockError> {
+        if self.closed.load(Ordering::SeqCst) {
+            Err(LockError::ShutDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Weak<Hold>>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A guard of this locker now has `hold`.
+    pub(crate) fn track(&self, hold: &Arc<Hold>) {
+        self.live()
+            .insert(Arc::as_ptr(hold) as usize, Arc::downgrade(hold));
+    }
+
+    /// The guard of `hold` is giving it back (or dropped).
+    pub(crate) fn untrack(&self, hold: &Arc<Hold>) {
+        self.live().remove(&(Arc::as_ptr(hold) as usize));
+    }
+
+    /// Stops taking locks, releases every hold of this locker's guards (recording failures;
+    /// their locked bodies end with `Lost`), stops renewal and the listener. Idempotent.
+    pub(crate) async fn shutdown(self: &Arc<Self>) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.renewer.stop();
+        if let Ok(backend) = self.backend() {
+            backend.stop_listening();
+        }
+        let holds: Vec<Arc<Hold>> = self
+            .live()
+            .drain()
+            .filter_map(|(_, h)| h.upgrade())
+            .collect();
+        tracing::info!(holds = holds.len(), table = %self.table, "shutting down: releasing every hold");
+        let mut releases = tokio::task::JoinSet::new();
+        for h in holds.into_iter().filter(|h| h.revoke()) {
+            let shared = self.clone();
+            releases.spawn(async move {
+                let until = Instant::now() + shared.statement_timeout;
+                if let Err(e) = shared.release(&h, Outcome::Failed, until).await {
+                    tracing::warn!(key = %h.key, error = %e, "release at shutdown failed; the lease will expire on its own");
+                }
+            });
+        }
+        while releases.join_next().await.is_some() {}
     }
 
     /// The same database and holder, another table (checked here: a bad name makes every call
@@ -105,22 +167,27 @@ impl Shared {
     /// recognised, not counted twice) until the outcome is known or `policy.resolve_until`.
     /// Serialised with the owner's other statements on the key; re-entry counts only the holds
     /// this process tracks. A grant is recorded as tracked before it is returned.
+    ///
+    /// The owner's serialisation comes back with the result: a grant that must be given back
+    /// (it arrived too late) is released under it, so no other statement of the owner on the key
+    /// can come between.
     pub(crate) async fn acquire(
         &self,
         owner: &Owner,
         mut a: Acquire<'_>,
         policy: Policy,
-    ) -> Tried<Attempt> {
+    ) -> (Tried<Attempt>, Option<Serial>) {
         let backend = match self.backend() {
             Ok(b) => b,
             Err(e) => {
-                return Tried {
+                let tried = Tried {
                     result: Err(Failed {
                         error: sqlx::Error::Configuration(e.to_string().into()),
                         sent: false,
                     }),
                     after_unknown: false,
-                }
+                };
+                return (tried, None);
             }
         };
         let mut tracked = serialise(owner, a.key).await;
@@ -139,7 +206,7 @@ impl Shared {
             }
             tracked.holds = grant.hold_count;
         }
-        tried
+        (tried, Some(tracked))
     }
 
     /// Gives one hold back, recording a fresh release id in the row: a resend after a lost reply
@@ -147,9 +214,26 @@ impl Shared {
     /// unknown outcome is checked (was it our release, of this tenure?) before it counts as done.
     /// Tries until `until` (past it the lease has ended anyway); the owner's statements on this
     /// key are serialised meanwhile, so no re-entry of the same owner can slip in between.
-    pub(crate) async fn release(&self, hold: &Hold, until: Instant) -> Result<Released, LockError> {
-        let backend = self.backend()?;
+    pub(crate) async fn release(
+        &self,
+        hold: &Hold,
+        outcome: Outcome,
+        until: Instant,
+    ) -> Result<Released, LockError> {
         let mut tracked = serialise(&hold.owner, &hold.key).await;
+        self.release_serialised(hold, &mut tracked, outcome, until)
+            .await
+    }
+
+    /// [`release`](Self::release) with the owner's serialisation already held.
+    pub(crate) async fn release_serialised(
+        &self,
+        hold: &Hold,
+        tracked: &mut Tracked,
+        outcome: Outcome,
+        until: Instant,
+    ) -> Result<Released, LockError> {
+        let backend = self.backend()?;
         let current = tracked.tenure == Some(hold.fencing_token);
         let remaining = if current {
             tracked.holds.saturating_sub(1)
@@ -168,7 +252,7 @@ impl Shared {
         let tried = retry::run(
             policy,
             |f| backend.classify(f),
-            |limit| backend.release(&held, remaining, release_id, limit),
+            |limit| backend.release(&held, remaining, outcome, release_id, limit),
         )
         .await;
         if current {
@@ -234,6 +318,9 @@ impl Shared {
         }
     }
 }
+
+/// One owner's statements on one key, serialised, with what the process holds of it.
+pub(crate) type Serial = OwnedMutexGuard<Tracked>;
 
 /// What this process holds of one owner's key: the tenure (its fencing token) and how many
 /// holds of it. Re-entry counts from here, never from the row alone, so a hold the process
@@ -313,7 +400,7 @@ impl Registry {
 /// operation retries after a lost reply, no other operation of the same owner on the key can
 /// change the row, so the repeat's "did my earlier attempt commit?" check (attempt / release id
 /// in the row) is exact.
-pub(crate) async fn serialise(owner: &Owner, key: &str) -> OwnedMutexGuard<Tracked> {
+pub(crate) async fn serialise(owner: &Owner, key: &str) -> Serial {
     let tracked = REGISTRY
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

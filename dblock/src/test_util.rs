@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Acquire, Attempt, Backend, HoldRef, Released};
+use crate::backend::{Acquire, Attempt, Backend, HoldRef, Outcome, Released};
 use crate::locker::Locker;
 use crate::shared::Shared;
 
@@ -89,12 +89,14 @@ impl Statements {
             waiting: false,
             tenure: None,
             held: 0,
+            min_hold_us: 0,
+            once: false,
         };
         let limit = Instant::now() + STATEMENT_LIMIT;
         let attempted = self.backend()?.acquire(&attempt, limit).await;
         Ok(match attempted.map_err(|f| f.error)? {
             Attempt::Acquired(grant) => Some(grant.fencing_token),
-            Attempt::Busy { .. } => None,
+            Attempt::Busy { .. } | Attempt::Done { .. } => None,
         })
     }
 
@@ -113,7 +115,13 @@ impl Statements {
         let limit = Instant::now() + STATEMENT_LIMIT;
         let released = self
             .backend()?
-            .release(&hold, 0, fastrand::i64(1..i64::MAX), limit)
+            .release(
+                &hold,
+                0,
+                Outcome::Succeeded,
+                fastrand::i64(1..i64::MAX),
+                limit,
+            )
             .await
             .map_err(|f| f.error)?;
         Ok(released != Released::NotHeld)

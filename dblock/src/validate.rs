@@ -10,6 +10,16 @@ pub const MAX_KEY_LEN: usize = 255;
 /// Longest accepted lease: 100 years.
 const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// A min_hold in microseconds (0: none), refused when absurdly long.
+pub(crate) fn min_hold_micros(min_hold: Duration) -> Result<i64, LockError> {
+    if min_hold > MAX_TTL {
+        return Err(LockError::Config(format!(
+            "min_hold {min_hold:?} is longer than 100 years"
+        )));
+    }
+    Ok(min_hold.as_micros() as i64)
+}
+
 /// Refuses keys the lock table cannot hold exactly.
 pub(crate) fn key(key: &str) -> Result<(), LockError> {
     if key.is_empty() {

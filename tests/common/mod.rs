@@ -31,6 +31,45 @@ pub fn mysql_url() -> String {
     std::env::var("DBLOCK_MYSQL_URL").unwrap_or_else(|_| MYSQL_DEFAULT.into())
 }
 
+/// Creates `table` with the first migration only (the schema before `0002_outcomes.sql`), the
+/// way a team that ran it with its own tool has it.
+pub async fn create_with_0001(db: &Db, table: &str) {
+    let file = match db.name {
+        "postgres" => include_str!("../../migrations/postgres/0001_dblock_locks.sql"),
+        "sqlite" => include_str!("../../migrations/sqlite/0001_dblock_locks.sql"),
+        _ => include_str!("../../migrations/mysql/0001_dblock_locks.sql"),
+    };
+    let ddl = file.replace("dblock_locks", table);
+    let _ = &ddl;
+    match db.name {
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        #[cfg(feature = "mysql")]
+        "mariadb" | "mysql8-path" => {
+            let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        other => panic!("no such backend {other}"),
+    }
+}
+
 /// `host:port` of a database URL (what a fault proxy forwards to).
 pub fn host_of(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);

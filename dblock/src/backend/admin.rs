@@ -17,6 +17,8 @@ pub(crate) struct AdminSql {
     pub(crate) force_release: SqlStr,
     /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
     pub(crate) purge: SqlStr,
+    /// `$1`/`?` = key; a key not held: outcome forgotten, min_hold wait ended.
+    pub(crate) reset: SqlStr,
     /// `$1`/`?` = key; the row's last writer id (attempt or release id) and tenure: after a
     /// release whose reply was lost, tells "my release took effect" from "not mine".
     pub(crate) last_write: SqlStr,
@@ -60,6 +62,7 @@ where
     String: Decode<'r, R::Database> + Type<R::Database>,
     Option<String>: Decode<'r, R::Database> + Type<R::Database>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
+    Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
     bool: Decode<'r, R::Database> + Type<R::Database>,
 {
     Ok(LockRow {
@@ -72,6 +75,8 @@ where
         acquired_at_us: r.try_get(6)?,
         held: r.try_get(7)?,
         remaining_ms: r.try_get(8)?,
+        last_outcome: r.try_get(9)?,
+        finished_at_us: r.try_get(10)?,
     })
 }
 
@@ -89,6 +94,7 @@ where
     for<'r> String: Decode<'r, DB>,
     for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
     for<'r> bool: Decode<'r, DB> + Type<DB>,
 {
     let row = sqlx::query(sql.inspect.clone())
@@ -110,6 +116,7 @@ where
     for<'r> String: Decode<'r, DB> + Type<DB>,
     for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
     for<'r> bool: Decode<'r, DB> + Type<DB>,
 {
     let rows = sqlx::query(sql.held.clone()).fetch_all(&mut *conn).await?;
@@ -129,6 +136,25 @@ where
     for<'q> String: Encode<'q, DB> + Type<DB>,
 {
     let done = sqlx::query(sql.force_release.clone())
+        .bind(key.to_owned())
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows() > 0)
+}
+
+pub(crate) async fn reset<DB>(
+    conn: &mut DB::Connection,
+    sql: &AdminSql,
+    key: &str,
+) -> Result<bool, sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    DB::QueryResult: RowsAffected,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+{
+    let done = sqlx::query(sql.reset.clone())
         .bind(key.to_owned())
         .execute(&mut *conn)
         .await?;

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::info::LockInfo;
+pub(crate) use crate::info::Outcome;
 use crate::retry::{self, Failure};
 
 mod admin;
@@ -49,6 +50,11 @@ pub(crate) struct Acquire<'a> {
     /// how many: re-entry counts from these, never from the row alone.
     pub tenure: Option<i64>,
     pub held: u32,
+    /// The key stays unavailable to others this long after a new tenure begins (0: no minimum);
+    /// the lease is at least this long.
+    pub min_hold_us: i64,
+    /// Refuse the key if its last hold succeeded.
+    pub once: bool,
 }
 
 /// A lock that the statement granted (first hold, takeover or re-entry).
@@ -67,6 +73,10 @@ pub(crate) enum Attempt {
     /// reports it, measured on the database clock.
     Busy {
         retry_after: Option<Duration>,
+    },
+    /// A `once` request for a key whose last hold succeeded (at `finished_at_us`).
+    Done {
+        finished_at_us: Option<i64>,
     },
 }
 
@@ -141,6 +151,7 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
         conn: &mut Conn<Self>,
         h: &HoldRef<'_>,
         remaining: u32,
+        outcome: Outcome,
         release_id: i64,
     ) -> impl Future<Output = Result<Released, sqlx::Error>> + Send;
 
@@ -273,12 +284,13 @@ impl Backend {
         &self,
         h: &HoldRef<'_>,
         remaining: u32,
+        outcome: Outcome,
         release_id: i64,
         deadline: Instant,
     ) -> Result<Released, Failed> {
         dispatch!(self, b, D => {
             exec::run(b.pool(), deadline, async |c| {
-                b.release(c, h, remaining, release_id).await
+                b.release(c, h, remaining, outcome, release_id).await
             })
             .await
         })
@@ -354,6 +366,15 @@ impl Backend {
         })
     }
 
+    pub(crate) async fn reset(&self, key: &str, deadline: Instant) -> Result<bool, Failed> {
+        dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| {
+                admin::reset::<<D as Dialect>::Db>(c, b.admin(), key).await
+            })
+            .await
+        })
+    }
+
     pub(crate) async fn purge(&self, older_than_us: i64, deadline: Instant) -> Result<u64, Failed> {
         dispatch!(self, b, D => {
             exec::run(b.pool(), deadline, async |c| {
@@ -361,6 +382,14 @@ impl Backend {
             })
             .await
         })
+    }
+
+    /// PostgreSQL: stops the LISTEN connection for good (waiters then only poll).
+    pub(crate) fn stop_listening(&self) {
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(pg) = self {
+            pg.stop_listening();
+        }
     }
 
     /// PostgreSQL: interest in a release of `key`, woken by NOTIFY (the LISTEN connection is set

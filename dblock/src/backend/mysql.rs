@@ -18,7 +18,7 @@ use tokio::sync::OnceCell;
 
 use super::admin::AdminSql;
 use super::{
-    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Released, RenewItem,
+    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, Released, RenewItem,
 };
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -39,6 +39,8 @@ mod code {
     pub(super) const ER_CONNECTION_KILLED: u16 = 1927;
     pub(super) const CR_SERVER_GONE_ERROR: u16 = 2006;
     pub(super) const CR_SERVER_LOST: u16 = 2013;
+    /// A column added twice (a migration that raced another process's).
+    pub(super) const ER_DUP_FIELDNAME: u16 = 1060;
     /// `SET` of a variable the server does not have (wsrep_* on a server without Galera).
     pub(super) const ER_UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
 }
@@ -57,6 +59,13 @@ pub(crate) const DDL: &str = "CREATE TABLE IF NOT EXISTS {table} (
     attempt_id    BIGINT      NULL,
     PRIMARY KEY (lock_key)
 ) ENGINE = InnoDB;
+";
+
+/// Migration 0002: how each hold ended, and min_hold.
+pub(crate) const OUTCOMES: &str = "ALTER TABLE {table}
+    ADD COLUMN last_outcome TINYINT     NULL,
+    ADD COLUMN finished_at  DATETIME(6) NULL,
+    ADD COLUMN available_at DATETIME(6) NULL;
 ";
 
 /// `hold_count` travels in the bits above this in `LAST_INSERT_ID` on the MySQL 8 path (fencing
@@ -78,15 +87,27 @@ pub(crate) struct My {
 #[derive(Debug)]
 struct Statements {
     ddl: SqlStr,
-    acquire_returning: SqlStr,
-    acquire_last_insert_id: SqlStr,
+    acquire_returning: (SqlStr, Vec<Param>),
+    acquire_last_insert_id: (SqlStr, Vec<Param>),
+    done: SqlStr,
+    outcomes: SqlStr,
+    has_outcomes: SqlStr,
     release: SqlStr,
     extend: SqlStr,
     admin: AdminSql,
 }
 
+/// The acquire statement, positional, with the order of its parameters.
+fn acquire_sql(template: &str, table: &str) -> (SqlStr, Vec<Param>) {
+    let text = sql(template, table);
+    let (text, order) = positional(text.as_str());
+    (AssertSqlSafe(Arc::<str>::from(text)).into_sql_str(), order)
+}
+
 fn sql(template: &str, table: &str) -> SqlStr {
     let text = template
+        .replace("{take}", TAKE)
+        .replace("{ran_out}", RAN_OUT)
         .replace("{same}", SAME)
         .replace("{acquirable}", ACQUIRABLE)
         .replace("{info}", INFO_COLUMNS)
@@ -102,7 +123,8 @@ const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
        (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)),
-       GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000)";
+       GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000),
+       CAST(last_outcome AS SIGNED), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', finished_at)";
 
 /// Acquire, re-entry and takeover as one INSERT ... ON DUPLICATE KEY UPDATE on the primary key.
 ///
@@ -110,38 +132,103 @@ const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
 /// while the UPDATE part runs, so the "may I take it" decision and the write see one row version.
 /// A busy attempt assigns every column its own value (nothing changes).
 ///
-/// Binds: key, owner, ttl µs, holder, attempt, then the tenure this process holds (NULL if none)
-/// before each {same} and its hold count once. `VALUES(col)` is the value this statement would
-/// have inserted. Conditions, all on OLD values and never NULL:
-/// - {free}: nobody holds a live lease; {acquirable}: free, or ours;
+/// Parameters are named (`:key`, `:tenure`, ...) and become `?` in the order they appear (see
+/// [`Param`]). `VALUES(col)` is the value this statement would have inserted. Conditions:
+/// - {acquirable}: the lease ran out (or was released: "free" is `expires_at <= now`, a release
+///   leaves it at the end of min_hold) or the row is ours, and not (`once` and the last hold
+///   succeeded);
 /// - {same}: a live hold of ours in the tenure this process holds, or written by this very
 ///   attempt (its earlier send succeeded, the reply was lost: returned as it is). Re-entry
 ///   counts from the process's holds; a live row of ours that the process does not track is
-///   taken over as a new tenure ({acquirable} and not {same}), never built upon.
+///   taken over as a new tenure ({take}: acquirable and not same), never built upon;
+/// - {ran_out}: the hold being taken over ended without a release: recorded as failed.
 ///
-/// Order of assignments (left to right, each sees those before it):
-/// 1. `hold_count`, `holder`, `acquired_at`: read only columns still old.
-/// 2. `fencing_token`: reads its own old value and the old `attempt_id`.
-/// 3. `attempt_id`, `owner`: read the old owner / expires_at.
-/// 4. `expires_at` last: reads the NEW owner on purpose (`owner = VALUES(owner)` is then true
+/// Order of assignments (left to right, each sees those before it; all conditions must read old
+/// values or values whose change cannot flip them):
+/// 1. `hold_count`, `holder`, `acquired_at`, `available_at`, `finished_at`: read only old columns.
+/// 2. `last_outcome`: reads its own old value; a change (to "failed") cannot flip {acquirable}.
+/// 3. `fencing_token`: reads its own old value and the old `attempt_id`.
+/// 4. `attempt_id`, `owner`: read the old owner / expires_at.
+/// 5. `expires_at` last: reads the NEW owner on purpose (`owner = VALUES(owner)` is then true
 ///    exactly when this call holds the key).
 const UPSERT: &str = "INSERT INTO {table}
-    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id)
-VALUES (?, ?, 1, {token}, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), ?, ?)
+    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
+     available_at)
+VALUES (:key, :owner, 1, {token}, UTC_TIMESTAMP(6) + INTERVAL :lease MICROSECOND, UTC_TIMESTAMP(6),
+        :holder, :attempt,
+        IF(:min_hold > 0, UTC_TIMESTAMP(6) + INTERVAL :min_hold MICROSECOND, NULL))
 ON DUPLICATE KEY UPDATE
-    hold_count    = IF({same}, IF(attempt_id <=> VALUES(attempt_id), hold_count, ? + 1),
+    hold_count    = IF({same}, IF(attempt_id <=> VALUES(attempt_id), hold_count, :held + 1),
                        IF({acquirable}, 1, hold_count)),
-    holder        = IF({acquirable} AND NOT {same}, VALUES(holder), holder),
-    acquired_at   = IF({acquirable} AND NOT {same}, UTC_TIMESTAMP(6), acquired_at),
-    fencing_token = IF({acquirable} AND NOT {same}, fencing_token + 1, fencing_token),
+    holder        = IF({take}, VALUES(holder), holder),
+    acquired_at   = IF({take}, UTC_TIMESTAMP(6), acquired_at),
+    available_at  = IF({take}, VALUES(available_at), available_at),
+    finished_at   = IF({take} AND {ran_out}, expires_at, finished_at),
+    last_outcome  = IF({take} AND {ran_out}, 2, last_outcome),
+    fencing_token = IF({take}, fencing_token + 1, fencing_token),
     attempt_id    = IF({acquirable}, VALUES(attempt_id), attempt_id),
     owner         = IF({acquirable}, VALUES(owner), owner),
     expires_at    = {expires}";
 
+const TAKE: &str = "({acquirable} AND NOT {same})";
 const SAME: &str = "(owner <=> VALUES(owner) AND expires_at > UTC_TIMESTAMP(6)
-           AND (attempt_id <=> VALUES(attempt_id) OR fencing_token <=> ?))";
-const ACQUIRABLE: &str =
-    "(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6) OR owner <=> VALUES(owner))";
+           AND (attempt_id <=> VALUES(attempt_id) OR fencing_token <=> :tenure))";
+const ACQUIRABLE: &str = "((expires_at <= UTC_TIMESTAMP(6) OR owner <=> VALUES(owner))
+           AND NOT (:once AND last_outcome <=> 1))";
+const RAN_OUT: &str = "(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6))";
+
+/// A named parameter of the acquire statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Param {
+    Key,
+    Owner,
+    Lease,
+    Holder,
+    Attempt,
+    MinHold,
+    Held,
+    Tenure,
+    Once,
+}
+
+const PARAMS: [(&str, Param); 9] = [
+    (":key", Param::Key),
+    (":owner", Param::Owner),
+    (":lease", Param::Lease),
+    (":holder", Param::Holder),
+    (":attempt", Param::Attempt),
+    (":min_hold", Param::MinHold),
+    (":held", Param::Held),
+    (":tenure", Param::Tenure),
+    (":once", Param::Once),
+];
+
+/// `text` with its named parameters replaced by `?`, and their order.
+fn positional(text: &str) -> (String, Vec<Param>) {
+    let mut out = String::with_capacity(text.len());
+    let mut order = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(':') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        match PARAMS.iter().find(|(name, _)| {
+            tail.starts_with(name)
+                && !tail[name.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        }) {
+            Some((name, param)) => {
+                out.push('?');
+                order.push(*param);
+                rest = &tail[name.len()..];
+            }
+            None => {
+                out.push(':');
+                rest = &tail[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    (out, order)
+}
 
 /// A pool configured for locking: autocommit connections at READ COMMITTED, statement and row
 /// lock time-outs, Galera's automatic retry off and causal reads on, no ping before each
@@ -201,8 +288,10 @@ impl My {
         let t = quote_ident(table, '`');
         let statements = Statements {
             ddl: sql(DDL, &t),
+            outcomes: sql(OUTCOMES, &t),
+            has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
             // MariaDB: the row as it is after the statement comes back with RETURNING.
-            acquire_returning: sql(
+            acquire_returning: acquire_sql(
                 &(UPSERT
                     .replace("{token}", "{us_now}")
                     .replace(
@@ -210,9 +299,11 @@ impl My {
                         "IF(owner = VALUES(owner), GREATEST(expires_at, VALUES(expires_at)), expires_at)",
                     )
                     + "
-RETURNING owner <=> ?, hold_count, fencing_token,
+RETURNING owner <=> :owner, hold_count, fencing_token,
           TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
-          GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000)"),
+          GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000),
+          (:once AND last_outcome <=> 1 AND NOT (owner <=> :owner)),
+          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', finished_at)"),
                 &t,
             ),
             // MySQL 8 (no RETURNING): the outcome travels in the OK packet's last_insert_id.
@@ -220,7 +311,7 @@ RETURNING owner <=> ?, hold_count, fencing_token,
             // Inserted: LAST_INSERT_ID(token + 1 << 52) inside VALUES (the column keeps the token).
             // Updated: the last assignment sets it to count << 52 | token when acquired, and to 0
             // when busy (the VALUES call ran before the duplicate check and must be overwritten).
-            acquire_last_insert_id: sql(
+            acquire_last_insert_id: acquire_sql(
                 &UPSERT
                     .replace(
                         "{token}",
@@ -235,16 +326,26 @@ RETURNING owner <=> ?, hold_count, fencing_token,
                     ),
                 &t,
             ),
+            // After a busy `once` attempt on the MySQL 8 path (which learns nothing else): done?
+            done: sql(
+                "SELECT last_outcome <=> 1, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', finished_at)
+FROM {table} WHERE lock_key = ?",
+                &t,
+            ),
             // Single-row UPDATE by primary key under the row's exclusive lock. hold_count is
             // assigned first, to the count the process has left (absolute: a stray resend cannot
-            // count down twice); owner and expires_at then read its NEW value on purpose. The
-            // count comes back as last_insert_id; rows_affected = 0 means not held.
+            // count down twice); owner, the outcome and expires_at then read its NEW value on
+            // purpose. The count comes back as last_insert_id; rows_affected = 0: not held.
             release: sql(
                 "UPDATE {table} SET
-    hold_count = LAST_INSERT_ID(?),
-    owner      = IF(hold_count = 0, NULL, owner),
-    expires_at = IF(hold_count = 0, UTC_TIMESTAMP(6), expires_at),
-    attempt_id = ?
+    hold_count   = LAST_INSERT_ID(?),
+    owner        = IF(hold_count = 0, NULL, owner),
+    last_outcome = IF(hold_count = 0, ?, last_outcome),
+    finished_at  = IF(hold_count = 0, UTC_TIMESTAMP(6), finished_at),
+    -- Free once released, or once min_hold has passed (available_at), whichever is later.
+    expires_at   = IF(hold_count = 0, GREATEST(UTC_TIMESTAMP(6), COALESCE(available_at, UTC_TIMESTAMP(6))),
+                      expires_at),
+    attempt_id   = ?
 WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND NOT (attempt_id <=> ?)
   AND expires_at > UTC_TIMESTAMP(6)",
                 &t,
@@ -271,8 +372,15 @@ WHERE owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key",
                     &t,
                 ),
                 force_release: sql(
-                    "UPDATE {table} SET hold_count = 0, owner = NULL, expires_at = UTC_TIMESTAMP(6)
+                    "UPDATE {table} SET hold_count = 0, owner = NULL, expires_at = UTC_TIMESTAMP(6),
+    last_outcome = 2, finished_at = UTC_TIMESTAMP(6)
 WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
+                    &t,
+                ),
+                reset: sql(
+                    "UPDATE {table} SET last_outcome = NULL, finished_at = NULL,
+    expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
+WHERE lock_key = ? AND NOT (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6))",
                     &t,
                 ),
                 // In batches (admin::PURGE_BATCH), so a big purge never holds many row locks.
@@ -341,11 +449,32 @@ impl Dialect for My {
     }
 
     async fn migrate(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+        // The usual case: table and newest columns there. One read, nothing written.
+        if sqlx::query(self.sql.has_outcomes.clone())
+            .execute(&mut *conn)
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
         // CREATE TABLE IF NOT EXISTS is serialised by the metadata lock: safe from many processes.
         sqlx::raw_sql(self.sql.ddl.clone())
             .execute(&mut *conn)
             .await?;
-        Ok(())
+        // Migration 0002 (MySQL 8 has no ADD COLUMN IF NOT EXISTS): a racing process may have
+        // added the columns meanwhile, which is fine (1060, duplicate column).
+        match sqlx::raw_sql(self.sql.outcomes.clone())
+            .execute(&mut *conn)
+            .await
+        {
+            Err(sqlx::Error::Database(e))
+                if e.try_downcast_ref::<MySqlDatabaseError>()
+                    .is_some_and(|e| e.number() == code::ER_DUP_FIELDNAME) =>
+            {
+                Ok(())
+            }
+            other => other.map(|_| ()),
+        }
     }
 
     async fn acquire(
@@ -353,22 +482,28 @@ impl Dialect for My {
         conn: &mut MySqlConnection,
         p: &Acquire<'_>,
     ) -> Result<Attempt, sqlx::Error> {
+        let bound = |(text, order): &(SqlStr, Vec<Param>)| {
+            let mut q = sqlx::query(text.clone());
+            for param in order {
+                q = match param {
+                    Param::Key => q.bind(p.key),
+                    Param::Owner => q.bind(p.owner),
+                    Param::Lease => q.bind(p.ttl_us.max(p.min_hold_us)),
+                    Param::Holder => q.bind(p.holder),
+                    Param::Attempt => q.bind(p.attempt),
+                    Param::MinHold => q.bind(p.min_hold_us),
+                    Param::Held => q.bind(i64::from(p.held)),
+                    Param::Tenure => q.bind(p.tenure),
+                    Param::Once => q.bind(p.once),
+                };
+            }
+            q
+        };
         if self.supports_returning(conn).await? {
             // Read ALL rows and keep the last: a Galera node whose automatic autocommit retry
             // fired (when the pool is not ours and wsrep_retry_autocommit could not be set to 0)
             // sends one stale row per aborted attempt before the committed one.
-            let rows = sqlx::query(self.sql.acquire_returning.clone())
-                .bind(p.key)
-                .bind(p.owner)
-                .bind(p.ttl_us)
-                .bind(p.holder)
-                .bind(p.attempt)
-                .bind(p.tenure)
-                .bind(i64::from(p.held))
-                .bind(p.tenure)
-                .bind(p.tenure)
-                .bind(p.tenure)
-                .bind(p.owner)
+            let rows = bound(&self.sql.acquire_returning)
                 .fetch_all(&mut *conn)
                 .await?;
             let Some(row) = rows.last() else {
@@ -380,6 +515,10 @@ impl Dialect for My {
                     fencing_token: row.try_get::<i64, _>(2)? as u64,
                     expires_at_us: row.try_get(3)?,
                 }))
+            } else if row.try_get::<bool, _>(5)? {
+                Ok(Attempt::Done {
+                    finished_at_us: row.try_get(6)?,
+                })
             } else {
                 Ok(Attempt::Busy {
                     retry_after: Some(crate::info::millis(row.try_get(4)?)),
@@ -387,33 +526,32 @@ impl Dialect for My {
             }
         } else {
             let sent_at = std::time::SystemTime::now();
-            let done = sqlx::query(self.sql.acquire_last_insert_id.clone())
-                .bind(p.key)
-                .bind(p.owner)
-                .bind(p.ttl_us)
-                .bind(p.holder)
-                .bind(p.attempt)
-                .bind(p.tenure)
-                .bind(i64::from(p.held))
-                .bind(p.tenure)
-                .bind(p.tenure)
-                .bind(p.tenure)
+            let done = bound(&self.sql.acquire_last_insert_id)
                 .execute(&mut *conn)
                 .await?;
             let packed = done.last_insert_id();
             if packed == 0 {
+                if p.once {
+                    let done: Option<(bool, Option<i64>)> = sqlx::query_as(self.sql.done.clone())
+                        .bind(p.key)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                    if let Some((true, finished_at_us)) = done {
+                        return Ok(Attempt::Done { finished_at_us });
+                    }
+                }
                 return Ok(Attempt::Busy { retry_after: None });
             }
-            // This path cannot read the server's lease end; the client's send time plus ttl
-            // is reported instead: an estimate on the client's clock. Nothing decides expiry by
-            // it; the guard's local deadline is an `Instant` taken at send time.
+            // This path cannot read the server's lease end; the client's send time plus the
+            // lease is reported instead: an estimate on the client's clock. Nothing decides
+            // expiry by it; the guard's local deadline is an `Instant` taken at send time.
             let local_us = sent_at
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as i64);
             Ok(Attempt::Acquired(Grant {
                 hold_count: (packed >> COUNT_SHIFT) as u32,
                 fencing_token: packed & ((1u64 << COUNT_SHIFT) - 1),
-                expires_at_us: local_us.saturating_add(p.ttl_us),
+                expires_at_us: local_us.saturating_add(p.ttl_us.max(p.min_hold_us)),
             }))
         }
     }
@@ -423,10 +561,12 @@ impl Dialect for My {
         conn: &mut MySqlConnection,
         h: &HoldRef<'_>,
         remaining: u32,
+        outcome: Outcome,
         release_id: i64,
     ) -> Result<Released, sqlx::Error> {
         let done = sqlx::query(self.sql.release.clone())
             .bind(i64::from(remaining))
+            .bind(outcome.code())
             .bind(release_id)
             .bind(h.key)
             .bind(h.owner)

@@ -13,11 +13,11 @@ use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
     SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Pool, Row, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 
 use super::admin::AdminSql;
 use super::{
-    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Released, RenewItem,
+    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, Released, RenewItem,
 };
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -53,6 +53,12 @@ pub(crate) const DDL: &str = "CREATE TABLE IF NOT EXISTS {table} (
 ) WITHOUT ROWID;
 ";
 
+/// Migration 0002: how each hold ended, and min_hold (times in ms since the Unix epoch).
+pub(crate) const OUTCOMES: &str = "ALTER TABLE {table} ADD COLUMN last_outcome INTEGER;
+ALTER TABLE {table} ADD COLUMN finished_at INTEGER;
+ALTER TABLE {table} ADD COLUMN available_at INTEGER;
+";
+
 /// Now, in whole milliseconds. `ROUND`, not a plain cast, which truncates a millisecond early.
 const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
@@ -67,6 +73,9 @@ pub(crate) struct Lite {
 #[derive(Debug)]
 struct Statements {
     ddl: SqlStr,
+    outcomes: SqlStr,
+    has_outcomes: SqlStr,
+    done: SqlStr,
     clock_check: SqlStr,
     acquire: SqlStr,
     release: SqlStr,
@@ -92,7 +101,7 @@ fn sql(template: &str, table: &str) -> SqlStr {
 const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
        expires_at * 1000, acquired_at * 1000,
        (owner IS NOT NULL AND expires_at > {now}),
-       max(0, expires_at - {now})";
+       max(0, expires_at - {now}), last_outcome, finished_at * 1000";
 
 /// Microseconds to whole milliseconds, rounding up so a lease is never shorter than asked.
 fn ms_ceil(us: i64) -> i64 {
@@ -137,19 +146,32 @@ impl Lite {
         let t = quote_ident(table, '"');
         let statements = Statements {
             ddl: sql(DDL, &t),
+            outcomes: sql(OUTCOMES, &t),
+            has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
+            // After a busy `once` attempt (SQLite returns no row then): was it done?
+            done: sql(
+                "SELECT last_outcome IS 1, finished_at * 1000 FROM {table} WHERE lock_key = $1",
+                &t,
+            ),
             clock_check: sql("SELECT max(acquired_at) - {now} FROM {table}", &t),
             // One INSERT ... ON CONFLICT DO UPDATE ... WHERE: SQLite runs every write under the
             // database's single write lock, so the conflict check, the WHERE ("may I take it")
             // and the update are one indivisible step. SET reads the old row throughout. When the
             // WHERE refuses (busy) nothing is written and RETURNING yields no row.
+            // "Free" is `expires_at <= now`: a release leaves expires_at at `available_at` (the
+            // acquisition + min_hold, $8 ms) when that is later, and the lease is at least
+            // min_hold long. `once` ($9): a key whose last hold succeeded is not taken.
+            // A hold taken over after it ran out is recorded as failed.
             // {same}: a live hold of ours in the tenure this process holds ($6, with $7 holds)
             // or written by this very attempt ($5, whose earlier send succeeded but whose reply
             // was lost: returned as it is). Re-entry counts from the process's holds, so a live
             // row of ours the process does not track is taken over as a new tenure.
             acquire: sql(
                 "INSERT INTO {table} AS l
-    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id)
-VALUES ($1, $2, 1, {now} * 1000, {now} + $3, {now}, $4, $5)
+    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
+     available_at)
+VALUES ($1, $2, 1, {now} * 1000, {now} + max($3, $8), {now}, $4, $5,
+        CASE WHEN $8 > 0 THEN {now} + $8 END)
 ON CONFLICT (lock_key) DO UPDATE SET
     hold_count    = CASE WHEN {same}
                          THEN CASE WHEN l.attempt_id = excluded.attempt_id
@@ -160,20 +182,28 @@ ON CONFLICT (lock_key) DO UPDATE SET
     holder        = CASE WHEN {same} THEN l.holder ELSE excluded.holder END,
     expires_at    = CASE WHEN {same} AND l.expires_at > excluded.expires_at
                          THEN l.expires_at ELSE excluded.expires_at END,
+    available_at  = CASE WHEN {same} THEN l.available_at ELSE excluded.available_at END,
+    last_outcome  = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= {now}
+                         THEN 2 ELSE l.last_outcome END,
+    finished_at   = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= {now}
+                         THEN l.expires_at ELSE l.finished_at END,
     attempt_id    = excluded.attempt_id,
     owner         = excluded.owner
-WHERE l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at <= {now}
+WHERE (l.expires_at <= {now} OR l.owner = excluded.owner) AND NOT ($9 AND l.last_outcome IS 1)
 RETURNING hold_count, fencing_token, expires_at * 1000",
                 &t,
             ),
             // Single-row UPDATE under the write lock; SET reads the old row. $5 = the count the
-            // process has left (absolute: a stray resend cannot count down twice).
+            // process has left (absolute: a stray resend cannot count down twice); the last
+            // release of a tenure records its outcome ($6) and when.
             release: sql(
                 "UPDATE {table} SET
-    hold_count = $5,
-    owner      = CASE WHEN $5 > 0 THEN owner END,
-    expires_at = CASE WHEN $5 > 0 THEN expires_at ELSE {now} END,
-    attempt_id = $4
+    hold_count   = $5,
+    owner        = CASE WHEN $5 > 0 THEN owner END,
+    expires_at   = CASE WHEN $5 > 0 THEN expires_at ELSE max({now}, coalesce(available_at, 0)) END,
+    last_outcome = CASE WHEN $5 > 0 THEN last_outcome ELSE $6 END,
+    finished_at  = CASE WHEN $5 > 0 THEN finished_at ELSE {now} END,
+    attempt_id   = $4
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS NOT $4
   AND expires_at > {now}
 RETURNING hold_count",
@@ -197,8 +227,15 @@ WHERE owner IS NOT NULL AND expires_at > {now} ORDER BY lock_key",
                     &t,
                 ),
                 force_release: sql(
-                    "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = {now}
+                    "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = {now},
+    last_outcome = 2, finished_at = {now}
 WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
+                    &t,
+                ),
+                reset: sql(
+                    "UPDATE {table} SET last_outcome = NULL, finished_at = NULL,
+    expires_at = min(expires_at, {now})
+WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
                     &t,
                 ),
                 // $1 is in µs; times here are in ms.
@@ -249,6 +286,25 @@ impl Dialect for Lite {
         sqlx::raw_sql(self.sql.ddl.clone())
             .execute(&mut *conn)
             .await?;
+        // Migration 0002, unless its columns are there: checked again and applied under the
+        // database's write lock (BEGIN IMMEDIATE), so racing processes add them once.
+        if sqlx::query(self.sql.has_outcomes.clone())
+            .execute(&mut *conn)
+            .await
+            .is_err()
+        {
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            if sqlx::query(self.sql.has_outcomes.clone())
+                .execute(&mut *tx)
+                .await
+                .is_err()
+            {
+                sqlx::raw_sql(self.sql.outcomes.clone())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        }
         // The one clock check that costs nothing at run time: a lock taken "in the future" was
         // written by a process whose clock is ahead of this one's, and expiry between the two
         // is then wrong by that much.
@@ -279,6 +335,8 @@ impl Dialect for Lite {
             .bind(p.attempt)
             .bind(p.tenure)
             .bind(i64::from(p.held))
+            .bind(ms_ceil(p.min_hold_us))
+            .bind(p.once)
             .fetch_optional(&mut *conn)
             .await?;
         match row {
@@ -287,6 +345,16 @@ impl Dialect for Lite {
                 fencing_token: row.try_get::<i64, _>(1)? as u64,
                 expires_at_us: row.try_get(2)?,
             })),
+            None if p.once => {
+                let done: Option<(bool, Option<i64>)> = sqlx::query_as(self.sql.done.clone())
+                    .bind(p.key)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                Ok(match done {
+                    Some((true, finished_at_us)) => Attempt::Done { finished_at_us },
+                    _ => Attempt::Busy { retry_after: None },
+                })
+            }
             None => Ok(Attempt::Busy { retry_after: None }),
         }
     }
@@ -296,6 +364,7 @@ impl Dialect for Lite {
         conn: &mut SqliteConnection,
         h: &HoldRef<'_>,
         remaining: u32,
+        outcome: Outcome,
         release_id: i64,
     ) -> Result<Released, sqlx::Error> {
         let left: Option<i64> = sqlx::query_scalar(self.sql.release.clone())
@@ -304,6 +373,7 @@ impl Dialect for Lite {
             .bind(h.fencing_token as i64)
             .bind(release_id)
             .bind(i64::from(remaining))
+            .bind(outcome.code())
             .fetch_optional(&mut *conn)
             .await?;
         Ok(match left {

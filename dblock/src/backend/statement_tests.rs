@@ -55,7 +55,7 @@ async fn backends() -> Vec<(String, Backend)> {
 fn grant(a: Attempt) -> Grant {
     match a {
         Attempt::Acquired(g) => g,
-        Attempt::Busy { .. } => panic!("expected a grant"),
+        other => panic!("expected a grant, got {other:?}"),
     }
 }
 
@@ -68,7 +68,9 @@ async fn acquire(b: &Backend, p: &Acquire<'_>) -> Attempt {
 }
 
 async fn release(b: &Backend, h: &HoldRef<'_>, remaining: u32, id: i64) -> Released {
-    b.release(h, remaining, id, soon()).await.unwrap()
+    b.release(h, remaining, Outcome::Succeeded, id, soon())
+        .await
+        .unwrap()
 }
 
 async fn count(b: &Backend, key: &str) -> u32 {
@@ -87,6 +89,8 @@ async fn a_repeated_attempt_is_recognised_not_counted_twice() {
             waiting: false,
             tenure: None,
             held: 0,
+            min_hold_us: 0,
+            once: false,
         };
         let first = grant(acquire(&b, &p).await);
         let repeat = grant(acquire(&b, &p).await);
@@ -173,6 +177,8 @@ async fn an_untracked_hold_of_the_same_owner_is_taken_over_not_reentered() {
             waiting: false,
             tenure: None,
             held: 0,
+            min_hold_us: 0,
+            once: false,
         };
         let orphan = grant(acquire(&b, &p).await);
         // The process never saw that grant: its next lock is a first hold.
@@ -207,6 +213,8 @@ async fn busy_attempts_report_the_holders_time_left_where_the_dialect_can() {
             waiting: false,
             tenure: None,
             held: 0,
+            min_hold_us: 0,
+            once: false,
         };
         grant(acquire(&b, &p).await);
         let q = Acquire {
@@ -230,7 +238,7 @@ async fn busy_attempts_report_the_holders_time_left_where_the_dialect_can() {
                     "{name}: no time left reported"
                 )
             }
-            Attempt::Acquired(_) => panic!("{name}: double grant"),
+            other => panic!("{name}: double grant: {other:?}"),
         }
     }
 }

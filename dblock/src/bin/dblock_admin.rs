@@ -4,6 +4,7 @@
 //! dblock-admin <URL> [--table NAME] list
 //! dblock-admin <URL> [--table NAME] show KEY
 //! dblock-admin <URL> [--table NAME] release KEY
+//! dblock-admin <URL> [--table NAME] reset KEY        (forget the last outcome, end a min_hold wait)
 //! dblock-admin <URL> [--table NAME] purge [OLDER_THAN]     (default 1d; 0s = every row not held)
 //! ```
 //! Build: `cargo run -p dblock --features admin --bin dblock-admin -- sqlite://locks.db list`.
@@ -14,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use dblock::{LockInfo, Locker};
 
 const USAGE: &str =
-    "usage: dblock-admin <URL> [--table NAME] list | show KEY | release KEY | purge [OLDER_THAN]
+    "usage: dblock-admin <URL> [--table NAME] list | show KEY | release KEY | reset KEY | purge [OLDER_THAN]
   URL         postgres://…, mysql://…, sqlite://path?mode=rw
   OLDER_THAN  like 1d, 12h, 30m, 0s (default 1d)";
 
@@ -74,6 +75,17 @@ async fn run(args: &[String]) -> Result<(), String> {
                 }
             );
         }
+        ["reset", key] => {
+            let reset = locker.reset(key).await.map_err(|e| e.to_string())?;
+            println!(
+                "{}",
+                if reset {
+                    format!("reset {key:?}: its last outcome is forgotten, it is available")
+                } else {
+                    format!("{key:?} is held (or has no row): not reset")
+                }
+            );
+        }
         ["purge"] => purge(&locker, Duration::from_secs(24 * 3600)).await?,
         ["purge", age] => purge(&locker, parse_age(age)?).await?,
         other => return Err(format!("unknown command {other:?}\n{USAGE}")),
@@ -104,8 +116,8 @@ fn parse_age(s: &str) -> Result<Duration, String> {
 
 fn print_table(rows: &[LockInfo]) {
     println!(
-        "{:<40} {:<5} {:<36} {:<30} {:>5} {:>20} {:>10}",
-        "KEY", "HELD", "OWNER", "HOLDER", "COUNT", "FENCING TOKEN", "TIME LEFT"
+        "{:<40} {:<5} {:<36} {:<30} {:>5} {:>20} {:>10} {:<10}",
+        "KEY", "HELD", "OWNER", "HOLDER", "COUNT", "FENCING TOKEN", "TIME LEFT", "LAST"
     );
     for r in rows {
         let left = if r.held {
@@ -117,8 +129,22 @@ fn print_table(rows: &[LockInfo]) {
             .duration_since(r.acquired_at)
             .map(|d| d.as_secs())
             .unwrap_or(0);
+        let last = match (r.last_outcome, r.finished_at) {
+            (Some(o), Some(at)) => format!(
+                "{} {}s ago",
+                match o {
+                    dblock::Outcome::Succeeded => "succeeded",
+                    _ => "failed",
+                },
+                SystemTime::now()
+                    .duration_since(at)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0)
+            ),
+            _ => "-".into(),
+        };
         println!(
-            "{:<40} {:<5} {:<36} {:<30} {:>5} {:>20} {:>10}   (acquired {age}s ago)",
+            "{:<40} {:<5} {:<36} {:<30} {:>5} {:>20} {:>10} {last:<10}   (acquired {age}s ago)",
             r.key,
             if r.held { "yes" } else { "no" },
             r.owner.as_deref().unwrap_or("-"),

@@ -141,6 +141,18 @@ async fn raw_ident(r#type: u8) -> Result<u8, LockError> {
     Ok(r#type)
 }
 
+/// Work that runs once, on a schedule.
+#[distributed_lock(key = "nightly:{day}", min_hold = "50m", once = true)]
+async fn scheduled_once(day: u32) -> Result<(), LockError> {
+    let _ = day;
+    Ok(())
+}
+
+#[distributed_lock(key = "maybe", once = std::env::var("ONCE").is_ok(), min_hold = Duration::from_secs(1))]
+async fn once_by_expression() -> Result<(), LockError> {
+    Ok(())
+}
+
 fn main() {
     // Only the types matter here; behaviour is tested against real databases elsewhere.
     let _ = free(1, 2);
@@ -155,6 +167,8 @@ fn main() {
     let _ = renamed_crate();
     let _ = renamed_crate_str();
     let _ = raw_ident(1);
+    let _ = scheduled_once(1);
+    let _ = once_by_expression();
     let _ = Service::associated(1);
     let _ = |s: Service, a: Arc<Service>, m: &mut Service| {
         let _ = s.by_ref();

@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 
 use super::admin::AdminSql;
 use super::{
-    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Released, RenewItem,
+    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, Released, RenewItem,
 };
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -57,6 +57,13 @@ pub(crate) const DDL: &str = r#"CREATE TABLE IF NOT EXISTS {table} (
 ) WITH (fillfactor = 80);
 "#;
 
+/// Migration 0002: how each hold ended, and min_hold.
+pub(crate) const OUTCOMES: &str = "ALTER TABLE {table}
+    ADD COLUMN IF NOT EXISTS last_outcome SMALLINT,
+    ADD COLUMN IF NOT EXISTS finished_at  TIMESTAMPTZ,
+    ADD COLUMN IF NOT EXISTS available_at TIMESTAMPTZ;
+";
+
 #[derive(Clone, Debug)]
 pub(crate) struct Pg {
     pool: PgPool,
@@ -72,6 +79,7 @@ struct Statements {
     /// The quoted table name, for `to_regclass`.
     table: String,
     ddl: SqlStr,
+    outcomes: SqlStr,
     acquire: SqlStr,
     release: SqlStr,
     extend: SqlStr,
@@ -89,6 +97,7 @@ fn sql(template: &str, table: &str) -> SqlStr {
         .replace("{same}", SAME)
         .replace("{us_expires}", &US.replace("{c}", "expires_at"))
         .replace("{us_acquired}", &US.replace("{c}", "acquired_at"))
+        .replace("{us_finished}", &US.replace("{c}", "finished_at"))
         .replace("{table}", table);
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
@@ -97,7 +106,8 @@ fn sql(template: &str, table: &str) -> SqlStr {
 const INFO_COLUMNS: &str =
     "lock_key, owner, holder, hold_count::int8, fencing_token, {us_expires}, {us_acquired},
        (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,
-       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8";
+       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
+       last_outcome::int8, {us_finished}";
 
 /// A pool configured for locking: autocommit connections at READ COMMITTED, statement and lock
 /// time-outs and server keepalives (all set at start-up, no extra round trip), no ping before
@@ -134,6 +144,7 @@ impl Pg {
         let statements = Statements {
             table: t.clone(),
             ddl: sql(DDL, &t),
+            outcomes: sql(OUTCOMES, &t),
 
             // Acquire, re-entry and takeover in one statement, update-first:
             // - `upd` is a single-row UPDATE by primary key. Its WHERE is the "may I take it"
@@ -151,6 +162,11 @@ impl Pg {
             //   counts from the process's holds ($8 + 1), never from the row alone: a live row of
             //   ours that the process does not track (an acquire whose reply never came) is
             //   taken over as a new tenure instead of being built upon.
+            // - "Free" is `expires_at <= now`: a released row keeps the key unavailable until
+            //   `available_at` (min_hold, $9 µs) by leaving expires_at there. The lease is at
+            //   least min_hold long, so a crashed holder's key waits for min_hold too.
+            // - `once` ($10): a key whose last hold succeeded (last_outcome 1) is not taken; the
+            //   busy row then says so.
             acquire: sql(
                 "WITH upd AS (
     UPDATE {table} AS l SET
@@ -161,13 +177,21 @@ impl Pg {
         acquired_at = CASE WHEN {same} THEN l.acquired_at ELSE statement_timestamp() END,
         holder = CASE WHEN {same} THEN l.holder ELSE $4 END,
         expires_at = greatest(CASE WHEN {same} THEN l.expires_at END,
-                              statement_timestamp() + $3::float8 * interval '1 microsecond'),
+                              statement_timestamp() + greatest($3, $9)::float8 * interval '1 microsecond'),
+        available_at = CASE WHEN {same} THEN l.available_at
+                            WHEN $9 > 0 THEN statement_timestamp() + $9::float8 * interval '1 microsecond' END,
+        -- The hold being taken over ran out without a release: it ended in failure.
+        last_outcome = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()
+                            THEN 2 ELSE l.last_outcome END,
+        finished_at = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()
+                           THEN l.expires_at ELSE l.finished_at END,
         attempt_id = $5,
         contended = (l.contended AND {same}),
         owner = $2
     WHERE l.lock_key = $1
-      AND (l.owner IS NULL OR l.owner = $2 OR l.expires_at <= statement_timestamp())
-    RETURNING l.hold_count, l.fencing_token, l.expires_at
+      AND (l.expires_at <= statement_timestamp() OR l.owner = $2)
+      AND NOT ($10 AND l.last_outcome IS NOT DISTINCT FROM 1)
+    RETURNING l.hold_count, l.fencing_token, l.expires_at, l.last_outcome, l.finished_at
 ), flag AS (
     -- A waiter ($6) whose LISTEN is in place asks the holder's release to NOTIFY. Written once
     -- per contention episode: when the flag is already set this updates nothing.
@@ -176,22 +200,27 @@ impl Pg {
       AND owner IS NOT NULL AND owner <> $2 AND expires_at > statement_timestamp()
     RETURNING 1
 ), ins AS (
-    INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id)
+    INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
+                         holder, attempt_id, available_at)
     SELECT $1, $2, 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8,
-           statement_timestamp() + $3::float8 * interval '1 microsecond', statement_timestamp(), $4, $5
+           statement_timestamp() + greatest($3, $9)::float8 * interval '1 microsecond',
+           statement_timestamp(), $4, $5,
+           CASE WHEN $9 > 0 THEN statement_timestamp() + $9::float8 * interval '1 microsecond' END
     WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1)
     ON CONFLICT (lock_key) DO NOTHING
-    RETURNING hold_count, fencing_token, expires_at
+    RETURNING hold_count, fencing_token, expires_at, last_outcome, finished_at
 ), res AS (
-    SELECT true AS acquired, hold_count, fencing_token, expires_at FROM upd
+    SELECT true AS acquired, hold_count, fencing_token, expires_at, last_outcome, finished_at FROM upd
     UNION ALL
-    SELECT true, hold_count, fencing_token, expires_at FROM ins
+    SELECT true, hold_count, fencing_token, expires_at, last_outcome, finished_at FROM ins
     UNION ALL
-    SELECT false, hold_count, fencing_token, expires_at FROM {table}
+    SELECT false, hold_count, fencing_token, expires_at, last_outcome, finished_at FROM {table}
      WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)
 )
 SELECT acquired, hold_count, fencing_token, {us_expires},
-       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8
+       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
+       NOT acquired AND $10 AND last_outcome IS NOT DISTINCT FROM 1,
+       {us_finished}
 FROM res",
                 &t,
             ),
@@ -203,13 +232,18 @@ FROM res",
             // so a stray resend cannot count down twice; the release id ($4) recognises one.
             // A full release of a key someone waits for (`contended`) also NOTIFYs the key on
             // the locker's channel ($5); NOTIFY is delivered at commit, i.e. once it is free.
+            // The last release of a tenure records how it ended ($7) and when.
             release: sql(
                 "WITH r AS (
     UPDATE {table} SET
-        hold_count = $6,
-        owner      = CASE WHEN $6 > 0 THEN owner END,
-        expires_at = CASE WHEN $6 > 0 THEN expires_at ELSE statement_timestamp() END,
-        attempt_id = $4
+        hold_count   = $6,
+        owner        = CASE WHEN $6 > 0 THEN owner END,
+        -- Free once released, or once min_hold has passed (available_at), whichever is later.
+        expires_at   = CASE WHEN $6 > 0 THEN expires_at
+                            ELSE greatest(statement_timestamp(), available_at) END,
+        last_outcome = CASE WHEN $6 > 0 THEN last_outcome ELSE $7 END,
+        finished_at  = CASE WHEN $6 > 0 THEN finished_at ELSE statement_timestamp() END,
+        attempt_id   = $4
     WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS DISTINCT FROM $4
       AND expires_at > statement_timestamp()
     RETURNING hold_count, contended, lock_key
@@ -261,8 +295,18 @@ WHERE owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key
                 // Single-row UPDATE: frees a live lease whoever holds it; the token is kept so
                 // the next owner still gets a larger one.
                 force_release: sql(
-                    "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = statement_timestamp()
+                    "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = statement_timestamp(),
+    last_outcome = 2, finished_at = statement_timestamp()
 WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > statement_timestamp()",
+                    &t,
+                ),
+
+                // A key not held: its outcome forgotten (a `once` key runs again), its min_hold
+                // wait ended.
+                reset: sql(
+                    "UPDATE {table} SET last_outcome = NULL, finished_at = NULL,
+    expires_at = least(expires_at, statement_timestamp())
+WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > statement_timestamp())",
                     &t,
                 ),
 
@@ -298,6 +342,13 @@ WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'"
                 None
             },
             ..self
+        }
+    }
+
+    /// Stops the LISTEN connection for good.
+    pub(crate) fn stop_listening(&self) {
+        if let Some(n) = &self.notifier {
+            n.stop();
         }
     }
 
@@ -340,12 +391,16 @@ impl Dialect for Pg {
     }
 
     async fn migrate(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        // The usual case at every start: the table is there. One read, no lock, and none of
-        // the "already exists, skipping" NOTICEs that sqlx would log at INFO.
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&self.sql.table)
-            .fetch_one(&mut *conn)
-            .await?;
+        // The usual case at every start: the table is there, with the newest migration's
+        // columns. One read, no lock, and none of the "already exists, skipping" NOTICEs that
+        // sqlx would log at INFO.
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute
+             WHERE attrelid = to_regclass($1) AND attname = 'available_at' AND NOT attisdropped)",
+        )
+        .bind(&self.sql.table)
+        .fetch_one(&mut *conn)
+        .await?;
         if exists {
             return Ok(());
         }
@@ -361,6 +416,9 @@ impl Dialect for Pg {
             .execute(&mut *tx)
             .await?;
         sqlx::raw_sql(self.sql.ddl.clone())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(self.sql.outcomes.clone())
             .execute(&mut *tx)
             .await?;
         tx.commit().await
@@ -380,6 +438,8 @@ impl Dialect for Pg {
             .bind(p.waiting)
             .bind(p.tenure)
             .bind(p.held as i32)
+            .bind(p.min_hold_us as f64)
+            .bind(p.once)
             .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = row else {
@@ -392,6 +452,10 @@ impl Dialect for Pg {
                 fencing_token: row.try_get::<i64, _>(2)? as u64,
                 expires_at_us: row.try_get(3)?,
             }))
+        } else if row.try_get::<bool, _>(5)? {
+            Ok(Attempt::Done {
+                finished_at_us: row.try_get(6)?,
+            })
         } else {
             Ok(Attempt::Busy {
                 retry_after: Some(crate::info::millis(row.try_get(4)?)),
@@ -404,6 +468,7 @@ impl Dialect for Pg {
         conn: &mut PgConnection,
         h: &HoldRef<'_>,
         remaining: u32,
+        outcome: Outcome,
         release_id: i64,
     ) -> Result<Released, sqlx::Error> {
         let left: Option<i32> = sqlx::query_scalar(self.sql.release.clone())
@@ -413,6 +478,7 @@ impl Dialect for Pg {
             .bind(release_id)
             .bind(&*self.channel)
             .bind(remaining as i32)
+            .bind(outcome.code())
             .fetch_optional(&mut *conn)
             .await?;
         Ok(match left {

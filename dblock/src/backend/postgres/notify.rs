@@ -19,6 +19,8 @@ pub(crate) struct Notifier {
     channel: String,
     waiters: Mutex<HashMap<String, Waiter>>,
     listening: OnceCell<bool>,
+    /// The task reading notifications, so that `stop` ends it (and its connection) at once.
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 struct Waiter {
@@ -52,6 +54,7 @@ impl Notifier {
             channel,
             waiters: Mutex::default(),
             listening: OnceCell::new(),
+            task: Mutex::default(),
         })
     }
 
@@ -102,7 +105,7 @@ impl Notifier {
         let mut listener = PgListener::connect_with(&own).await?;
         listener.listen(&self.channel).await?;
         let me: Weak<Notifier> = Arc::downgrade(self);
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             loop {
                 // `recv` reconnects (and LISTENs again) by itself after a lost connection.
                 let received = listener.recv().await;
@@ -121,7 +124,24 @@ impl Notifier {
                 }
             }
         });
+        *self
+            .task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
         Ok(())
+    }
+
+    /// Stops listening for good (`Locker::shutdown`); waiters fall back to polling.
+    pub(crate) fn stop(&self) {
+        let _ = self.listening.set(false);
+        if let Some(task) = self
+            .task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+        {
+            task.abort();
+        }
     }
 }
 
