@@ -386,9 +386,11 @@ impl Backend {
 
     /// PostgreSQL: stops the LISTEN connection for good (waiters then only poll).
     pub(crate) fn stop_listening(&self) {
-        #[cfg(feature = "postgres")]
-        if let Backend::Postgres(pg) = self {
-            pg.stop_listening();
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => pg.stop_listening(),
+            #[allow(unreachable_patterns)]
+            _ => {}
         }
     }
 
