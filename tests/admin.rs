@@ -13,8 +13,12 @@ fn admin_tool_needs_the_admin_feature() {}
 
 #[cfg(feature = "admin")]
 fn admin(db: &common::Db, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_dblock-admin"))
-        .arg(&db.url)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dblock-admin"));
+    cmd.arg(&db.url);
+    if db.name == common::PGBOUNCER {
+        cmd.arg("--pooler");
+    }
+    let out = cmd
         .args(["--table", db.locker.table_name()])
         .args(args)
         .output()

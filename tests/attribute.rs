@@ -192,8 +192,9 @@ async fn every_exit_path_releases_quickly() {
         let l = &db.locker;
         // "At once", not "when the connection is next used" or "at the ttl" (60 s here). The bound
         // is loose because the other tests of this binary run in parallel on the same servers:
-        // a release then queues behind their commits' fsyncs (207 ms seen once on MariaDB).
-        let quick = Duration::from_secs(1);
+        // a release then queues behind their commits' fsyncs (207 ms seen once on MariaDB, 1.3 s
+        // once while a compiler kept both cores of the machine busy). Alone it takes a few ms.
+        let quick = Duration::from_secs(3);
         assert_eq!(exits(l, Exit::Value).await.unwrap(), 1);
         assert!(
             common::time_until_free(l, "exit", quick).await.is_some(),

@@ -2,8 +2,8 @@
 //! test binary, started with `DBLOCK_CHAOS` set) take and give back locks on a few keys, each
 //! through a fault proxy of its own, while the parent cuts replies and sends, blackholes, delays
 //! replies past the ttl, refuses connections, stops a holder (SIGSTOP) past its ttl and kills one
-//! (SIGKILL). Every worker logs what it was told; the checker then proves from the logs and the
-//! table:
+//! (SIGKILL). Every worker logs what it was told; the checker (`common/history.rs`, shared with
+//! `tests/replicated.rs`) then proves from the logs and the table:
 //! - every grant `lock()` returned was live (`is_lost()` false);
 //! - no two owners ever certainly held one key at once (a hold is certain from the moment `lock()`
 //!   returned until the worker started to release it, or, if the guard then said it could be
@@ -18,13 +18,13 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::Child;
+use std::time::{Duration, Instant};
 
+use common::history::{self, check, parse, signal, Workload};
 use common::proxy::{Mode, Proxy};
-use dblock::{ConnectOptions, LockError, Locker, Owner};
+use dblock::Locker;
 
 const WORKERS: usize = 4;
 const KEYS: usize = 3;
@@ -32,236 +32,22 @@ const RUN: Duration = Duration::from_secs(14);
 const TTL: Duration = Duration::from_secs(3);
 /// Workers wait this long before they exit, so background releases and resolutions finish.
 const LINGER: Duration = Duration::from_millis(5000);
-
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
-}
-
-fn us(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
-}
+const WORKLOAD: Workload = Workload {
+    run: RUN,
+    ttl: TTL,
+    keys: KEYS,
+    linger: LINGER,
+};
 
 /// The worker: runs only inside a child process (ignored in normal runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "chaos worker entry point, started by the chaos test"]
 async fn chaos_worker() {
-    let url = std::env::var("DBLOCK_CHAOS_URL").expect("DBLOCK_CHAOS_URL");
-    let table = std::env::var("DBLOCK_CHAOS_TABLE").unwrap();
-    let log_path = std::env::var("DBLOCK_CHAOS_LOG").unwrap();
-    // A statement may take longer than the ttl (as a commit waiting for a stalled synchronous
-    // standby can): grants can then arrive after their lease could have ended.
-    let options = ConnectOptions::new()
-        .statement_timeout(Duration::from_secs(4))
-        .acquire_timeout(Duration::from_secs(1));
-    let locker = loop {
-        match Locker::connect_with(&url, options.clone()).await {
-            Ok(l) => break l.table(&table),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .unwrap();
-    let pid = std::process::id();
-    // One write per line: the workers append to one file, and an O_APPEND write of a short
-    // line is not interleaved with another process's.
-    let mut line = |text: String| {
-        log.write_all(format!("{pid} {text}\n").as_bytes()).unwrap();
-    };
-    let until = Instant::now() + RUN;
-    while Instant::now() < until {
-        let key = format!("key{}", fastrand::usize(..KEYS));
-        let owner = Owner::new();
-        line(format!("TRY {key} {owner}"));
-        match locker
-            .lock(&key)
-            .owner(&owner)
-            .ttl(TTL)
-            .wait(Duration::from_secs(5))
-            .await
-        {
-            Ok(g) => {
-                let lost_at_return = g.is_lost();
-                line(format!(
-                    "GOT {key} {} {} {} {} {}",
-                    g.fencing_token(),
-                    g.hold_count(),
-                    now_us(),
-                    us(g.expires_at()),
-                    u8::from(lost_at_return),
-                ));
-                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..40))).await;
-                // Stopped past its ttl, the worker knows its lease may be gone: is_lost().
-                line(format!(
-                    "END {key} {} {} {}",
-                    g.fencing_token(),
-                    now_us(),
-                    u8::from(g.is_lost())
-                ));
-                let token = g.fencing_token();
-                let outcome = match g.release().await {
-                    Ok(()) => "ok".to_owned(),
-                    Err(LockError::NotHeld { .. }) => "notheld".to_owned(),
-                    Err(e) if e.is_outcome_unknown() => "unknown".to_owned(),
-                    Err(LockError::Database(e)) => {
-                        format!("db:{}", e.to_string().replace(' ', "_"))
-                    }
-                    Err(e) => panic!("untyped release error: {e:?}"),
-                };
-                line(format!("REL {key} {token} {outcome}"));
-            }
-            Err(LockError::Busy { .. }) => line("ERR busy".into()),
-            Err(LockError::Lost { .. }) => line("ERR lost".into()),
-            Err(e) if e.is_outcome_unknown() => line("ERR unknown".into()),
-            Err(LockError::Database(_)) => line("ERR db".into()),
-            Err(e) => panic!("untyped lock error: {e:?}"),
-        }
-    }
-    // A graceful exit: background releases and resolutions get to finish.
-    tokio::time::sleep(LINGER).await;
-    line("EXIT".into());
-}
-
-#[derive(Debug, Clone)]
-struct Hold {
-    pid: u32,
-    key: String,
-    token: u64,
-    hold_count: u32,
-    start: i64,
-    lease_end: i64,
-    /// `lock()` returned a guard that was already lost (its lease could have ended).
-    lost_at_return: bool,
-    end: Option<i64>,
-    /// When the worker started to release it, the guard said it could be lost (the worker was
-    /// stopped past its ttl).
-    lost_at_end: bool,
-}
-
-impl Hold {
-    /// Until when the hold was certain: until the worker started to release it; if by then the
-    /// guard said it could be lost, only until the lease ended; if it never got to release it
-    /// (killed), until the lease ended.
-    fn certain_until(&self) -> i64 {
-        match self.end {
-            Some(end) if !self.lost_at_end => end,
-            Some(end) => end.min(self.lease_end),
-            None => self.lease_end,
-        }
-    }
-}
-
-fn parse(log: &str) -> (Vec<Hold>, HashMap<&str, usize>) {
-    let mut holds: Vec<Hold> = Vec::new();
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for l in log.lines().filter(|l| !l.trim().is_empty()) {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let pid: u32 = f[0].parse().unwrap();
-        *counts.entry(f[1]).or_default() += 1;
-        match f[1] {
-            "GOT" => holds.push(Hold {
-                pid,
-                key: f[2].into(),
-                token: f[3].parse().unwrap(),
-                hold_count: f[4].parse().unwrap(),
-                start: f[5].parse().unwrap(),
-                lease_end: f[6].parse().unwrap(),
-                lost_at_return: f[7] == "1",
-                end: None,
-                lost_at_end: false,
-            }),
-            "END" => {
-                let (key, token): (&str, u64) = (f[2], f[3].parse().unwrap());
-                let h = holds
-                    .iter_mut()
-                    .rev()
-                    .find(|h| h.pid == pid && h.key == key && h.token == token)
-                    .expect("END without GOT");
-                h.end = Some(f[4].parse().unwrap());
-                h.lost_at_end = f[5] == "1";
-            }
-            "REL" => *counts.entry(f[4]).or_default() += 1,
-            "TRY" | "EXIT" => {}
-            "ERR" => *counts.entry(f[2]).or_default() += 1,
-            _ => {}
-        }
-    }
-    (holds, counts)
-}
-
-/// The checker: what must hold of every history.
-fn check(name: &str, holds: &[Hold]) {
-    assert!(
-        holds.len() > 50,
-        "{name}: only {} holds: too few to say anything",
-        holds.len()
-    );
-    for h in holds {
-        assert_eq!(h.hold_count, 1, "{name}: a hold counted twice: {h:?}");
-        assert!(
-            !h.lost_at_return,
-            "{name}: a grant was returned dead: {h:?}"
-        );
-    }
-    let mut by_key: HashMap<&str, Vec<&Hold>> = HashMap::new();
-    for h in holds {
-        by_key.entry(&h.key).or_default().push(h);
-    }
-    for (key, mut hs) in by_key {
-        hs.sort_by_key(|h| h.start);
-        // Fencing order: tokens increase in the order the holds began.
-        for w in hs.windows(2) {
-            assert!(
-                w[1].token > w[0].token,
-                "{name}: fencing tokens out of order on {key}:\n  {:?}\n  {:?}",
-                w[0],
-                w[1]
-            );
-        }
-        // No overlap: each hold begins after every earlier hold stopped being certain.
-        let mut latest: Option<&Hold> = None;
-        for h in &hs {
-            if let Some(prev) = latest {
-                assert!(
-                    h.start >= prev.certain_until(),
-                    "{name}: overlapping holds of {key}:\n  {prev:?}\n  {h:?}"
-                );
-            }
-            if latest.is_none_or(|p| h.certain_until() > p.certain_until()) {
-                latest = Some(h);
-            }
-        }
-    }
+    history::worker(&WORKLOAD).await;
 }
 
 fn worker(url: &str, table: &str, log: &Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "chaos_worker",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("DBLOCK_CHAOS_URL", url)
-        .env("DBLOCK_CHAOS_TABLE", table)
-        .env("DBLOCK_CHAOS_LOG", log)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-fn signal(child: &Child, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {sig}");
+    history::spawn_worker("chaos_worker", url, table, log)
 }
 
 #[cfg(not(any(feature = "postgres", feature = "mysql")))]
@@ -358,26 +144,7 @@ async fn run(name: &str, direct: &str, observer: &Locker) {
     let (holds, counts) = parse(&history);
     check(name, &holds);
     // No orphan: whatever a survivor took, it gave back (or its resolution did) before it exited.
-    let killed_pids: Vec<u32> = history
-        .lines()
-        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-        .filter(|pid| !history.contains(&format!("{pid} EXIT")))
-        .collect();
-    // Every owner a worker used (also for calls that failed) → that worker.
-    let owners: HashMap<&str, u32> = history
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(1) == Some(&"TRY")).then(|| (f[3], f[0].parse().unwrap()))
-        })
-        .collect();
-    for info in observer.held().await.unwrap() {
-        let pid = info.owner.as_deref().and_then(|o| owners.get(o));
-        assert!(
-            pid.is_some_and(|p| killed_pids.contains(p)),
-            "{name}: a hold not of the killed worker outlived the run: {info:?} (worker {pid:?})"
-        );
-    }
+    history::check_no_orphans(name, &history, observer).await;
     eprintln!(
         "chaos on {name}: {} holds checked, {counts:?}, faults {faults:?}",
         holds.len()

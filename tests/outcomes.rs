@@ -265,13 +265,7 @@ async fn shutdown_gives_every_key_back_at_once() {
     let (dbs, _dir) = common::all("outcome_shutdown").await;
     for db in &dbs {
         let other = &db.locker;
-        let mine = common::as_named(
-            db.name,
-            Locker::connect(&db.url)
-                .await
-                .unwrap()
-                .table(other.table_name()),
-        );
+        let mine = common::connect(db).await.table(other.table_name());
         let held: Vec<_> = futures_join(&mine, 3).await;
         let renewed = mine
             .lock("renewed")

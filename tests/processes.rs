@@ -31,7 +31,13 @@ async fn child_entry() {
     let url = std::env::var("DBLOCK_CHILD_URL").unwrap();
     let table = std::env::var("DBLOCK_CHILD_TABLE").unwrap();
     let name = std::env::var("DBLOCK_CHILD_BACKEND").unwrap();
-    let locker = common::as_named(&name, Locker::connect(&url).await.unwrap().table(&table));
+    let locker = common::as_named(
+        &name,
+        Locker::connect_with(&url, common::options_for(&name))
+            .await
+            .unwrap()
+            .table(&table),
+    );
     match role.as_str() {
         "counter" => {
             let dir = std::env::var("DBLOCK_CHILD_DIR").unwrap();
@@ -94,7 +100,15 @@ async fn child_entry() {
                         .create(true)
                         .open(&log)
                         .unwrap();
-                    f.write_all(format!("{} {}\n", std::process::id(), now_ms()).as_bytes())
+                    // When the database granted it (its clock, as min_hold is measured): this
+                    // process's own clock could read it late under load.
+                    let info = locker.inspect("job").await.unwrap().unwrap();
+                    let granted_ms = info
+                        .acquired_at
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_millis();
+                    f.write_all(format!("{} {granted_ms}\n", std::process::id()).as_bytes())
                         .unwrap();
                     g.release().await.unwrap(); // a short job: the key stays taken regardless
                 }

@@ -1,14 +1,13 @@
 //! PostgreSQL restarted while locks are held (renewed handle, locked body): nothing panics,
 //! renewals resume (or report `Lost`), and new acquisitions work once the server is back.
 //!
-//! Restarts the local cluster with `pg_ctlcluster`, so it runs only when
-//! `DBLOCK_RESTART_SERVERS=1` (as `.ci/run` sets); otherwise it says so and skips.
+//! Runs on a PostgreSQL cluster of its own (`common::cluster`: own data directory and port), so
+//! stopping it never touches the shared server the other tests use.
 
 #![cfg_attr(not(feature = "postgres"), allow(unused))]
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dblock::{distributed_lock, LockError, Locker};
@@ -19,20 +18,6 @@ async fn long_body(locker: &Locker) -> Result<(), LockError> {
     Ok(())
 }
 
-fn pg_ctl(action: &str) {
-    let version = std::fs::read_dir("/etc/postgresql")
-        .expect("/etc/postgresql")
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .next()
-        .expect("a cluster");
-    let status = Command::new("pg_ctlcluster")
-        .args(["--skip-systemctl-redirect", &version, "main", action])
-        .status()
-        .expect("pg_ctlcluster");
-    assert!(status.success(), "pg_ctlcluster {action} failed");
-}
-
 #[cfg(not(feature = "postgres"))]
 #[test]
 #[ignore = "the PostgreSQL restart test needs `--features postgres` (or --all-features)"]
@@ -41,13 +26,10 @@ fn restart_needs_the_postgres_feature() {}
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_survive_a_postgres_restart() {
-    if std::env::var("DBLOCK_RESTART_SERVERS").as_deref() != Ok("1") {
-        common::shout("SKIPPING the PostgreSQL restart test: set DBLOCK_RESTART_SERVERS=1 to allow it to restart the local cluster.");
+    let Some(pg) = common::cluster::PrivatePg::start("the PostgreSQL restart test", &[]) else {
         return;
-    }
-    let Ok(locker) = Locker::connect(&common::postgres_url()).await else {
-        panic!("PostgreSQL unreachable");
     };
+    let locker = Locker::connect(&pg.url()).await.expect("private cluster");
     let locker = locker.table(&common::table_for("restart"));
     locker.migrate().await.unwrap();
 
@@ -61,12 +43,12 @@ async fn locks_survive_a_postgres_restart() {
     let body = tokio::spawn(async move { long_body(&l).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    pg_ctl("stop");
+    pg.stop();
     // While it is down: errors, not panics.
     let down = locker.lock("while-down").await;
     assert!(matches!(down, Err(LockError::Database(_))), "{down:?}");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    pg_ctl("start");
+    pg.restart();
 
     // New acquisitions work again once the server is back.
     let started = Instant::now();

@@ -159,3 +159,31 @@ async fn sqlite_warns_when_a_process_sharing_the_file_runs_ahead() {
         "no warning:\n{text}"
     );
 }
+
+/// `lock_all` on free keys takes them in one statement (one round trip) where the dialect has
+/// one, and says so; the MySQL 8 path takes them one by one.
+#[tokio::test]
+async fn lock_all_takes_free_keys_in_one_statement() {
+    let (dbs, _dir) = common::all("trace_many").await;
+    for db in &dbs {
+        let (out, default) = capture();
+        let guards = db
+            .locker
+            .lock_all(["many-c", "many-a", "many-b"])
+            .await
+            .unwrap();
+        assert_eq!(guards.len(), 3);
+        for g in guards {
+            g.release().await.unwrap();
+        }
+        drop(default);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let one_statement = text.contains("acquired all in one statement");
+        let key_by_key = text.contains("dblock.lock{");
+        if db.name == "mysql8-path" {
+            assert!(!one_statement && key_by_key, "{}: {text}", db.name);
+        } else {
+            assert!(one_statement && !key_by_key, "{}: {text}", db.name);
+        }
+    }
+}

@@ -19,6 +19,8 @@ pub(crate) enum Key {
     Template(LitStr),
     /// Any other expression, formatted with `Display`.
     Expr(Expr),
+    /// `[k1, k2, ...]`: several keys, all taken or none.
+    List(Vec<Key>, proc_macro2::Span),
 }
 
 pub(crate) enum Dur {
@@ -125,6 +127,10 @@ fn key(value: Expr) -> Option<Key> {
             lit: Lit::Str(s),
             attrs,
         }) if attrs.is_empty() => Key::Template(s),
+        Expr::Array(list) => {
+            let span = list.bracket_token.span.join();
+            Key::List(list.elems.into_iter().filter_map(key).collect(), span)
+        }
         other => Key::Expr(other),
     })
 }

@@ -56,16 +56,57 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             ));
             None
         }
-        Some(Key::Template(lit)) => key_from_template(lit, &params, &args, &mut errors),
-        Some(Key::Expr(e)) => {
-            let krate = krate(&args);
-            Some(quote_spanned! {e.span()=> #krate::__private::key_string(&(#e)) })
+        Some(Key::List(keys, span)) if keys.is_empty() => {
+            errors.push(syn::Error::new(
+                *span,
+                "the key list is empty; write at least one key, like `key = [\"acct:{from}\", \"acct:{to}\"]`",
+            ));
+            None
         }
+        Some(Key::List(keys, _)) => {
+            let built: Vec<Option<TokenStream>> = keys
+                .iter()
+                .map(|k| one_key(k, &params, &args, &mut errors))
+                .collect();
+            built
+                .into_iter()
+                .collect::<Option<Vec<_>>>()
+                .map(|keys| quote! { ::std::vec![#(#keys),*] })
+        }
+        Some(k) => one_key(k, &params, &args, &mut errors).map(|k| quote! { ::std::vec![#k] }),
     };
 
     match (errors.into_compile_errors(), key) {
         (None, Some(key)) => rewrite(func, &args, key),
         (errors, _) => quote! { #errors #item },
+    }
+}
+
+/// A key as its template reads (a list: its templates joined by ", "; an expression: its
+/// source), for the metrics' `key` label.
+fn key_template(key: &Key) -> String {
+    match key {
+        Key::Template(lit) => lit.value(),
+        Key::Expr(e) => e.to_token_stream().to_string(),
+        Key::List(keys, _) => keys.iter().map(key_template).collect::<Vec<_>>().join(", "),
+    }
+}
+
+/// One key's `String`-building code (a template, or an expression formatted with `Display`).
+fn one_key(key: &Key, params: &[String], args: &Args, errors: &mut Errors) -> Option<TokenStream> {
+    match key {
+        Key::Template(lit) => key_from_template(lit, params, args, errors),
+        Key::Expr(e) => {
+            let krate = krate(args);
+            Some(quote_spanned! {e.span()=> #krate::__private::key_string(&(#e)) })
+        }
+        Key::List(_, span) => {
+            errors.push(syn::Error::new(
+                *span,
+                "a key list cannot hold another list",
+            ));
+            None
+        }
     }
 }
 
@@ -296,6 +337,8 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
         }
     };
     let function = sig.ident.unraw_string();
+    // The metrics' `key` label: the template as written (never the key it builds).
+    let template = args.key.as_ref().map(key_template).unwrap_or_default();
 
     // The declared return type, tied to the body (a "fake return edge") and checked against the
     // rule `Result<T, E: From<LockError>>` with the error spanned at the return type.
@@ -323,7 +366,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
         #vis #sig {
             #(#inner_attrs)*
             #return_check
-            let #key_var: ::std::string::String = #key;
+            let #key_var: ::std::vec::Vec<::std::string::String> = #key;
             let #locker_var = #locker;
             let #request_var = #krate::__private::request(
                 #locker_var,
@@ -331,7 +374,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 ::core::concat!(::core::module_path!(), "::", #function),
             )
             .map(|#builder| {
-                let #builder = #builder.ttl(#ttl).wait(#wait);
+                let #builder = #builder.ttl(#ttl).wait(#wait).metrics_key(#template);
                 #min_hold
                 #once
                 #builder

@@ -13,6 +13,9 @@ use std::time::Duration;
 /// | [`acquire_timeout`](Self::acquire_timeout) | 3 s (SQLite 10 s) | waiting for a pooled connection; a lock call's own `wait` bounds it further |
 /// | [`statement_timeout`](Self::statement_timeout) | 5 s | one statement: on the server (PostgreSQL `statement_timeout` and `lock_timeout`, MariaDB `max_statement_time` and `innodb_lock_wait_timeout`) and in the client, which closes a connection whose reply does not come in time |
 /// | [`listen`](Self::listen) | `true` | PostgreSQL: one connection of the locker's own LISTENs for releases, so waiters wake at once |
+/// | [`durable_release`](Self::durable_release) | `false` | PostgreSQL and SQLite: whether a release waits for its own disk flush (see there) |
+/// | [`pooler`](Self::pooler) | `false` | PostgreSQL: the URL is a transaction pooler such as PgBouncer (no prepared statements, no session settings, no LISTEN through it) |
+/// | [`listen_url`](Self::listen_url) | none | PostgreSQL: a URL of its own for the LISTEN connection, e.g. straight to the server past the pooler |
 ///
 /// Whatever the options, a `lock()` call returns by its `wait` (an attempt that `wait` cannot
 /// cover gets at most one second), a release or extend by the statement time-out, and no
@@ -38,6 +41,9 @@ pub struct ConnectOptions {
     pub(crate) acquire_timeout: Option<Duration>,
     pub(crate) statement_timeout: Duration,
     pub(crate) listen: bool,
+    pub(crate) durable_release: bool,
+    pub(crate) pooler: bool,
+    pub(crate) listen_url: Option<String>,
 }
 
 impl Default for ConnectOptions {
@@ -47,6 +53,9 @@ impl Default for ConnectOptions {
             acquire_timeout: None,
             statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
             listen: true,
+            durable_release: false,
+            pooler: false,
+            listen_url: None,
         }
     }
 }
@@ -103,6 +112,88 @@ impl ConnectOptions {
     /// ```
     pub fn listen(mut self, on: bool) -> Self {
         self.listen = on;
+        self
+    }
+
+    /// Whether a release waits for its own disk flush. By default (`false`) it does not, where
+    /// the database allows that per statement or connection: PostgreSQL commits the release
+    /// with `synchronous_commit = off` (set for that one statement's transaction), SQLite
+    /// releases on connections of the locker's own at `synchronous = NORMAL` (WAL). A lock
+    /// cycle then costs one disk flush (the grant's) instead of two. Grants and extensions are
+    /// always durable; MySQL / MariaDB have no per-session durability and are unaffected.
+    ///
+    /// Why this is safe: a crash can lose only a release whose flush had not happened yet, and
+    /// a lost release leaves the key held by its old owner until the lease ends, exactly as if
+    /// that holder had died. It can never lose a grant or a fencing token: a grant is
+    /// acknowledged only after its own flush, and that flush covers everything written before
+    /// it in the log, including the release that freed the key. With synchronous replication
+    /// the same holds for the standby: the grant waits for it, and the release is ahead of the
+    /// grant in the stream. `true` keeps both commits durable (the release then survives a
+    /// crash the moment it returns).
+    ///
+    /// ```
+    /// let options = dblock::ConnectOptions::new().durable_release(true);
+    /// ```
+    pub fn durable_release(mut self, durable: bool) -> Self {
+        self.durable_release = durable;
+        self
+    }
+
+    /// PostgreSQL: the URL points at a connection pooler in **transaction** (or statement)
+    /// pooling mode, such as PgBouncer with `pool_mode = transaction`, which hands every
+    /// transaction to whichever server connection is free. Session pooling needs nothing.
+    ///
+    /// What changes (other backends ignore it):
+    /// - **No prepared statements.** Each statement goes as one simple-protocol query, its values
+    ///   written in as escaped, typed literals: still one round trip, and nothing is left on a
+    ///   server connection that another client may get next. (Named prepared statements break
+    ///   there at once; unnamed ones silently run another client's statement.) The server parses
+    ///   and plans every statement anew, which costs some throughput (see the README).
+    /// - **No session settings.** The pool's connections send no `options` start-up parameter
+    ///   (PgBouncer refuses it) and no `extra_float_digits`, so a stock PgBouncer accepts them.
+    ///   READ COMMITTED, `statement_timeout` and `lock_timeout` come with each statement
+    ///   instead (`SET LOCAL`, in the same query); TCP keepalives are the pooler's
+    ///   (`tcp_keepalive`, `client_idle_timeout`).
+    /// - **No LISTEN through the pooler** (a LISTEN would stay on one server connection):
+    ///   waiters poll with backoff, unless [`listen_url`](Self::listen_url) gives a direct
+    ///   connection for it.
+    /// - `migrate()` runs as one implicit transaction, and `fence` sends its statement the
+    ///   same way inside the caller's transaction.
+    ///
+    /// The same option works for a pool of your own: [`Locker::postgres_with`].
+    ///
+    /// [`Locker::postgres_with`]: crate::Locker::postgres_with
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), dblock::LockError> {
+    /// let options = dblock::ConnectOptions::new()
+    ///     .pooler(true)
+    ///     // optional: wake waiters at once, through a connection straight to PostgreSQL
+    ///     .listen_url("postgres://app@db.internal:5432/app");
+    /// let locker = dblock::Locker::connect_with("postgres://app@pgbouncer:6432/app", options).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn pooler(mut self, on: bool) -> Self {
+        self.pooler = on;
+        self
+    }
+
+    /// PostgreSQL: the URL the LISTEN connection uses instead of the pool's, typically one that
+    /// reaches the server directly while the pool goes through a transaction pooler
+    /// ([`pooler`](Self::pooler)). One connection per locker, opened when a waiter first needs
+    /// it; its server keepalives are set as on a direct pool. Releases still NOTIFY through the
+    /// pool: notifications reach every listener of the database. Ignored when
+    /// [`listen`](Self::listen) is off. A URL that does not parse is a
+    /// [`LockError::Config`](crate::LockError::Config) from `connect_with` (from every call of
+    /// a [`Locker::postgres_with`](crate::Locker::postgres_with) locker).
+    ///
+    /// ```
+    /// let options = dblock::ConnectOptions::new()
+    ///     .pooler(true)
+    ///     .listen_url("postgres://app@db.internal:5432/app");
+    /// ```
+    pub fn listen_url(mut self, url: impl Into<String>) -> Self {
+        self.listen_url = Some(url.into());
         self
     }
 }

@@ -4,11 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::backend::fence::FenceConnection;
 use crate::backend::{Outcome, Released};
 use crate::error::LockError;
 use crate::hold::Hold;
 use crate::info::time_from_micros;
-use crate::owner::Owner;
+use crate::meter;
+use crate::owner::{HeldLock, Owner};
 use crate::renew::Registration;
 use crate::shared::Shared;
 use tokio::time::Instant;
@@ -40,23 +42,40 @@ pub struct LockGuard {
     renewal: Option<Registration>,
     /// `false` once `release` has taken over: `Drop` then has nothing to do.
     armed: bool,
+    /// What `Drop` records: `Failed`, or nothing for a hold nothing ran under yet (one key of a
+    /// multi-key call still being taken).
+    drop_outcome: Option<Outcome>,
 }
 
 impl LockGuard {
     pub(crate) fn new(hold: Hold, shared: Arc<Shared>) -> Self {
         let hold = Arc::new(hold);
         shared.track(&hold);
+        meter::held(&hold.meter);
         LockGuard {
             hold,
             shared,
             renewal: None,
             armed: true,
+            drop_outcome: Some(Outcome::Failed),
         }
     }
 
+    /// Whether dropping the guard records `Failed` (`true`, the default) or nothing.
+    pub(crate) fn set_used(&mut self, used: bool) {
+        self.drop_outcome = used.then_some(Outcome::Failed);
+    }
+
     /// The hold record, shared with renewal and the locked body's `current()`.
+    #[allow(dead_code)]
     pub(crate) fn hold(&self) -> &Arc<Hold> {
         &self.hold
+    }
+
+    /// What `dblock::current()` reports of this lock inside a locked body.
+    pub(crate) fn held_lock(&self) -> HeldLock {
+        self.hold
+            .held_lock(&self.shared.table, self.shared.simple_statements())
     }
 
     /// Keeps the lease alive while this guard lives: the locker's one renewal task extends it
@@ -206,6 +225,63 @@ impl LockGuard {
         self.shared.extend(&self.hold, ttl).await
     }
 
+    /// Fences a write: inside the caller's transaction (or on a connection) of the lock's own
+    /// database, checks that this lease is still ours and live, and locks its row until that
+    /// transaction ends, so no other owner can take the key over before the caller commits or
+    /// rolls back. A stale holder's writes then never commit: the fence fails with
+    /// [`LockError::Lost`] and the caller rolls back.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker, pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let guard = locker.lock("acct:7").await?;
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE accounts SET cents = cents - 100 WHERE id = 7").execute(&mut *tx).await?;
+    /// guard.fence(&mut *tx).await?; // still ours; nobody takes the key until the commit
+    /// tx.commit().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// What it costs: one statement in the caller's transaction, and the lease row (SQLite: the
+    /// database's write lock) held until the transaction ends — keep fenced transactions well
+    /// under the ttl: the locker's renewal tick, one statement for all its leases, waits for them
+    /// too. Isolation levels:
+    /// - PostgreSQL: at READ COMMITTED the fence waits for a concurrent writer of the row and
+    ///   re-checks the latest version. At REPEATABLE READ or SERIALIZABLE it checks the
+    ///   transaction's snapshot: a lease that had run out by then is `Lost`; a row changed by a
+    ///   takeover committed after the snapshot makes the `UPDATE` fail with a serialization error
+    ///   (40001, a `LockError::Database`). Either way roll back; nothing commits under a lease
+    ///   that is not ours (tested at all three levels).
+    /// - MySQL / MariaDB (InnoDB): an `UPDATE` reads the latest committed row whatever the
+    ///   isolation level (READ COMMITTED, REPEATABLE READ, SERIALIZABLE alike), and holds its
+    ///   exclusive lock to the end of the transaction.
+    /// - SQLite: the fence takes the single write lock, for the whole database: while a fenced
+    ///   transaction is open no other lock of that file can be taken or released either. A
+    ///   `DEFERRED` transaction whose read snapshot predates a takeover gets `SQLITE_BUSY` at its
+    ///   first write (a `LockError::Database`; roll back); `BEGIN IMMEDIATE` takes the write
+    ///   lock up front, so no takeover can happen inside it.
+    ///
+    /// For data in another store, pass the fencing token instead ([`Self::fencing_token`]) and
+    /// keep it in a `BIGINT` column: accept a write only with a token not smaller than the
+    /// stored one.
+    pub async fn fence<C: FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
+        let matched = conn
+            .fence_row(
+                &self.shared.table,
+                &self.hold.key,
+                self.hold.owner.id(),
+                self.hold.fencing_token,
+                self.shared.simple_statements(),
+            )
+            .await?;
+        if matched == 0 {
+            return Err(LockError::Lost {
+                key: self.hold.key.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// Releases now and reports how it went: [`LockError::NotHeld`] if the lease had already
     /// ended (someone else may have the lock by now).
     ///
@@ -217,7 +293,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(self) -> Result<(), LockError> {
-        self.give_back(Outcome::Succeeded).await
+        self.give_back(Some(Outcome::Succeeded)).await
     }
 
     /// Releases now, recording that the work under the lock failed ([`Outcome::Failed`]): a
@@ -233,14 +309,20 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release_failed(self) -> Result<(), LockError> {
-        self.give_back(Outcome::Failed).await
+        self.give_back(Some(Outcome::Failed)).await
     }
 
-    async fn give_back(mut self, outcome: Outcome) -> Result<(), LockError> {
+    /// Gives the hold back unused: nothing ran under it, so no outcome is recorded (a partial
+    /// multi-key acquisition undone).
+    pub(crate) async fn give_back_unused(self) -> Result<(), LockError> {
+        self.give_back(None).await
+    }
+
+    async fn give_back(mut self, outcome: Option<Outcome>) -> Result<(), LockError> {
         // Outside a runtime the guard is dropped as it is (its Drop says the lease will expire).
         LockError::require_runtime()?;
         self.armed = false;
-        self.shared.untrack(&self.hold);
+        self.end();
         if self.hold.is_revoked() {
             // Locker::shutdown released it already.
             return Err(LockError::ShutDown);
@@ -278,22 +360,30 @@ impl LockGuard {
     }
 }
 
+impl LockGuard {
+    /// The guard is done with its hold (given back, or dropped): once.
+    fn end(&self) {
+        self.shared.untrack(&self.hold);
+        meter::released(&self.hold.meter, self.hold.granted.elapsed());
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         drop(self.renewal.take()); // no renewal from here on
         if !self.armed {
             return;
         }
-        self.shared.untrack(&self.hold);
+        self.end();
         if self.hold.is_revoked() {
             return; // Locker::shutdown released it already
         }
-        let (hold, shared) = (self.hold.clone(), self.shared.clone());
+        let (hold, shared, outcome) = (self.hold.clone(), self.shared.clone(), self.drop_outcome);
         // Not lazily on the next use of a connection: a task of its own, right now.
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    match release(hold.clone(), shared, Outcome::Failed).await {
+                    match release(hold.clone(), shared, outcome).await {
                         Ok(outcome) => {
                             tracing::debug!(key = %hold.key, ?outcome, "released on drop")
                         }
@@ -313,7 +403,7 @@ impl Drop for LockGuard {
 async fn release(
     hold: Arc<Hold>,
     shared: Arc<Shared>,
-    outcome: Outcome,
+    outcome: Option<Outcome>,
 ) -> Result<Released, LockError> {
     let until = hold.deadline().max(Instant::now()) + shared.statement_timeout;
     shared.release(&hold, outcome, until).await

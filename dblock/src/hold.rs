@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Grant, HoldRef};
 use crate::info::time_from_micros;
+use crate::meter;
 use crate::owner::{HeldLock, Owner};
 
 /// One hold of one key by one owner (one `lock()` call that succeeded).
@@ -32,6 +33,29 @@ pub(crate) struct Hold {
     lost_signal: Notify,
     /// Taken away by `Locker::shutdown`, which released it: nothing left for the guard to do.
     revoked: AtomicBool,
+    /// Who asked for it (to tell a task that is about to wait for itself).
+    pub(crate) caller: Caller,
+    /// What its metrics are labelled with.
+    pub(crate) meter: meter::Label,
+    /// When the grant arrived (for the hold time).
+    pub(crate) granted: Instant,
+}
+
+/// The code that called `lock()`: its tokio task, or — for the future a runtime's `block_on`
+/// drives, which is no task — its thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Caller {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl Caller {
+    pub(crate) fn current() -> Self {
+        match tokio::task::try_id() {
+            Some(id) => Caller::Task(id),
+            None => Caller::Thread(std::thread::current().id()),
+        }
+    }
 }
 
 /// What changes while the hold lives.
@@ -55,6 +79,7 @@ impl Hold {
         grant: Grant,
         ttl: Duration,
         sent: Instant,
+        meter: meter::Label,
     ) -> Self {
         Hold {
             key,
@@ -71,6 +96,9 @@ impl Hold {
             lost: AtomicBool::new(false),
             lost_signal: Notify::new(),
             revoked: AtomicBool::new(false),
+            caller: Caller::current(),
+            meter,
+            granted: Instant::now(),
         }
     }
 
@@ -89,13 +117,17 @@ impl Hold {
         }
     }
 
-    /// What `dblock::current()` reports inside a locked body.
-    pub(crate) fn held_lock(&self) -> HeldLock {
+    /// What `dblock::current()` reports inside a locked body; `table` is the lock table's,
+    /// `simple` whether its fence goes as a simple query (PostgreSQL behind a pooler).
+    pub(crate) fn held_lock(&self, table: &str, simple: bool) -> HeldLock {
         HeldLock {
             key: self.key.clone(),
             fencing_token: self.fencing_token,
             hold_count: self.hold_count,
             expires_at: time_from_micros(self.expires_at_us()),
+            table: table.into(),
+            owner: self.owner.shared_id(),
+            simple,
         }
     }
 
@@ -172,6 +204,7 @@ impl Hold {
     fn mark_lost(&self) {
         if !self.lost.swap(true, Ordering::SeqCst) {
             tracing::warn!(key = %self.key, fencing_token = self.fencing_token, "lease lost");
+            meter::lost(&self.meter);
         }
         self.lost_signal.notify_waiters();
     }

@@ -40,8 +40,13 @@
 //!   unknown ([`LockError::is_outcome_unknown`]); re-entry counts only the holds this process
 //!   tracks. SQLite: processes sharing one file must share one clock.
 //!
-//! ## Backends (cargo features)
-//! `sqlite` (default), `postgres`, `mysql`; `macros` (default) re-exports the attribute.
+//! ## Cargo features
+//! Backends: `sqlite` (default), `postgres`, `mysql`. `macros` (default) re-exports the
+//! attribute. `metrics` reports acquire latency, wait and hold time, busy and lost counts,
+//! renewal failures and held locks through the [`metrics`](https://docs.rs/metrics) facade,
+//! labelled by key template (see [`LockRequest::metrics_key`]): `dblock_acquire_seconds`,
+//! `dblock_wait_seconds`, `dblock_hold_seconds`, `dblock_busy_total`, `dblock_lost_total`,
+//! `dblock_renewal_failures_total`, `dblock_held`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -56,6 +61,8 @@ mod guard;
 mod hold;
 mod info;
 mod locker;
+mod meter;
+mod multi;
 mod owner;
 mod renew;
 mod request;
@@ -65,13 +72,15 @@ mod shared;
 pub mod test_util;
 mod validate;
 
+pub use backend::fence::FenceConnection;
 pub use connect::ConnectOptions;
 pub use default_locker::{default_locker, set_default};
 pub use error::{LockError, Result};
 pub use guard::LockGuard;
 pub use info::{LockInfo, Outcome};
 pub use locker::Locker;
-pub use owner::{current, HeldLock, Owner};
+pub use multi::LockAllRequest;
+pub use owner::{current, current_all, fence, HeldLock, Owner};
 pub use request::{LockRequest, DEFAULT_TTL};
 pub use validate::MAX_KEY_LEN;
 
@@ -104,7 +113,7 @@ pub use validate::MAX_KEY_LEN;
 ///
 /// | argument | meaning | default |
 /// |---|---|---|
-/// | `key` | string literal template, or any expression whose value is `impl Display` | required |
+/// | `key` | string literal template, or any expression whose value is `impl Display`; or a list of them, `[..]`, for several keys at once | required |
 /// | `ttl` | lease: `"30s"`, `"500ms"`, `"1m30s"`, `"2h"` (checked at compile time) or a `Duration` expression | `"30s"` |
 /// | `wait` | how long to keep trying; `"0s"` = one attempt | `"0s"` |
 /// | `locker` | expression giving `Locker` or `&Locker` (also `Arc<Locker>`), evaluated on entry | [`set_default`] |
@@ -181,9 +190,45 @@ pub use validate::MAX_KEY_LEN;
 /// async fn payout(id: u64) -> Result<(), LockError> { Ok(()) }
 /// ```
 ///
-/// **Transactions**: the lock is released when the function returns. Called inside a caller's
-/// open transaction, that is before the transaction commits: another instance may then take the
-/// key and see data not yet committed.
+/// **Several keys**: `key = ["acct:{from}", "acct:{to}"]` takes every key or none, always in
+/// one canonical order (sorted by bytes, duplicates merged), so two calls naming the same keys
+/// in opposite orders cannot deadlock; `wait` bounds the whole; a key that stays busy gives back
+/// those already taken. [`current_all()`] lists them in the body, with their tokens.
+///
+/// ```
+/// # use dblock::{distributed_lock, LockError};
+/// #[distributed_lock(key = ["acct:{from}", "acct:{to}"], wait = "5s")]
+/// async fn transfer(from: u64, to: u64) -> Result<(), LockError> {
+///     assert_eq!(dblock::current_all().len(), if from == to { 1 } else { 2 });
+///     Ok(())
+/// }
+/// ```
+///
+/// **Transactions — the trap**: the lock is released when the function returns. Called inside
+/// a caller's *open* transaction, that is before the transaction commits: another instance then
+/// takes the key, reads the old data, and one of the two updates is lost, while both calls
+/// returned `Ok`. Open and commit the transaction *inside* the locked function, and fence it:
+/// [`fence`] (or [`LockGuard::fence`]) in that transaction, on the lock's own database, checks
+/// that every lease of the body is still ours and keeps it so until the commit — a holder that
+/// stalled past its lease gets `Err(LockError::Lost)` and its writes roll back. For data in
+/// another store, write the fencing token along and let the store refuse older tokens (see the
+/// README, "Using with transactions").
+///
+/// ```
+/// # use dblock::{distributed_lock, LockError};
+/// # #[derive(Debug)] struct AppError;
+/// # impl From<LockError> for AppError { fn from(_: LockError) -> Self { AppError } }
+/// # impl From<sqlx::Error> for AppError { fn from(_: sqlx::Error) -> Self { AppError } }
+/// #[distributed_lock(key = "acct:{id}")]
+/// async fn deposit(db: &sqlx::SqlitePool, id: i64, cents: i64) -> Result<(), AppError> {
+///     let mut tx = db.begin().await?; // inside the lock, not around it
+///     sqlx::query("UPDATE accounts SET cents = cents + ? WHERE id = ?")
+///         .bind(cents).bind(id).execute(&mut *tx).await?;
+///     dblock::fence(&mut *tx).await?; // still ours until the commit, or roll back
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// ```
 ///
 /// **`crate`**: for code that re-exports dblock under another path.
 ///

@@ -10,6 +10,7 @@ use crate::backend::Backend;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::info::LockInfo;
+use crate::multi::LockAllRequest;
 use crate::request::LockRequest;
 use crate::shared::{default_holder, Shared};
 use crate::validate;
@@ -136,6 +137,53 @@ impl Locker {
         Self::from_backend(crate::backend::postgres::Pg::new(pool, DEFAULT_TABLE).into())
     }
 
+    /// [`Locker::postgres`] with options: those of [`ConnectOptions`] that are not about
+    /// building a pool apply — [`pooler`](ConnectOptions::pooler),
+    /// [`listen`](ConnectOptions::listen), [`listen_url`](ConnectOptions::listen_url),
+    /// [`durable_release`](ConnectOptions::durable_release) and
+    /// [`statement_timeout`](ConnectOptions::statement_timeout) (in the client; behind a pooler
+    /// also on the server, with each statement). `max_connections` and `acquire_timeout` are
+    /// your pool's own business. A `listen_url` that does not parse makes every call fail with
+    /// [`LockError::Config`].
+    ///
+    /// Behind PgBouncer in transaction mode: `pooler(true)`, and a pool whose connections send
+    /// no start-up parameter PgBouncer refuses (sqlx's `extra_float_digits` is one, unless
+    /// PgBouncer lists it in `ignore_startup_parameters`; so is `options`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::str::FromStr;
+    /// use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    ///
+    /// let through_pgbouncer = PgConnectOptions::from_str("postgres://app@pgbouncer:6432/app")?
+    ///     .extra_float_digits(None);
+    /// let pool = PgPoolOptions::new().connect_with(through_pgbouncer).await?;
+    /// let options = dblock::ConnectOptions::new()
+    ///     .pooler(true)
+    ///     .listen_url("postgres://app@db.internal:5432/app"); // optional: LISTEN past PgBouncer
+    /// let locker = dblock::Locker::postgres_with(pool, options);
+    /// locker.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn postgres_with(pool: sqlx::PgPool, options: ConnectOptions) -> Locker {
+        let backend = crate::backend::postgres::Pg::configured(pool, DEFAULT_TABLE, &options)
+            .map(Backend::from)
+            .map_err(|e| match e {
+                LockError::Config(msg) => msg,
+                other => other.to_string(),
+            });
+        Locker {
+            shared: Shared::with_timeout(
+                backend,
+                DEFAULT_TABLE,
+                default_holder(),
+                options.statement_timeout,
+            ),
+        }
+    }
+
     /// Locks in an existing MySQL / MariaDB pool (see [`Locker::postgres`] for advice on its
     /// settings; on Galera also set `wsrep_retry_autocommit=0`, which [`Locker::connect`] does).
     ///
@@ -250,6 +298,29 @@ impl Locker {
     /// ```
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
         LockRequest::new(self.shared.clone(), key.into())
+    }
+
+    /// Starts a request for several keys at once, all or nothing: they are taken in one
+    /// canonical order (sorted bytes, duplicates merged) as one owner, so two calls naming the
+    /// same keys in any order cannot deadlock; `wait` bounds the whole set; whatever was taken
+    /// when one key cannot be had is given back at once. Keys are anything `AsRef<str>`: an
+    /// array or slice of `&str`, a `Vec<String>`. See [`LockAllRequest`].
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let guards = locker.lock_all(["acct:2", "acct:1"]).wait(std::time::Duration::from_secs(5)).await?;
+    /// assert_eq!(guards.len(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_all<I>(&self, keys: I) -> LockAllRequest
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        LockAllRequest::new(
+            self.shared.clone(),
+            keys.into_iter().map(|k| k.as_ref().to_owned()).collect(),
+        )
     }
 
     /// The current state of `key`'s row, or `None` if it has none. Read-only.

@@ -1,6 +1,8 @@
 //! Who holds a lock: [`Owner`], the task-scoped owner context, and [`current`].
 
 use std::fmt;
+
+use crate::backend::fence::FenceConnection;
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -9,12 +11,13 @@ tokio::task_local! {
     static CONTEXT: Context;
 }
 
-/// What a task running "as an owner" carries: the owner, and the innermost lock its locked body
+/// What a task running "as an owner" carries: the owner, and the locks its locked bodies hold
 /// holds (for [`current`]).
 #[derive(Clone)]
 pub(crate) struct Context {
     pub(crate) owner: Owner,
-    pub(crate) innermost: Option<HeldLock>,
+    /// Every lock of the enclosing locked bodies, outermost first.
+    pub(crate) held: Arc<[HeldLock]>,
 }
 
 impl Context {
@@ -119,7 +122,7 @@ impl Owner {
     pub fn scope<F: IntoFuture>(&self, fut: F) -> impl Future<Output = F::Output> {
         Context {
             owner: self.clone(),
-            innermost: None,
+            held: Arc::from([]),
         }
         .scope(fut.into_future())
     }
@@ -143,7 +146,7 @@ impl fmt::Display for Owner {
     }
 }
 
-/// The innermost lock held by the running locked body, as [`current`] reports it.
+/// A lock held by the running locked body, as [`current`] and [`current_all`] report it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HeldLock {
@@ -155,6 +158,12 @@ pub struct HeldLock {
     pub hold_count: u32,
     /// Lease end on the database clock, as of acquisition.
     pub expires_at: SystemTime,
+    /// The lock table (for `dblock::fence`).
+    pub(crate) table: Arc<str>,
+    /// The owner id (for `dblock::fence`).
+    pub(crate) owner: Arc<str>,
+    /// The fence goes as a simple query with inlined values (PostgreSQL behind a pooler).
+    pub(crate) simple: bool,
 }
 
 /// The innermost lock held by this task's locked body (`#[distributed_lock]`), or `None`.
@@ -165,5 +174,67 @@ pub struct HeldLock {
 /// assert!(dblock::current().is_none()); // not inside a locked body
 /// ```
 pub fn current() -> Option<HeldLock> {
-    CONTEXT.try_with(|c| c.innermost.clone()).ok().flatten()
+    CONTEXT.try_with(|c| c.held.last().cloned()).ok().flatten()
+}
+
+/// Every lock held by this task's locked bodies (`#[distributed_lock]`, also with a list of
+/// keys, and the bodies it is nested in), outermost first, each with its fencing token. Empty
+/// outside any locked body.
+///
+/// ```
+/// # use dblock::{distributed_lock, LockError};
+/// #[distributed_lock(key = ["acct:{from}", "acct:{to}"])]
+/// async fn transfer(from: u64, to: u64) -> Result<(), LockError> {
+///     for lock in dblock::current_all() {
+///         println!("{} under token {}", lock.key, lock.fencing_token);
+///     }
+///     Ok(())
+/// }
+/// assert!(dblock::current_all().is_empty());
+/// ```
+pub fn current_all() -> Vec<HeldLock> {
+    CONTEXT.try_with(|c| c.held.to_vec()).unwrap_or_default()
+}
+
+/// Fences a write with every lock of the running locked body (and of the bodies it is nested
+/// in): inside the caller's transaction on the locks' own database, checks that each lease is
+/// still ours and live and locks its row until that transaction ends, so no other owner can
+/// take a key over before the caller commits or rolls back. `Err(Lost)` if any is not held:
+/// roll back. Outside a locked body it fences nothing. See
+/// [`LockGuard::fence`](crate::LockGuard::fence) for what it costs and how it meets isolation
+/// levels.
+///
+/// ```
+/// # #[derive(Debug)] struct AppError;
+/// # impl From<dblock::LockError> for AppError { fn from(_: dblock::LockError) -> Self { AppError } }
+/// # impl From<sqlx::Error> for AppError { fn from(_: sqlx::Error) -> Self { AppError } }
+/// #[dblock::distributed_lock(key = ["acct:{from}", "acct:{to}"])]
+/// async fn transfer(db: &sqlx::SqlitePool, from: i64, to: i64, cents: i64) -> Result<(), AppError> {
+///     let mut tx = db.begin().await?;
+///     sqlx::query("UPDATE accounts SET cents = cents - ? WHERE id = ?")
+///         .bind(cents).bind(from).execute(&mut *tx).await?;
+///     sqlx::query("UPDATE accounts SET cents = cents + ? WHERE id = ?")
+///         .bind(cents).bind(to).execute(&mut *tx).await?;
+///     dblock::fence(&mut *tx).await?; // both leases still ours, and stay so until the commit
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// ```
+pub async fn fence<C: FenceConnection>(conn: &mut C) -> Result<(), crate::LockError> {
+    let held = CONTEXT.try_with(|c| c.held.to_vec()).unwrap_or_default();
+    for lock in held {
+        let matched = conn
+            .fence_row(
+                &lock.table,
+                &lock.key,
+                &lock.owner,
+                lock.fencing_token,
+                lock.simple,
+            )
+            .await?;
+        if matched == 0 {
+            return Err(crate::LockError::Lost { key: lock.key });
+        }
+    }
+    Ok(())
 }

@@ -4,20 +4,50 @@
 use std::borrow::Borrow;
 use std::fmt::Display;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 
 use crate::error::LockError;
+use crate::guard::LockGuard;
 use crate::locker::Locker;
+use crate::multi::LockAllRequest;
 use crate::owner::Context;
-use crate::request::LockRequest;
 
-/// The attribute's lock request on `locker`, labelled with the function (`module::path::fn`);
-/// the generated code sets the rest (`ttl`, `wait`, ...) with the public builder methods.
+/// The attribute's lock request on `locker` (one key, or all of a list), labelled with the
+/// function (`module::path::fn`); the generated code sets the rest (`ttl`, `wait`, ...) with the
+/// public builder methods.
 pub fn request(
     locker: Result<Locker, LockError>,
-    key: String,
+    keys: Vec<String>,
     function: &'static str,
-) -> Result<LockRequest, LockError> {
-    Ok(locker?.lock(key).holder(function))
+) -> Result<LockAllRequest, LockError> {
+    Ok(locker?.lock_all(keys).holder(function))
+}
+
+/// Resolves when any of `guards` is lost (with renewal: found gone, its lease over, or a
+/// shutdown) or, without renewal, taken away by a shutdown.
+async fn any_lost(guards: &[LockGuard], renew: bool) -> LockError {
+    let mut watches: Vec<Pin<Box<dyn Future<Output = LockError> + Send + '_>>> = guards
+        .iter()
+        .map(
+            |g| -> Pin<Box<dyn Future<Output = LockError> + Send + '_>> {
+                if renew {
+                    Box::pin(g.lost())
+                } else {
+                    Box::pin(g.revoked())
+                }
+            },
+        )
+        .collect();
+    std::future::poll_fn(|cx| {
+        for w in watches.iter_mut() {
+            if let Poll::Ready(e) = w.as_mut().poll(cx) {
+                return Poll::Ready(e);
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// The process default locker (`dblock::set_default`), or `NoLocker`.
@@ -102,7 +132,7 @@ pub const fn must_return_result<R: LockResult>() -> ReturnType<R> {
 /// - With `renew`, the lease is extended while `body` runs, and `body` is dropped (the call
 ///   returning `Lost`) if an extension finds the lock gone.
 pub async fn locked<R, F>(
-    request: Result<LockRequest, LockError>,
+    request: Result<LockAllRequest, LockError>,
     renew: bool,
     function: &'static str,
     returns: ReturnType<R>,
@@ -116,51 +146,49 @@ where
         Ok(request) => request,
         Err(e) => return on_error(e),
     };
-    let owner = Context::get().map(|c| c.owner).unwrap_or_default();
-    let guard = match request.owner(&owner).await {
-        Ok(guard) => guard,
+    let outer = Context::get();
+    let owner = outer.as_ref().map(|c| c.owner.clone()).unwrap_or_default();
+    let guards = match request.owner(&owner).await {
+        Ok(guards) => guards,
         Err(e) => return on_error(e),
     };
+    let mut held = outer.map(|c| c.held.to_vec()).unwrap_or_default();
+    held.extend(guards.iter().map(LockGuard::held_lock));
     let context = Context {
         owner,
-        innermost: Some(guard.hold().held_lock()),
+        held: held.into(),
     };
-    let guard = if renew { guard.auto_renew() } else { guard };
+    let guards: Vec<LockGuard> = if renew {
+        guards.into_iter().map(LockGuard::auto_renew).collect()
+    } else {
+        guards
+    };
     let body = context.scope(body);
-    let out = if renew {
-        // Renewal found the lock gone (or the locker shut down): the body is dropped here, at
-        // its current `.await`.
-        tokio::select! {
-            biased;
-            lost = guard.lost() => {
-                tracing::warn!(function, "lock lost while the body ran; body cancelled");
-                drop(guard);
-                return on_error(lost);
-            }
-            out = body => out,
+    // Renewal found a lock gone, its lease ran out (with renewal), or the locker shut down: the
+    // body is dropped here, at its current `.await`. Without renewal the lease simply ends at
+    // its ttl and only a shutdown stops the body.
+    let out = tokio::select! {
+        biased;
+        lost = any_lost(&guards, renew) => {
+            tracing::warn!(function, error = %lost, "lock lost while the body ran; body cancelled");
+            drop(guards);
+            return on_error(lost);
         }
-    } else {
-        // Without renewal the lease simply ends at its ttl; only a shutdown stops the body.
-        tokio::select! {
-            biased;
-            lost = guard.revoked() => {
-                tracing::warn!(function, "locker shut down while the body ran; body cancelled");
-                drop(guard);
-                return on_error(lost);
-            }
-            out = body => out,
+        out = body => out,
+    };
+    // The rows record how the body ended (a panic or a cancellation never gets here: the
+    // dropped guards record a failure). Released newest first.
+    let succeeded = (returns.succeeded)(&out);
+    for guard in guards.into_iter().rev() {
+        let released = if succeeded {
+            guard.release().await
+        } else {
+            guard.release_failed().await
+        };
+        if let Err(e) = released {
+            // The body has finished and its effects are done; report, do not discard its result.
+            tracing::warn!(function, error = %e, "lock was not held at the end of the body");
         }
-    };
-    // The row records how the body ended (a panic or a cancellation never gets here: the
-    // dropped guard records a failure).
-    let released = if (returns.succeeded)(&out) {
-        guard.release().await
-    } else {
-        guard.release_failed().await
-    };
-    if let Err(e) = released {
-        // The body has finished and its effects are done; report, do not discard its result.
-        tracing::warn!(function, error = %e, "lock was not held at the end of the body");
     }
     out
 }

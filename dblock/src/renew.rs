@@ -20,10 +20,14 @@ use crate::backend::{Backend, RenewItem};
 use crate::hold::Hold;
 use crate::retry::Failure;
 
-/// Leases due within this margin of the earliest one are sent in the same statement.
-const BATCH_WINDOW: Duration = Duration::from_millis(50);
+/// Leases due within this margin of now are sent with the one that woke the task: a twelfth of
+/// their ttl (so a lease is renewed at most a quarter of its renewal interval early), between
+/// these bounds. Fewer wake-ups and fuller statements for many locks; a little earlier renewal
+/// costs nothing, since the statement is sent anyway.
+const MIN_WINDOW: Duration = Duration::from_millis(50);
+const MAX_WINDOW: Duration = Duration::from_secs(1);
 /// At most this many leases per statement.
-const MAX_BATCH: usize = 200;
+const MAX_BATCH: usize = 1000;
 /// The task checks this often whether its locker is gone.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
@@ -35,6 +39,20 @@ pub(crate) struct Renewer {
     started: AtomicBool,
     stopped: AtomicBool,
     wake: Arc<Notify>,
+    /// What renewal has cost so far (read by the benchmark through `test_util`).
+    pub(crate) stats: RenewStats,
+}
+
+/// Counters of the renewal task's work.
+#[derive(Default)]
+pub(crate) struct RenewStats {
+    /// Wake-ups that sent at least one statement.
+    pub(crate) ticks: AtomicU64,
+    pub(crate) statements: AtomicU64,
+    /// Leases sent for extension, over all statements.
+    pub(crate) leases: AtomicU64,
+    /// Time spent waiting for renewal statements, in µs.
+    pub(crate) busy_us: AtomicU64,
 }
 
 /// A hold being renewed; dropping it stops the renewal of that hold at once.
@@ -118,13 +136,25 @@ async fn run(renewer: Weak<Renewer>, wake: Arc<Notify>, backend: Backend) {
         let mut due: Vec<Arc<Hold>> = shared
             .holds()
             .values()
-            .filter(|h| h.due() <= now + BATCH_WINDOW)
+            .filter(|h| h.due() <= now + (h.ttl / 12).clamp(MIN_WINDOW, MAX_WINDOW))
             .cloned()
             .collect();
         drop(shared);
         due.sort_by(|a, b| a.key.cmp(&b.key)); // one row order for every batch: no deadlocks
+        let started = Instant::now();
         for batch in due.chunks(MAX_BATCH) {
             renew_batch(&backend, batch).await;
+        }
+        if let (Some(shared), false) = (renewer.upgrade(), due.is_empty()) {
+            let stats = &shared.stats;
+            stats.ticks.fetch_add(1, Ordering::Relaxed);
+            stats
+                .statements
+                .fetch_add(due.len().div_ceil(MAX_BATCH) as u64, Ordering::Relaxed);
+            stats.leases.fetch_add(due.len() as u64, Ordering::Relaxed);
+            stats
+                .busy_us
+                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
     }
     tracing::debug!("renewal task stopped");
@@ -177,6 +207,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Hold>]) {
         Err(failed) => {
             let transient = backend.classify(&failed) != Failure::Fatal;
             tracing::warn!(error = %failed.error, transient, "lease renewal failed; retrying while the leases last");
+            crate::meter::renewal_failed(backend.name());
             let now = Instant::now();
             for h in batch {
                 h.renewal_failed(now);

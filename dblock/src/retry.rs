@@ -21,7 +21,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::Failed;
+/// A failed statement, and whether it was sent at all (if not, it certainly did not commit).
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) error: sqlx::Error,
+    pub(crate) sent: bool,
+}
+
+impl From<sqlx::Error> for Failed {
+    /// A failure of a statement that was sent (decoding a reply, a server error, ...).
+    fn from(error: sqlx::Error) -> Self {
+        Failed { error, sent: true }
+    }
+}
 
 /// What a failed statement says about its effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::backend::{Acquire, Attempt, Backend, Failed, Outcome, Released};
 use crate::connect::DEFAULT_STATEMENT_TIMEOUT;
 use crate::error::LockError;
-use crate::hold::Hold;
+use crate::hold::{Caller, Hold};
 use crate::owner::Owner;
 use crate::renew::Renewer;
 use crate::retry::{self, Policy, Tried};
@@ -81,6 +81,16 @@ impl Shared {
             .insert(Arc::as_ptr(hold) as usize, Arc::downgrade(hold));
     }
 
+    /// Whether a live guard of this locker, taken by `caller` as another owner than `owner`,
+    /// holds `key`: then a wait of `caller` for `key` ends only at its deadline, unless another
+    /// future of the same task releases it.
+    pub(crate) fn held_by_caller(&self, key: &str, caller: Caller, owner: &Owner) -> bool {
+        self.live()
+            .values()
+            .filter_map(Weak::upgrade)
+            .any(|h| h.key == key && h.caller == caller && h.owner != *owner && !h.is_lost())
+    }
+
     /// The guard of `hold` is giving it back (or dropped).
     pub(crate) fn untrack(&self, hold: &Arc<Hold>) {
         self.live().remove(&(Arc::as_ptr(hold) as usize));
@@ -107,7 +117,7 @@ impl Shared {
             let shared = self.clone();
             releases.spawn(async move {
                 let until = Instant::now() + shared.statement_timeout;
-                if let Err(e) = shared.release(&h, Outcome::Failed, until).await {
+                if let Err(e) = shared.release(&h, Some(Outcome::Failed), until).await {
                     tracing::warn!(key = %h.key, error = %e, "release at shutdown failed; the lease will expire on its own");
                 }
             });
@@ -129,6 +139,12 @@ impl Shared {
         self.backend
             .as_ref()
             .map_err(|e| LockError::Config(e.clone()))
+    }
+
+    /// Whether statements on the caller's connections (`fence`) must go as simple queries with
+    /// inlined values: PostgreSQL behind a transaction pooler.
+    pub(crate) fn simple_statements(&self) -> bool {
+        self.backend.as_ref().is_ok_and(Backend::pooler)
     }
 
     pub(crate) fn backend_name(&self) -> &'static str {
@@ -191,22 +207,49 @@ impl Shared {
             }
         };
         let mut tracked = serialise(owner, a.key).await;
-        a.held = tracked.holds;
-        a.tenure = tracked.tenure.map(|t| t as i64);
+        tracked.fill(&mut a);
         let tried = retry::run(
             policy,
             |f| backend.classify(f),
             |limit| backend.acquire(&a, limit),
         )
         .await;
-        if let Ok(Attempt::Acquired(grant)) = &tried.result {
-            if tracked.tenure != Some(grant.fencing_token) {
-                // A new tenure: whatever this process tracked of the old one is stale.
-                tracked.tenure = Some(grant.fencing_token);
-            }
-            tracked.holds = grant.hold_count;
+        if let Ok(attempt) = &tried.result {
+            tracked.note(attempt);
         }
         (tried, Some(tracked))
+    }
+
+    /// [`acquire`](Self::acquire) for several keys of one owner in one statement
+    /// ([`Backend::acquire_many`]): `all` sorted by key, distinct. The owner's serialisations of
+    /// every key are taken in that order (so two such calls of one owner cannot deadlock in the
+    /// process) and come back with the answer, one per key. `Ok(None)`: the dialect has no such
+    /// statement.
+    pub(crate) async fn acquire_all(
+        &self,
+        owner: &Owner,
+        mut all: Vec<Acquire<'_>>,
+        policy: Policy,
+    ) -> Result<(Tried<Option<Vec<Attempt>>>, Vec<Serial>), LockError> {
+        let backend = self.backend()?;
+        let mut serials = Vec::with_capacity(all.len());
+        for a in &mut all {
+            let tracked = serialise(owner, a.key).await;
+            tracked.fill(a);
+            serials.push(tracked);
+        }
+        let tried = retry::run(
+            policy,
+            |f| backend.classify(f),
+            |limit| backend.acquire_many(&all, limit),
+        )
+        .await;
+        if let Ok(Some(attempts)) = &tried.result {
+            for (tracked, attempt) in serials.iter_mut().zip(attempts) {
+                tracked.note(attempt);
+            }
+        }
+        Ok((tried, serials))
     }
 
     /// Gives one hold back, recording a fresh release id in the row: a resend after a lost reply
@@ -217,7 +260,7 @@ impl Shared {
     pub(crate) async fn release(
         &self,
         hold: &Hold,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         until: Instant,
     ) -> Result<Released, LockError> {
         let mut tracked = serialise(&hold.owner, &hold.key).await;
@@ -230,7 +273,7 @@ impl Shared {
         &self,
         hold: &Hold,
         tracked: &mut Tracked,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         until: Instant,
     ) -> Result<Released, LockError> {
         let backend = self.backend()?;
@@ -329,6 +372,23 @@ pub(crate) type Serial = OwnedMutexGuard<Tracked>;
 pub(crate) struct Tracked {
     tenure: Option<u64>,
     holds: u32,
+}
+
+impl Tracked {
+    /// The statement counts re-entry from what the process holds.
+    fn fill(&self, a: &mut Acquire<'_>) {
+        a.held = self.holds;
+        a.tenure = self.tenure.map(|t| t as i64);
+    }
+
+    /// What the process holds after `attempt`.
+    fn note(&mut self, attempt: &Attempt) {
+        if let Attempt::Acquired(grant) = attempt {
+            // A new tenure replaces whatever this process tracked of the old one (stale).
+            self.tenure = Some(grant.fencing_token);
+            self.holds = grant.hold_count;
+        }
+    }
 }
 
 /// One owner's key, as the process-wide registry keeps it: the serialisation of the owner's

@@ -57,6 +57,19 @@ pub fn statements(locker: &Locker) -> Statements {
     }
 }
 
+/// What the locker's renewal task has done so far: wake-ups that sent statements, statements,
+/// leases sent for extension, and the time spent waiting for those statements.
+pub fn renewal_stats(locker: &Locker) -> (u64, u64, u64, Duration) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = &locker.shared().renewer.stats;
+    (
+        s.ticks.load(Relaxed),
+        s.statements.load(Relaxed),
+        s.leases.load(Relaxed),
+        Duration::from_micros(s.busy_us.load(Relaxed)),
+    )
+}
+
 /// How long one raw statement may take.
 const STATEMENT_LIMIT: Duration = Duration::from_secs(10);
 
@@ -118,12 +131,43 @@ impl Statements {
             .release(
                 &hold,
                 0,
-                Outcome::Succeeded,
+                Some(Outcome::Succeeded),
                 fastrand::i64(1..i64::MAX),
                 limit,
             )
             .await
             .map_err(|f| f.error)?;
         Ok(released != Released::NotHeld)
+    }
+}
+
+/// MySQL / MariaDB: the session value of the system variable `name` (such as Galera's
+/// `wsrep_retry_autocommit`), read as text on a connection of the locker's own pool: the settings
+/// its lock statements run with. `Ok(None)` for a locker of another backend.
+#[cfg(feature = "mysql")]
+pub async fn mysql_session_variable(
+    locker: &Locker,
+    name: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    use crate::backend::Dialect as _;
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(sqlx::Error::Configuration(
+            format!("not a system variable: {name:?}").into(),
+        ));
+    }
+    let backend = locker
+        .shared()
+        .backend()
+        .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
+    match backend {
+        Backend::MySql(my) => {
+            let sql = format!("SELECT CAST(@@session.{name} AS CHAR)");
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .fetch_one(my.pool())
+                .await
+                .map(Some)
+        }
+        #[allow(unreachable_patterns)]
+        _ => Ok(None),
     }
 }

@@ -5,12 +5,19 @@
 
 use std::time::Duration;
 
-use dblock::Locker;
+use dblock::{ConnectOptions, Locker};
 
+pub mod cluster;
+pub mod history;
 pub mod proxy;
 
 pub const POSTGRES_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
 pub const MYSQL_DEFAULT: &str = "mysql://root@127.0.0.1:3306/test";
+/// PgBouncer in transaction pooling mode in front of the PostgreSQL above (`.ci/pgbouncer`).
+pub const PGBOUNCER_DEFAULT: &str = "postgres://postgres@127.0.0.1:6432/test";
+
+/// The name of the backend that is PostgreSQL through PgBouncer in transaction pooling mode.
+pub const PGBOUNCER: &str = "postgres-pgbouncer";
 
 /// A locker on a fresh table, and what to call it in assertion messages.
 pub struct Db {
@@ -31,11 +38,85 @@ pub fn mysql_url() -> String {
     std::env::var("DBLOCK_MYSQL_URL").unwrap_or_else(|_| MYSQL_DEFAULT.into())
 }
 
+pub fn pgbouncer_url() -> String {
+    std::env::var("DBLOCK_PGBOUNCER_URL").unwrap_or_else(|_| PGBOUNCER_DEFAULT.into())
+}
+
+/// Whether the backend called `name` in [`all`] is PostgreSQL (directly or through PgBouncer).
+pub fn is_postgres(name: &str) -> bool {
+    name == "postgres" || name == PGBOUNCER
+}
+
+/// How a locker of the backend called `name` connects: through PgBouncer, in pooler mode.
+pub fn options_for(name: &str) -> ConnectOptions {
+    if name == PGBOUNCER {
+        ConnectOptions::new().pooler(true)
+    } else {
+        ConnectOptions::new()
+    }
+}
+
+/// Another locker on `db`'s server, connected as the backend's own (pooler mode through
+/// PgBouncer, the MySQL 8 statements for "mysql8-path"), on the default table.
+pub async fn connect(db: &Db) -> Locker {
+    let locker = Locker::connect_with(&db.url, options_for(db.name))
+        .await
+        .unwrap_or_else(|e| panic!("{}: connect: {e}", db.name));
+    as_named(db.name, locker)
+}
+
+/// A URL on which a test may run its own prepared statements to look at `db`'s rows: the
+/// server itself when `db` goes through PgBouncer (same database, same tables).
+pub fn direct_url(db: &Db) -> String {
+    if db.name == PGBOUNCER {
+        postgres_url()
+    } else {
+        db.url.clone()
+    }
+}
+
+/// A pool of the test's own on a backend's URL. For PostgreSQL it leaves out the start-up
+/// parameter PgBouncer refuses (sqlx's `extra_float_digits`), so it works through PgBouncer
+/// too; a test using it there must then send only simple queries (`sqlx::raw_sql`) outside a
+/// transaction.
+#[allow(async_fn_in_trait)]
+pub trait TestPool: Sized {
+    async fn open(url: &str) -> Self;
+}
+
+#[cfg(feature = "postgres")]
+impl TestPool for sqlx::PgPool {
+    async fn open(url: &str) -> Self {
+        use std::str::FromStr;
+        let options = sqlx::postgres::PgConnectOptions::from_str(url)
+            .unwrap()
+            .extra_float_digits(None);
+        sqlx::postgres::PgPoolOptions::new()
+            .connect_with(options)
+            .await
+            .unwrap()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl TestPool for sqlx::MySqlPool {
+    async fn open(url: &str) -> Self {
+        sqlx::MySqlPool::connect(url).await.unwrap()
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl TestPool for sqlx::SqlitePool {
+    async fn open(url: &str) -> Self {
+        sqlx::SqlitePool::connect(url).await.unwrap()
+    }
+}
+
 /// Creates `table` with the first migration only (the schema before `0002_outcomes.sql`), the
 /// way a team that ran it with its own tool has it.
 pub async fn create_with_0001(db: &Db, table: &str) {
     let file = match db.name {
-        "postgres" => include_str!("../../migrations/postgres/0001_dblock_locks.sql"),
+        "postgres" | PGBOUNCER => include_str!("../../migrations/postgres/0001_dblock_locks.sql"),
         "sqlite" => include_str!("../../migrations/sqlite/0001_dblock_locks.sql"),
         _ => include_str!("../../migrations/mysql/0001_dblock_locks.sql"),
     };
@@ -43,8 +124,8 @@ pub async fn create_with_0001(db: &Db, table: &str) {
     let _ = &ddl;
     match db.name {
         #[cfg(feature = "postgres")]
-        "postgres" => {
-            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        "postgres" | PGBOUNCER => {
+            let pool = <sqlx::PgPool as TestPool>::open(&db.url).await;
             sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
                 .execute(&pool)
                 .await
@@ -127,7 +208,7 @@ pub fn report_missing_features() {
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn server(name: &'static str, url: String, test: &str) -> Option<Db> {
-    match Locker::connect(&url).await {
+    match Locker::connect_with(&url, options_for(name)).await {
         Ok(locker) => {
             let locker = locker.table(&table_for(test));
             locker.migrate().await.expect("migrate");
@@ -188,6 +269,19 @@ pub async fn postgres(test: &str) -> Option<Db> {
     }
 }
 
+/// PostgreSQL through PgBouncer in transaction pooling mode (`.ci/pgbouncer`), the locker in
+/// pooler mode, on a fresh table, if this build has the backend and PgBouncer is reachable.
+pub async fn pgbouncer(test: &str) -> Option<Db> {
+    report_missing_features();
+    #[cfg(feature = "postgres")]
+    return server(PGBOUNCER, pgbouncer_url(), test).await;
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = test;
+        None
+    }
+}
+
 /// MariaDB on a fresh table, if this build has the backend and the server is reachable.
 pub async fn mysql(test: &str) -> Option<Db> {
     report_missing_features();
@@ -201,6 +295,7 @@ pub async fn mysql(test: &str) -> Option<Db> {
 }
 
 /// Every backend this build has and this machine can reach: SQLite on a temp file, PostgreSQL,
+/// PostgreSQL through PgBouncer in transaction pooling mode (the locker in pooler mode),
 /// MariaDB with RETURNING, and (with the private `_test-util` feature, as `--all-features`
 /// has) MariaDB through the MySQL 8 statements (no RETURNING).
 pub async fn all(test: &str) -> (Vec<Db>, tempfile::TempDir) {
@@ -217,6 +312,9 @@ pub async fn all(test: &str) -> (Vec<Db>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     if let Some(pg) = postgres(test).await {
         dbs.push(pg);
+    }
+    if let Some(bouncer) = pgbouncer(test).await {
+        dbs.push(bouncer);
     }
     if let Some(my) = mysql(test).await {
         // The MySQL 8 statements, run against MariaDB through a test hook.

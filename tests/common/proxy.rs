@@ -8,6 +8,7 @@
 //! proxy.reset_all();                                   // every open connection: RST
 //! proxy.set(Mode::Refuse);                             // new connections are refused
 //! proxy.set(Mode::Pass);
+//! proxy.set_target("127.0.0.1:5434");                  // new connections go there (failover)
 //! ```
 
 #![allow(dead_code)]
@@ -41,6 +42,8 @@ pub enum Mode {
 
 struct Shared {
     mode: watch::Sender<Mode>,
+    /// Where new connections go (`host:port`).
+    target: Mutex<String>,
     /// One sender per open connection; sending on it resets that connection.
     resets: Mutex<Vec<watch::Sender<bool>>>,
 }
@@ -67,9 +70,9 @@ impl Proxy {
         let (mode, _) = watch::channel(Mode::Pass);
         let shared = Arc::new(Shared {
             mode,
+            target: Mutex::new(target.to_owned()),
             resets: Mutex::default(),
         });
-        let target = target.to_owned();
         let s = shared.clone();
         let accept = tokio::spawn(async move {
             loop {
@@ -84,7 +87,8 @@ impl Proxy {
                 }
                 let (reset_tx, reset_rx) = watch::channel(false);
                 s.resets.lock().unwrap().push(reset_tx);
-                let (s, target) = (s.clone(), target.clone());
+                let target = s.target.lock().unwrap().clone();
+                let s = s.clone();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(&target).await else {
                         return;
@@ -113,6 +117,12 @@ impl Proxy {
 
     pub fn set(&self, mode: Mode) {
         self.shared.mode.send_replace(mode);
+    }
+
+    /// Sends new connections to `target` (`host:port`) from now on, as a load balancer does after
+    /// a failover; open connections stay where they are (`reset_all` ends them).
+    pub fn set_target(&self, target: &str) {
+        *self.shared.target.lock().unwrap() = target.to_owned();
     }
 
     /// Resets every open connection (RST), as a crashed router or a killed server would.

@@ -1,11 +1,18 @@
 //! The operator queries (inspect, held, force_release, purge), the last-writer read, and the row
-//! decoder, written once for every backend. Each dialect supplies only its SQL text ([`AdminSql`]), which returns the
-//! columns of [`LockRow`] with the same types everywhere.
+//! decoder, written once. MySQL and SQLite supply only their SQL text (`AdminSql`) and run them
+//! through here (`shared_admin!`); PostgreSQL runs its own text through its own runner (which
+//! knows the form a transaction pooler needs) and shares the decoder. Every dialect's text
+//! returns the columns of [`LockRow`] with the same types.
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, SqlStr, Type};
+use sqlx::{ColumnIndex, Decode, Row, Type};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use sqlx::{Database, Encode, Executor, IntoArguments, SqlStr};
 
-use crate::info::{LockInfo, LockRow};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use crate::info::LockInfo;
+use crate::info::LockRow;
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// One dialect's operator statements.
 #[derive(Debug)]
 pub(crate) struct AdminSql {
@@ -28,16 +35,10 @@ pub(crate) struct AdminSql {
 /// purge never holds many row locks at once.
 pub(crate) const PURGE_BATCH: u64 = 1000;
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// `rows_affected`, which sqlx has on each backend's query result but in no trait.
 pub(crate) trait RowsAffected {
     fn rows(&self) -> u64;
-}
-
-#[cfg(feature = "postgres")]
-impl RowsAffected for sqlx::postgres::PgQueryResult {
-    fn rows(&self) -> u64 {
-        self.rows_affected()
-    }
 }
 
 #[cfg(feature = "mysql")]
@@ -55,7 +56,7 @@ impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
 }
 
 /// Decodes [`LockRow`]'s nine columns, whatever the backend.
-fn decode<'r, R>(r: &'r R) -> Result<LockRow, sqlx::Error>
+pub(crate) fn decode<'r, R>(r: &'r R) -> Result<LockRow, sqlx::Error>
 where
     R: Row,
     usize: ColumnIndex<R>,
@@ -80,6 +81,7 @@ where
     })
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn inspect<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
@@ -104,6 +106,7 @@ where
     row.map(|r| decode(&r).map(LockInfo::from)).transpose()
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn held<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
@@ -123,6 +126,7 @@ where
     rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn force_release<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
@@ -142,6 +146,7 @@ where
     Ok(done.rows() > 0)
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn reset<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
@@ -161,6 +166,7 @@ where
     Ok(done.rows() > 0)
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn purge<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
@@ -187,6 +193,7 @@ where
     }
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn last_write<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
@@ -207,3 +214,58 @@ where
         .await?;
     row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
 }
+
+/// The operator methods of [`Dialect`](super::Dialect) through the shared code above, for a
+/// dialect whose [`AdminSql`] is at `self.<path>`: `shared_admin!(sql.admin);` in its impl.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+macro_rules! shared_admin {
+    ($($field:ident).+) => {
+        async fn last_write(
+            &self,
+            conn: &mut super::Conn<Self>,
+            key: &str,
+        ) -> Result<Option<(Option<i64>, i64)>, sqlx::Error> {
+            super::admin::last_write::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, key)
+                .await
+        }
+
+        async fn inspect(
+            &self,
+            conn: &mut super::Conn<Self>,
+            key: &str,
+        ) -> Result<Option<crate::info::LockInfo>, sqlx::Error> {
+            super::admin::inspect::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, key).await
+        }
+
+        async fn held(
+            &self,
+            conn: &mut super::Conn<Self>,
+        ) -> Result<Vec<crate::info::LockInfo>, sqlx::Error> {
+            super::admin::held::<<Self as super::Dialect>::Db>(conn, &self.$($field).+).await
+        }
+
+        async fn force_release(
+            &self,
+            conn: &mut super::Conn<Self>,
+            key: &str,
+        ) -> Result<bool, sqlx::Error> {
+            super::admin::force_release::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, key)
+                .await
+        }
+
+        async fn reset(&self, conn: &mut super::Conn<Self>, key: &str) -> Result<bool, sqlx::Error> {
+            super::admin::reset::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, key).await
+        }
+
+        async fn purge(
+            &self,
+            conn: &mut super::Conn<Self>,
+            older_than_us: i64,
+        ) -> Result<u64, sqlx::Error> {
+            super::admin::purge::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, older_than_us)
+                .await
+        }
+    };
+}
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) use shared_admin;

@@ -13,25 +13,33 @@ use std::time::Duration;
 use sqlx::{Connection, Database, Pool};
 use tokio::time::Instant;
 
-/// A failed statement, and whether it was sent at all (if not, it certainly did not commit).
-#[derive(Debug)]
-pub(crate) struct Failed {
-    pub(crate) error: sqlx::Error,
-    pub(crate) sent: bool,
-}
+use crate::retry::Failed;
 
-impl From<sqlx::Error> for Failed {
-    /// A failure of a statement that was sent (decoding a reply, a server error, ...).
-    fn from(error: sqlx::Error) -> Self {
-        Failed { error, sent: true }
-    }
-}
+/// `sqlx::Database::NAME` of SQLite (checked by a test), whose connections survive a statement
+/// the caller stopped waiting for.
+const SQLITE: &str = "SQLite";
 
 /// How long the direct connect attempt that names the cause of a pool time-out may take.
 const PROBE: Duration = Duration::from_millis(200);
 
 /// Runs `op` on a connection of `pool`, all within `deadline`.
+///
+/// The statement's future (sqlx's, with the connection borrow: several KB) lives in a box of
+/// its own, so that the futures built around it — the retry policy, the owner's serialisation,
+/// the task an attempt or a release runs in — stay small instead of being copied in full each
+/// time one of them is moved (into a task, say).
 pub(crate) async fn run<DB, T>(
+    pool: &Pool<DB>,
+    deadline: Instant,
+    op: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, sqlx::Error>,
+) -> Result<T, Failed>
+where
+    DB: Database,
+{
+    Box::pin(run_inline(pool, deadline, op)).await
+}
+
+async fn run_inline<DB, T>(
     pool: &Pool<DB>,
     deadline: Instant,
     op: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, sqlx::Error>,
@@ -43,9 +51,13 @@ where
     match tokio::time::timeout_at(deadline, op(&mut conn)).await {
         Ok(outcome) => outcome.map_err(Failed::from),
         Err(_) => {
-            // The statement may be executing, or done with its reply lost: never reuse this
-            // connection (its next reader would get the old reply). Closed in the background.
-            conn.close_on_drop();
+            // The statement may be executing, or done with its reply lost. On a network
+            // connection never reuse it (its next reader would get the old reply): closed in the
+            // background. SQLite answers each statement on a channel of its own, so the
+            // connection stays good, and closing it would destroy an in-memory database.
+            if DB::NAME != SQLITE {
+                conn.close_on_drop();
+            }
             Err(Failed {
                 error: sqlx::Error::Io(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
@@ -69,7 +81,8 @@ async fn connection<DB: Database>(
     match waited {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(sqlx::Error::PoolTimedOut)) | Err(_) => {
-            Err(not_sent(why_no_connection(pool, deadline).await))
+            // Boxed: a connect future is large, and only this rare path needs one.
+            Err(not_sent(Box::pin(why_no_connection(pool, deadline)).await))
         }
         Ok(Err(e)) => Err(not_sent(e)),
     }
@@ -97,5 +110,47 @@ async fn why_no_connection<DB: Database>(pool: &Pool<DB>, deadline: Instant) -> 
             std::io::ErrorKind::TimedOut,
             "connecting to the database timed out (server unreachable?)",
         )),
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_is_known_by_its_name() {
+        assert_eq!(<sqlx::Sqlite as Database>::NAME, SQLITE);
+    }
+
+    /// An in-memory database lives only as long as its one connection: a statement whose reply
+    /// comes too late must not close it (it would lose every lock, and the table).
+    #[tokio::test]
+    async fn a_late_reply_keeps_an_in_memory_database() {
+        let locker = crate::Locker::connect("sqlite::memory:").await.unwrap();
+        locker.migrate().await.unwrap();
+        let backend = locker.shared().backend().unwrap();
+        // The only variant in a SQLite-only build.
+        #[allow(irrefutable_let_patterns)]
+        let super::super::Backend::Sqlite(lite) = backend
+        else {
+            unreachable!("a SQLite URL")
+        };
+        use super::super::Dialect;
+        let late = run(
+            lite.pool(),
+            Instant::now() + Duration::from_millis(20),
+            async |c| {
+                sqlx::query("SELECT 1").execute(&mut *c).await?;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok(())
+            },
+        )
+        .await;
+        assert!(late.is_err(), "the deadline passed");
+        let held = locker
+            .lock("still-there")
+            .await
+            .expect("the table survived");
+        held.release().await.unwrap();
     }
 }

@@ -19,6 +19,7 @@ use crate::retry::{self, Failure};
 
 mod admin;
 pub(crate) mod exec;
+pub(crate) mod fence;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
@@ -26,8 +27,7 @@ pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
-use admin::AdminSql;
-pub(crate) use exec::Failed;
+pub(crate) use crate::retry::Failed;
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("dblock needs at least one backend feature: `sqlite`, `postgres` or `mysql`");
@@ -121,8 +121,10 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     /// The pool statements run on.
     fn pool(&self) -> &Pool<Self::Db>;
 
-    /// The operator statements, run by the shared code in `admin.rs`.
-    fn admin(&self) -> &AdminSql;
+    /// The pool releases run on (a lazily durable release may need connections of its own).
+    fn release_pool(&self) -> &Pool<Self::Db> {
+        self.pool()
+    }
 
     /// The same database and pool, another table (already validated).
     fn with_table(&self, table: &str) -> Self;
@@ -143,6 +145,18 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
         a: &Acquire<'_>,
     ) -> impl Future<Output = Result<Attempt, sqlx::Error>> + Send;
 
+    /// Several keys of one owner at once, all or nothing, in one statement where the dialect
+    /// has one (`Ok(None)` where it has not: the caller takes them one by one). `a` is sorted by
+    /// key, without duplicates, and shares owner, ttl, holder, min_hold and once. The statement
+    /// takes every key only if every key is available in its view (a busy set writes nothing),
+    /// locking rows in key order; a race it cannot see may still leave some keys untaken, so
+    /// the answer is per key, in the order of `a` (busy keys report no `retry_after`).
+    fn acquire_many(
+        &self,
+        conn: &mut Conn<Self>,
+        a: &[Acquire<'_>],
+    ) -> impl Future<Output = Result<Option<Vec<Attempt>>, sqlx::Error>> + Send;
+
     /// Sets the hold count to `remaining` (the process's holds left; 0 frees the key) if `h` is
     /// the live tenure, recording `release_id` in the row; a repeat with the same id (after a
     /// lost reply) then matches nothing. Callers serialise the owner's operations on the key.
@@ -151,7 +165,7 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
         conn: &mut Conn<Self>,
         h: &HoldRef<'_>,
         remaining: u32,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         release_id: i64,
     ) -> impl Future<Output = Result<Released, sqlx::Error>> + Send;
 
@@ -170,6 +184,66 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
         conn: &mut Conn<Self>,
         items: &[RenewItem<'_>],
     ) -> impl Future<Output = Result<Extended, sqlx::Error>> + Send;
+
+    // The operator statements and the last-writer read. MySQL and SQLite run them through the
+    // shared code in `admin.rs` (`admin::shared_admin!`); PostgreSQL through its own runner,
+    // which knows the form a pooler needs.
+
+    /// The row's last writer id (attempt or release id) and fencing token.
+    fn last_write(
+        &self,
+        conn: &mut Conn<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<(Option<i64>, i64)>, sqlx::Error>> + Send;
+
+    /// The row of `key`.
+    fn inspect(
+        &self,
+        conn: &mut Conn<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<LockInfo>, sqlx::Error>> + Send;
+
+    /// Every row with a live lease, ordered by key.
+    fn held(
+        &self,
+        conn: &mut Conn<Self>,
+    ) -> impl Future<Output = Result<Vec<LockInfo>, sqlx::Error>> + Send;
+
+    /// Frees a live lease whoever holds it; whether there was one.
+    fn force_release(
+        &self,
+        conn: &mut Conn<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// A key not held: outcome forgotten, min_hold wait ended; whether a row changed.
+    fn reset(
+        &self,
+        conn: &mut Conn<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Deletes rows free or expired for longer than `older_than_us`; how many.
+    fn purge(
+        &self,
+        conn: &mut Conn<Self>,
+        older_than_us: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+}
+
+/// The answer to [`Dialect::acquire_many`] from the grants a statement returned (by key): one
+/// attempt per key of `all`, in its order; a key without a grant was busy.
+pub(crate) fn per_key(
+    all: &[Acquire<'_>],
+    grants: impl IntoIterator<Item = (String, Grant)>,
+) -> Vec<Attempt> {
+    let mut grants: std::collections::HashMap<String, Grant> = grants.into_iter().collect();
+    all.iter()
+        .map(|a| match grants.remove(a.key) {
+            Some(grant) => Attempt::Acquired(grant),
+            None => Attempt::Busy { retry_after: None },
+        })
+        .collect()
 }
 
 /// The connection type of a dialect's pool.
@@ -280,16 +354,27 @@ impl Backend {
         dispatch!(self, b, D => exec::run(b.pool(), deadline, async |c| b.acquire(c, a).await).await)
     }
 
+    /// See [`Dialect::acquire_many`].
+    pub(crate) async fn acquire_many(
+        &self,
+        a: &[Acquire<'_>],
+        deadline: Instant,
+    ) -> Result<Option<Vec<Attempt>>, Failed> {
+        dispatch!(self, b, D => {
+            exec::run(b.pool(), deadline, async |c| b.acquire_many(c, a).await).await
+        })
+    }
+
     pub(crate) async fn release(
         &self,
         h: &HoldRef<'_>,
         remaining: u32,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         release_id: i64,
         deadline: Instant,
     ) -> Result<Released, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| {
+            exec::run(b.release_pool(), deadline, async |c| {
                 b.release(c, h, remaining, outcome, release_id).await
             })
             .await
@@ -304,7 +389,7 @@ impl Backend {
     ) -> Result<Option<(i64, u64)>, Failed> {
         let row = dispatch!(self, b, D => {
             exec::run(b.pool(), deadline, async |c| {
-                admin::last_write::<<D as Dialect>::Db>(c, b.admin(), key).await
+                b.last_write(c, key).await
             })
             .await
         })?;
@@ -342,7 +427,7 @@ impl Backend {
     ) -> Result<Option<LockInfo>, Failed> {
         dispatch!(self, b, D => {
             exec::run(b.pool(), deadline, async |c| {
-                admin::inspect::<<D as Dialect>::Db>(c, b.admin(), key).await
+                b.inspect(c, key).await
             })
             .await
         })
@@ -351,7 +436,7 @@ impl Backend {
     pub(crate) async fn held(&self, deadline: Instant) -> Result<Vec<LockInfo>, Failed> {
         dispatch!(self, b, D => {
             exec::run(b.pool(), deadline, async |c| {
-                admin::held::<<D as Dialect>::Db>(c, b.admin()).await
+                b.held(c).await
             })
             .await
         })
@@ -360,7 +445,7 @@ impl Backend {
     pub(crate) async fn force_release(&self, key: &str, deadline: Instant) -> Result<bool, Failed> {
         dispatch!(self, b, D => {
             exec::run(b.pool(), deadline, async |c| {
-                admin::force_release::<<D as Dialect>::Db>(c, b.admin(), key).await
+                b.force_release(c, key).await
             })
             .await
         })
@@ -369,7 +454,7 @@ impl Backend {
     pub(crate) async fn reset(&self, key: &str, deadline: Instant) -> Result<bool, Failed> {
         dispatch!(self, b, D => {
             exec::run(b.pool(), deadline, async |c| {
-                admin::reset::<<D as Dialect>::Db>(c, b.admin(), key).await
+                b.reset(c, key).await
             })
             .await
         })
@@ -378,10 +463,21 @@ impl Backend {
     pub(crate) async fn purge(&self, older_than_us: i64, deadline: Instant) -> Result<u64, Failed> {
         dispatch!(self, b, D => {
             exec::run(b.pool(), deadline, async |c| {
-                admin::purge::<<D as Dialect>::Db>(c, b.admin(), older_than_us).await
+                b.purge(c, older_than_us).await
             })
             .await
         })
+    }
+
+    /// PostgreSQL behind a transaction pooler (`ConnectOptions::pooler`): statements go as
+    /// simple queries with inlined values. `false` elsewhere.
+    pub(crate) fn pooler(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => pg.pooler(),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
     }
 
     /// PostgreSQL: stops the LISTEN connection for good (waiters then only poll).

@@ -105,15 +105,19 @@ fn acquire_sql(template: &str, table: &str) -> (SqlStr, Vec<Param>) {
 }
 
 fn sql(template: &str, table: &str) -> SqlStr {
-    let text = template
+    let text = expand(template).replace("{table}", table);
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+}
+
+/// `template` with the shared pieces in place (all but the table).
+fn expand(template: &str) -> String {
+    template
         .replace("{take}", TAKE)
         .replace("{ran_out}", RAN_OUT)
         .replace("{same}", SAME)
         .replace("{acquirable}", ACQUIRABLE)
         .replace("{info}", INFO_COLUMNS)
         .replace("{us_now}", US_NOW)
-        .replace("{table}", table);
-    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
 
 /// The columns of `LockRow`, in its order and types (the binary key is valid UTF-8: dblock only
@@ -154,9 +158,7 @@ const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
 const UPSERT: &str = "INSERT INTO {table}
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
      available_at)
-VALUES (:key, :owner, 1, {token}, UTC_TIMESTAMP(6) + INTERVAL :lease MICROSECOND, UTC_TIMESTAMP(6),
-        :holder, :attempt,
-        IF(:min_hold > 0, UTC_TIMESTAMP(6) + INTERVAL :min_hold MICROSECOND, NULL))
+{rows}
 ON DUPLICATE KEY UPDATE
     hold_count    = IF({same}, IF(attempt_id <=> VALUES(attempt_id), hold_count, :held + 1),
                        IF({acquirable}, 1, hold_count)),
@@ -169,6 +171,47 @@ ON DUPLICATE KEY UPDATE
     attempt_id    = IF({acquirable}, VALUES(attempt_id), attempt_id),
     owner         = IF({acquirable}, VALUES(owner), owner),
     expires_at    = {expires}";
+
+/// The new row's values after its key: `{attempt}` is the attempt id.
+const NEW_ROW: &str =
+    ":owner, 1, {token}, UTC_TIMESTAMP(6) + INTERVAL :lease MICROSECOND, UTC_TIMESTAMP(6),
+        :holder, {attempt},
+        IF(:min_hold > 0, UTC_TIMESTAMP(6) + INTERVAL :min_hold MICROSECOND, NULL)";
+
+/// [`UPSERT`] for one key.
+fn upsert_one() -> String {
+    UPSERT.replace(
+        "{rows}",
+        &format!("VALUES (:key, {NEW_ROW})").replace("{attempt}", ":attempt"),
+    )
+}
+
+/// [`UPSERT`] for `n` keys at once (MariaDB, with RETURNING): an `INSERT ... SELECT` from the
+/// keys (with each one's attempt id, tenure and holds), which selects nothing — so writes
+/// nothing — if any key is held by another owner or done for `once` in its view (InnoDB reads
+/// it as a consistent read at READ COMMITTED: no locks). Rows are inserted or updated in key
+/// order (bytes); every existing row then goes through the one-key statement's `ON DUPLICATE
+/// KEY UPDATE` under its exclusive lock, reading that key's values from the derived table.
+fn upsert_many(n: usize) -> String {
+    let rows = (0..n)
+        .map(|_| "SELECT :row_key AS k, :row_attempt AS attempt, :row_tenure AS tenure, :row_held AS held")
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let gate = vec![":gate_key"; n].join(", ");
+    let select = format!(
+        "SELECT r.k, {NEW_ROW}
+FROM ({rows}) AS r
+WHERE NOT EXISTS (
+    SELECT 1 FROM {{table}} AS b WHERE b.lock_key IN ({gate})
+      AND ((b.expires_at > UTC_TIMESTAMP(6) AND NOT (b.owner <=> :owner))
+           OR (:once AND b.last_outcome <=> 1)))
+ORDER BY CAST(r.k AS BINARY)"
+    )
+    .replace("{attempt}", "r.attempt");
+    expand(&UPSERT.replace("{rows}", &select))
+        .replace(":held", "r.held")
+        .replace(":tenure", "r.tenure")
+}
 
 const TAKE: &str = "({acquirable} AND NOT {same})";
 const SAME: &str = "(owner <=> VALUES(owner) AND expires_at > UTC_TIMESTAMP(6)
@@ -189,9 +232,20 @@ enum Param {
     Held,
     Tenure,
     Once,
+    /// Several keys: the next key's key, attempt id, tenure, holds; the next key of the gate.
+    RowKey,
+    RowAttempt,
+    RowTenure,
+    RowHeld,
+    GateKey,
 }
 
-const PARAMS: [(&str, Param); 9] = [
+const PARAMS: [(&str, Param); 14] = [
+    (":row_key", Param::RowKey),
+    (":row_attempt", Param::RowAttempt),
+    (":row_tenure", Param::RowTenure),
+    (":row_held", Param::RowHeld),
+    (":gate_key", Param::GateKey),
     (":key", Param::Key),
     (":owner", Param::Owner),
     (":lease", Param::Lease),
@@ -202,6 +256,42 @@ const PARAMS: [(&str, Param); 9] = [
     (":tenure", Param::Tenure),
     (":once", Param::Once),
 ];
+
+/// The acquire statement `text` with its parameters bound in `order`: for one key `p`, or for
+/// the keys of `all` row after row (`p`, the first of them, gives what they share: owner,
+/// lease, holder, min_hold, once).
+fn bind<'q>(
+    text: &SqlStr,
+    order: &[Param],
+    p: &'q Acquire<'q>,
+    all: &'q [Acquire<'q>],
+) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+    let (mut row, mut gate) = (all.iter(), all.iter());
+    let mut current = p;
+    let mut q = sqlx::query(text.clone());
+    for param in order {
+        q = match param {
+            Param::Key => q.bind(p.key),
+            Param::Owner => q.bind(p.owner),
+            Param::Lease => q.bind(p.ttl_us.max(p.min_hold_us)),
+            Param::Holder => q.bind(p.holder),
+            Param::Attempt => q.bind(p.attempt),
+            Param::MinHold => q.bind(p.min_hold_us),
+            Param::Held => q.bind(i64::from(p.held)),
+            Param::Tenure => q.bind(p.tenure),
+            Param::Once => q.bind(p.once),
+            Param::RowKey => {
+                current = row.next().unwrap_or(p);
+                q.bind(current.key)
+            }
+            Param::RowAttempt => q.bind(current.attempt),
+            Param::RowTenure => q.bind(current.tenure),
+            Param::RowHeld => q.bind(i64::from(current.held)),
+            Param::GateKey => q.bind(gate.next().unwrap_or(p).key),
+        };
+    }
+    q
+}
 
 /// `text` with its named parameters replaced by `?`, and their order.
 fn positional(text: &str) -> (String, Vec<Param>) {
@@ -292,7 +382,7 @@ impl My {
             has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
             // MariaDB: the row as it is after the statement comes back with RETURNING.
             acquire_returning: acquire_sql(
-                &(UPSERT
+                &(upsert_one()
                     .replace("{token}", "{us_now}")
                     .replace(
                         "{expires}",
@@ -312,7 +402,7 @@ RETURNING owner <=> :owner, hold_count, fencing_token,
             // Updated: the last assignment sets it to count << 52 | token when acquired, and to 0
             // when busy (the VALUES call ran before the duplicate check and must be overwritten).
             acquire_last_insert_id: acquire_sql(
-                &UPSERT
+                &upsert_one()
                     .replace(
                         "{token}",
                         "LAST_INSERT_ID({us_now} + 4503599627370496) - 4503599627370496",
@@ -340,8 +430,8 @@ FROM {table} WHERE lock_key = ?",
                 "UPDATE {table} SET
     hold_count   = LAST_INSERT_ID(?),
     owner        = IF(hold_count = 0, NULL, owner),
-    last_outcome = IF(hold_count = 0, ?, last_outcome),
-    finished_at  = IF(hold_count = 0, UTC_TIMESTAMP(6), finished_at),
+    last_outcome = IF(hold_count = 0, COALESCE(?, last_outcome), last_outcome),
+    finished_at  = IF(hold_count = 0 AND ? IS NOT NULL, UTC_TIMESTAMP(6), finished_at),
     -- Free once released, or once min_hold has passed (available_at), whichever is later.
     expires_at   = IF(hold_count = 0, GREATEST(UTC_TIMESTAMP(6), COALESCE(available_at, UTC_TIMESTAMP(6))),
                       expires_at),
@@ -444,9 +534,7 @@ impl Dialect for My {
         &self.pool
     }
 
-    fn admin(&self) -> &AdminSql {
-        &self.sql.admin
-    }
+    super::admin::shared_admin!(sql.admin);
 
     async fn migrate(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
         // The usual case: table and newest columns there. One read, nothing written.
@@ -482,23 +570,8 @@ impl Dialect for My {
         conn: &mut MySqlConnection,
         p: &Acquire<'_>,
     ) -> Result<Attempt, sqlx::Error> {
-        let bound = |(text, order): &(SqlStr, Vec<Param>)| {
-            let mut q = sqlx::query(text.clone());
-            for param in order {
-                q = match param {
-                    Param::Key => q.bind(p.key),
-                    Param::Owner => q.bind(p.owner),
-                    Param::Lease => q.bind(p.ttl_us.max(p.min_hold_us)),
-                    Param::Holder => q.bind(p.holder),
-                    Param::Attempt => q.bind(p.attempt),
-                    Param::MinHold => q.bind(p.min_hold_us),
-                    Param::Held => q.bind(i64::from(p.held)),
-                    Param::Tenure => q.bind(p.tenure),
-                    Param::Once => q.bind(p.once),
-                };
-            }
-            q
-        };
+        let bound =
+            |(text, order): &(SqlStr, Vec<Param>)| bind(text, order, p, std::slice::from_ref(p));
         if self.supports_returning(conn).await? {
             // Read ALL rows and keep the last: a Galera node whose automatic autocommit retry
             // fired (when the pool is not ours and wsrep_retry_autocommit could not be set to 0)
@@ -556,17 +629,63 @@ impl Dialect for My {
         }
     }
 
+    async fn acquire_many(
+        &self,
+        conn: &mut MySqlConnection,
+        all: &[Acquire<'_>],
+    ) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
+        let Some(first) = all.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        if !self.supports_returning(conn).await? {
+            // MySQL 8: one grant per statement travels in LAST_INSERT_ID; one key at a time.
+            return Ok(None);
+        }
+        let (text, order) = acquire_sql(
+            &(upsert_many(all.len()).replace(
+                "{expires}",
+                "IF(owner = VALUES(owner), GREATEST(expires_at, VALUES(expires_at)), expires_at)",
+            ) + "
+RETURNING CONVERT(lock_key USING utf8mb4), owner <=> :owner, hold_count, fencing_token,
+          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)")
+                .replace("{token}", US_NOW),
+            &self.table,
+        );
+        let rows = bind(&text, &order, first, all)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut grants = Vec::with_capacity(rows.len());
+        for row in rows {
+            // Every row this statement wrote comes back; those of other owners were not taken.
+            // (On Galera with its autocommit retry on, a stale row can come first: the last
+            // row of a key wins, as in `acquire`.)
+            if row.try_get::<bool, _>(1)? {
+                grants.push((
+                    row.try_get::<String, _>(0)?,
+                    Grant {
+                        hold_count: row.try_get::<i32, _>(2)?.max(0) as u32,
+                        fencing_token: row.try_get::<i64, _>(3)? as u64,
+                        expires_at_us: row.try_get(4)?,
+                    },
+                ));
+            }
+        }
+        Ok(Some(super::per_key(all, grants)))
+    }
+
     async fn release(
         &self,
         conn: &mut MySqlConnection,
         h: &HoldRef<'_>,
         remaining: u32,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         release_id: i64,
     ) -> Result<Released, sqlx::Error> {
+        let code = outcome.map(Outcome::code);
         let done = sqlx::query(self.sql.release.clone())
             .bind(i64::from(remaining))
-            .bind(outcome.code())
+            .bind(code)
+            .bind(code)
             .bind(release_id)
             .bind(h.key)
             .bind(h.owner)

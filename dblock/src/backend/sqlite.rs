@@ -65,6 +65,9 @@ const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS IN
 #[derive(Clone, Debug)]
 pub(crate) struct Lite {
     pool: SqlitePool,
+    /// Where releases run: connections of the locker's own at `synchronous = NORMAL` (a lazily
+    /// durable release, `ConnectOptions::durable_release`), or `pool` itself.
+    release_pool: SqlitePool,
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
@@ -83,10 +86,31 @@ struct Statements {
     admin: AdminSql,
 }
 
-/// The acquire statement's "a live hold of ours in the tenure this process holds, or one written
-/// by this very attempt"; never NULL.
+/// The acquire statement's "a live hold of ours in the tenure this process holds ({tenure}), or
+/// one written by this very attempt"; never NULL.
 const SAME: &str = "coalesce(l.owner = excluded.owner AND l.expires_at > {now}
-                   AND (l.attempt_id = excluded.attempt_id OR l.fencing_token = $6), 0)";
+                   AND (l.attempt_id = excluded.attempt_id OR l.fencing_token = {tenure}), 0)";
+
+/// The `ON CONFLICT` part of the acquire statements (one key, several keys): `{tenure}` and
+/// `{held}` are what the process holds of the key.
+const TAKE_OVER: &str = "ON CONFLICT (lock_key) DO UPDATE SET
+    hold_count    = CASE WHEN {same}
+                         THEN CASE WHEN l.attempt_id = excluded.attempt_id
+                                   THEN l.hold_count ELSE {held} + 1 END
+                         ELSE 1 END,
+    fencing_token = CASE WHEN {same} THEN l.fencing_token ELSE l.fencing_token + 1 END,
+    acquired_at   = CASE WHEN {same} THEN l.acquired_at ELSE excluded.acquired_at END,
+    holder        = CASE WHEN {same} THEN l.holder ELSE excluded.holder END,
+    expires_at    = CASE WHEN {same} AND l.expires_at > excluded.expires_at
+                         THEN l.expires_at ELSE excluded.expires_at END,
+    available_at  = CASE WHEN {same} THEN l.available_at ELSE excluded.available_at END,
+    last_outcome  = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= {now}
+                         THEN 2 ELSE l.last_outcome END,
+    finished_at   = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= {now}
+                         THEN l.expires_at ELSE l.finished_at END,
+    attempt_id    = excluded.attempt_id,
+    owner         = excluded.owner
+WHERE (l.expires_at <= {now} OR l.owner = excluded.owner) AND NOT ({once} AND l.last_outcome IS 1)";
 
 fn sql(template: &str, table: &str) -> SqlStr {
     let text = template
@@ -138,7 +162,25 @@ pub(crate) async fn connect(
             .idle_timeout(None)
             .max_lifetime(None);
     }
-    Ok(Lite::new(pool.connect_with(options).await?, table))
+    let lazy_release = if in_memory || opts.durable_release {
+        None
+    } else {
+        // Releases on connections of their own at `synchronous = NORMAL`: in WAL mode their
+        // commits are not flushed; the next FULL commit (a grant, an extension) flushes the
+        // shared log, this release included. Opened on first use.
+        Some(
+            SqlitePoolOptions::new()
+                .max_connections(opts.max_connections.unwrap_or(8))
+                .test_before_acquire(false)
+                .acquire_timeout(opts.acquire_timeout.unwrap_or(BUSY_TIMEOUT))
+                .connect_lazy_with(options.clone().synchronous(SqliteSynchronous::Normal)),
+        )
+    };
+    let mut lite = Lite::new(pool.connect_with(options).await?, table);
+    if let Some(release_pool) = lazy_release {
+        lite.release_pool = release_pool;
+    }
+    Ok(lite)
 }
 
 impl Lite {
@@ -167,42 +209,31 @@ impl Lite {
             // was lost: returned as it is). Re-entry counts from the process's holds, so a live
             // row of ours the process does not track is taken over as a new tenure.
             acquire: sql(
-                "INSERT INTO {table} AS l
+                &"INSERT INTO {table} AS l
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
      available_at)
 VALUES ($1, $2, 1, {now} * 1000, {now} + max($3, $8), {now}, $4, $5,
         CASE WHEN $8 > 0 THEN {now} + $8 END)
-ON CONFLICT (lock_key) DO UPDATE SET
-    hold_count    = CASE WHEN {same}
-                         THEN CASE WHEN l.attempt_id = excluded.attempt_id
-                                   THEN l.hold_count ELSE $7 + 1 END
-                         ELSE 1 END,
-    fencing_token = CASE WHEN {same} THEN l.fencing_token ELSE l.fencing_token + 1 END,
-    acquired_at   = CASE WHEN {same} THEN l.acquired_at ELSE excluded.acquired_at END,
-    holder        = CASE WHEN {same} THEN l.holder ELSE excluded.holder END,
-    expires_at    = CASE WHEN {same} AND l.expires_at > excluded.expires_at
-                         THEN l.expires_at ELSE excluded.expires_at END,
-    available_at  = CASE WHEN {same} THEN l.available_at ELSE excluded.available_at END,
-    last_outcome  = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= {now}
-                         THEN 2 ELSE l.last_outcome END,
-    finished_at   = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= {now}
-                         THEN l.expires_at ELSE l.finished_at END,
-    attempt_id    = excluded.attempt_id,
-    owner         = excluded.owner
-WHERE (l.expires_at <= {now} OR l.owner = excluded.owner) AND NOT ($9 AND l.last_outcome IS 1)
-RETURNING hold_count, fencing_token, expires_at * 1000",
+{take_over}
+RETURNING hold_count, fencing_token, expires_at * 1000"
+                    .replace("{take_over}", TAKE_OVER)
+                    .replace("{same}", SAME)
+                    .replace("{tenure}", "$6")
+                    .replace("{held}", "$7")
+                    .replace("{once}", "$9"),
                 &t,
             ),
             // Single-row UPDATE under the write lock; SET reads the old row. $5 = the count the
             // process has left (absolute: a stray resend cannot count down twice); the last
-            // release of a tenure records its outcome ($6) and when.
+            // release of a tenure records its outcome ($6; NULL: given back unused, nothing
+            // recorded) and when.
             release: sql(
                 "UPDATE {table} SET
     hold_count   = $5,
     owner        = CASE WHEN $5 > 0 THEN owner END,
     expires_at   = CASE WHEN $5 > 0 THEN expires_at ELSE max({now}, coalesce(available_at, 0)) END,
-    last_outcome = CASE WHEN $5 > 0 THEN last_outcome ELSE $6 END,
-    finished_at  = CASE WHEN $5 > 0 THEN finished_at ELSE {now} END,
+    last_outcome = CASE WHEN $5 > 0 THEN last_outcome ELSE coalesce($6, last_outcome) END,
+    finished_at  = CASE WHEN $5 > 0 OR $6 IS NULL THEN finished_at ELSE {now} END,
     attempt_id   = $4
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS NOT $4
   AND expires_at > {now}
@@ -246,6 +277,7 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
             },
         };
         Lite {
+            release_pool: pool.clone(),
             pool,
             table: t.into(),
             sql: Arc::new(statements),
@@ -258,7 +290,10 @@ impl Dialect for Lite {
     type Db = Sqlite;
 
     fn with_table(&self, table: &str) -> Self {
-        Lite::new(self.pool.clone(), table)
+        Lite {
+            release_pool: self.release_pool.clone(),
+            ..Lite::new(self.pool.clone(), table)
+        }
     }
 
     fn classify(e: &dyn sqlx::error::DatabaseError) -> Failure {
@@ -277,9 +312,11 @@ impl Dialect for Lite {
         &self.pool
     }
 
-    fn admin(&self) -> &AdminSql {
-        &self.sql.admin
+    fn release_pool(&self) -> &Pool<Sqlite> {
+        &self.release_pool
     }
+
+    super::admin::shared_admin!(sql.admin);
 
     async fn migrate(&self, conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
         // One statement under SQLite's write lock; IF NOT EXISTS makes repeats a no-op.
@@ -359,12 +396,85 @@ impl Dialect for Lite {
         }
     }
 
+    /// Several keys in one statement: `req` (a CTE of the keys with their attempt ids and what
+    /// the process holds of each) is inserted only if none of its keys is busy (held by another
+    /// owner, or done for `once`) — checked inside the statement, under SQLite's single write
+    /// lock, so the set is taken whole or not at all, and a busy set writes nothing. Conflicting
+    /// rows go through the same `ON CONFLICT` as the one-key statement, reading the process's
+    /// holds of each key from `req`.
+    async fn acquire_many(
+        &self,
+        conn: &mut SqliteConnection,
+        all: &[Acquire<'_>],
+    ) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
+        let Some(first) = all.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        // ?1-?5 are shared, then four per key from ?6 on.
+        let rows = (0..all.len())
+            .map(|i| {
+                let n = 6 + 4 * i;
+                format!("(?{n}, ?{}, ?{}, ?{})", n + 1, n + 2, n + 3)
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let of_key =
+            |column: &str| format!("(SELECT {column} FROM req WHERE req.k = excluded.lock_key)");
+        let text = format!(
+            "WITH req(k, attempt, tenure, held) AS (VALUES {rows})
+INSERT INTO {table} AS l
+    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
+     available_at)
+SELECT k, ?1, 1, {{now}} * 1000, {{now}} + max(?2, ?4), {{now}}, ?3, attempt,
+       CASE WHEN ?4 > 0 THEN {{now}} + ?4 END
+FROM req
+WHERE NOT EXISTS (
+    SELECT 1 FROM {table} AS b JOIN req AS q ON b.lock_key = q.k
+    WHERE (b.expires_at > {{now}} AND b.owner IS NOT ?1) OR (?5 AND b.last_outcome IS 1))
+{take_over}
+RETURNING lock_key, hold_count, fencing_token, expires_at * 1000",
+            take_over = TAKE_OVER
+                .replace("{same}", SAME)
+                .replace("{tenure}", &of_key("tenure"))
+                .replace("{held}", &of_key("held"))
+                .replace("{once}", "?5"),
+            table = self.table,
+        )
+        .replace("{now}", NOW);
+        let mut q = sqlx::query(AssertSqlSafe(text))
+            .bind(first.owner)
+            .bind(ms_ceil(first.ttl_us))
+            .bind(first.holder)
+            .bind(ms_ceil(first.min_hold_us))
+            .bind(first.once);
+        for a in all {
+            q = q
+                .bind(a.key)
+                .bind(a.attempt)
+                .bind(a.tenure)
+                .bind(i64::from(a.held));
+        }
+        let rows = q.fetch_all(&mut *conn).await?;
+        let mut grants = Vec::with_capacity(rows.len());
+        for row in rows {
+            grants.push((
+                row.try_get::<String, _>(0)?,
+                Grant {
+                    hold_count: row.try_get::<i64, _>(1)?.max(0) as u32,
+                    fencing_token: row.try_get::<i64, _>(2)? as u64,
+                    expires_at_us: row.try_get(3)?,
+                },
+            ));
+        }
+        Ok(Some(super::per_key(all, grants)))
+    }
+
     async fn release(
         &self,
         conn: &mut SqliteConnection,
         h: &HoldRef<'_>,
         remaining: u32,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         release_id: i64,
     ) -> Result<Released, sqlx::Error> {
         let left: Option<i64> = sqlx::query_scalar(self.sql.release.clone())
@@ -373,7 +483,7 @@ impl Dialect for Lite {
             .bind(h.fencing_token as i64)
             .bind(release_id)
             .bind(i64::from(remaining))
-            .bind(outcome.code())
+            .bind(outcome.map(Outcome::code))
             .fetch_optional(&mut *conn)
             .await?;
         Ok(match left {

@@ -1,12 +1,13 @@
 //! `dblock-admin`: the operator's view of a lock table, on any backend.
 //!
 //! ```text
-//! dblock-admin <URL> [--table NAME] list
-//! dblock-admin <URL> [--table NAME] show KEY
-//! dblock-admin <URL> [--table NAME] release KEY
-//! dblock-admin <URL> [--table NAME] reset KEY        (forget the last outcome, end a min_hold wait)
-//! dblock-admin <URL> [--table NAME] purge [OLDER_THAN]     (default 1d; 0s = every row not held)
+//! dblock-admin <URL> [--table NAME] [--pooler] list
+//! dblock-admin <URL> [--table NAME] [--pooler] show KEY
+//! dblock-admin <URL> [--table NAME] [--pooler] release KEY
+//! dblock-admin <URL> [--table NAME] [--pooler] reset KEY        (forget the last outcome, end a min_hold wait)
+//! dblock-admin <URL> [--table NAME] [--pooler] purge [OLDER_THAN]     (default 1d; 0s = every row not held)
 //! ```
+//! `--pooler`: the PostgreSQL URL is PgBouncer (or another pooler) in transaction pooling mode.
 //! Build: `cargo run -p dblock --features admin --bin dblock-admin -- sqlite://locks.db list`.
 
 use std::process::ExitCode;
@@ -15,8 +16,9 @@ use std::time::{Duration, SystemTime};
 use dblock::{LockInfo, Locker};
 
 const USAGE: &str =
-    "usage: dblock-admin <URL> [--table NAME] list | show KEY | release KEY | reset KEY | purge [OLDER_THAN]
+    "usage: dblock-admin <URL> [--table NAME] [--pooler] list | show KEY | release KEY | reset KEY | purge [OLDER_THAN]
   URL         postgres://…, mysql://…, sqlite://path?mode=rw
+  --pooler    the PostgreSQL URL is a pooler in transaction mode (PgBouncer): no prepared statements
   OLDER_THAN  like 1d, 12h, 30m, 0s (default 1d)";
 
 #[tokio::main(flavor = "current_thread")]
@@ -50,7 +52,17 @@ async fn run(args: &[String]) -> Result<(), String> {
         }
         table = Some(rest.remove(at));
     }
-    let mut locker = Locker::connect(url).await.map_err(|e| e.to_string())?;
+    let pooler = match rest.iter().position(|a| *a == "--pooler") {
+        Some(at) => {
+            rest.remove(at);
+            true
+        }
+        None => false,
+    };
+    let options = dblock::ConnectOptions::new().pooler(pooler).listen(false);
+    let mut locker = Locker::connect_with(url, options)
+        .await
+        .map_err(|e| e.to_string())?;
     if let Some(t) = table {
         locker = locker.table(t);
     }

@@ -1,23 +1,37 @@
 //! PostgreSQL: statements on `statement_timestamp()`, the one clock that is fixed for the statement
 //! and not frozen for a caller's whole transaction (as `now()` is). Also the pool set-up, the
-//! SQLSTATE codes that decide retries, and the LISTEN connection (`notify.rs`).
+//! SQLSTATE codes that decide retries, the LISTEN connection (`notify.rs`) and the statements'
+//! form behind a transaction pooler such as PgBouncer (`pooler.rs`).
+//!
+//! Every statement runs through one place, [`Pg::ready`]: prepared with its values bound (the
+//! default), or behind a pooler as one simple-protocol query with the values inlined. A new
+//! statement is a [`Stmt`] in [`Statements`] and a list of [`Arg`]s, nothing more.
 
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, Postgres};
+use sqlx::postgres::{
+    PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow, Postgres,
+};
+use sqlx::query::Query;
+use sqlx::RawSql;
 use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 
-use super::admin::AdminSql;
+use super::admin::{self, PURGE_BATCH};
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, Released, RenewItem,
 };
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
+use crate::info::LockInfo;
 use crate::retry::Failure;
 
 pub(crate) mod notify;
+pub(crate) mod pooler;
+
+pub(crate) use pooler::Arg;
+use pooler::{Pooler, Template};
 
 /// SQLSTATE codes (PostgreSQL manual, appendix A) that decide how a failed statement is retried.
 mod sqlstate {
@@ -72,6 +86,61 @@ pub(crate) struct Pg {
     sql: Arc<Statements>,
     /// The LISTEN connection that wakes this locker's waiters; `None` when turned off.
     notifier: Option<Arc<notify::Notifier>>,
+    settings: Settings,
+}
+
+/// How a [`Pg`] talks to its server, apart from the pool and the table: kept by `with_table`.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    /// Releases commit without waiting for their WAL flush (`ConnectOptions::durable_release`).
+    lazy_release: bool,
+    /// Where the LISTEN connection goes; `None`: no LISTEN, waiters only poll.
+    listen: Option<notify::Source>,
+    /// Behind a transaction pooler (`ConnectOptions::pooler`): every statement as one
+    /// simple-protocol query with its values inlined, never a prepared statement.
+    pooler: Option<Arc<Pooler>>,
+}
+
+impl Settings {
+    /// `Locker::postgres(pool)`: LISTEN through the pool's connect options, lazily durable
+    /// releases, prepared statements.
+    fn defaults(pool: &PgPool) -> Settings {
+        Settings {
+            lazy_release: true,
+            listen: Some(notify::Source::Pool(pool.clone())),
+            pooler: None,
+        }
+    }
+
+    /// As `opts` say. Behind a pooler LISTEN is off unless `listen_url` names a direct
+    /// connection for it.
+    fn from_options(pool: &PgPool, opts: &ConnectOptions) -> Result<Settings, LockError> {
+        let listen = match (&opts.listen_url, opts.listen) {
+            (_, false) => None,
+            (Some(url), true) => Some(notify::Source::Direct(Arc::new(
+                PgConnectOptions::from_str(url)
+                    .map_err(|e| super::bad_url(url, e))?
+                    .options(keepalives()),
+            ))),
+            (None, true) if opts.pooler => None,
+            (None, true) => Some(notify::Source::Pool(pool.clone())),
+        };
+        Ok(Settings {
+            lazy_release: !opts.durable_release,
+            listen,
+            pooler: opts
+                .pooler
+                .then(|| Arc::new(Pooler::new(opts.statement_timeout))),
+        })
+    }
+}
+
+/// One statement of the dialect: its text with `$n` placeholders (prepared on the default path),
+/// and the same text cut at them (inlined behind a pooler).
+#[derive(Debug)]
+pub(crate) struct Stmt {
+    sql: SqlStr,
+    template: Template,
 }
 
 #[derive(Debug)]
@@ -80,133 +149,80 @@ struct Statements {
     table: String,
     ddl: SqlStr,
     outcomes: SqlStr,
-    acquire: SqlStr,
-    release: SqlStr,
-    extend: SqlStr,
-    extend_many: SqlStr,
-    admin: AdminSql,
+    /// `$1` = the quoted table name: does it have the newest migration's columns?
+    exists: Stmt,
+    acquire: Stmt,
+    acquire_waiting: Stmt,
+    acquire_many: Stmt,
+    release: Stmt,
+    extend: Stmt,
+    extend_many: Stmt,
+    last_write: Stmt,
+    inspect: Stmt,
+    held: Stmt,
+    force_release: Stmt,
+    reset: Stmt,
+    purge: Stmt,
 }
 
 /// The acquire statement's "a live hold of ours in the tenure this process holds ($7), or one
 /// written by this very attempt ($5)"; never NULL.
-const SAME: &str = "coalesce(l.owner = $2 AND l.expires_at > statement_timestamp()
-                   AND (l.attempt_id = $5 OR l.fencing_token = $7), false)";
+const SAME: &str = "coalesce(l.owner = {owner} AND l.expires_at > statement_timestamp()
+                   AND (l.attempt_id = {attempt} OR l.fencing_token = {tenure}), false)";
 
-fn sql(template: &str, table: &str) -> SqlStr {
-    let text = template
-        .replace("{same}", SAME)
-        .replace("{us_expires}", &US.replace("{c}", "expires_at"))
-        .replace("{us_acquired}", &US.replace("{c}", "acquired_at"))
-        .replace("{us_finished}", &US.replace("{c}", "finished_at"))
-        .replace("{table}", table);
-    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
-}
-
-/// The columns of `LockRow`, in its order and types.
-const INFO_COLUMNS: &str =
-    "lock_key, owner, holder, hold_count::int8, fencing_token, {us_expires}, {us_acquired},
-       (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,
-       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
-       last_outcome::int8, {us_finished}";
-
-/// A pool configured for locking: autocommit connections at READ COMMITTED, statement and lock
-/// time-outs and server keepalives (all set at start-up, no extra round trip), no ping before
-/// each statement, a bounded wait for a connection.
-pub(crate) async fn connect(
-    url: &str,
-    table: &str,
-    opts: &ConnectOptions,
-) -> Result<Pg, LockError> {
-    let statement_ms = opts.statement_timeout.as_millis().to_string();
-    let options = PgConnectOptions::from_str(url)
-        .map_err(|e| super::bad_url(url, e))?
-        .options([
-            ("default_transaction_isolation", "read committed"),
-            ("statement_timeout", statement_ms.as_str()),
-            ("lock_timeout", statement_ms.as_str()),
-            ("tcp_keepalives_idle", KEEPALIVE_IDLE),
-            ("tcp_keepalives_interval", KEEPALIVE_INTERVAL),
-            ("tcp_keepalives_count", KEEPALIVE_COUNT),
-        ]);
-    let pool = PgPoolOptions::new()
-        .max_connections(opts.max_connections.unwrap_or(10))
-        .test_before_acquire(false)
-        .acquire_timeout(opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT))
-        .connect_with(options)
-        .await?;
-    Ok(Pg::new(pool, table).listening(opts.listen))
-}
-
-impl Pg {
-    /// Locks in `table` through `pool`, with LISTEN/NOTIFY wake-ups.
-    pub(crate) fn new(pool: PgPool, table: &str) -> Self {
-        let t = quote_ident(table, '"');
-        let statements = Statements {
-            table: t.clone(),
-            ddl: sql(DDL, &t),
-            outcomes: sql(OUTCOMES, &t),
-
-            // Acquire, re-entry and takeover in one statement, update-first:
-            // - `upd` is a single-row UPDATE by primary key. Its WHERE is the "may I take it"
-            //   test; under READ COMMITTED a concurrent writer makes it wait for the row and
-            //   re-check the WHERE against the committed version, so two owners can never both
-            //   pass. All CASE arms read the OLD row (PostgreSQL evaluates SET against it).
-            // - `ins` creates the row only when the statement's snapshot has none. Two racing
-            //   inserters meet on the primary key: ON CONFLICT DO NOTHING makes the loser see
-            //   "busy" (no row) instead of an error, so nothing is inserted-then-caught.
-            // - A busy attempt (row held by someone else) updates nothing and inserts nothing:
-            //   no row lock kept, no WAL written, just the final SELECT of the holder's state.
-            // - {same}: a live hold of ours in the tenure this process holds ($7, with $8 holds)
-            //   or written by this very attempt ($5). `attempt_id = $5` means this attempt
-            //   already succeeded (its reply was lost): the row is returned as it is. Re-entry
-            //   counts from the process's holds ($8 + 1), never from the row alone: a live row of
-            //   ours that the process does not track (an acquire whose reply never came) is
-            //   taken over as a new tenure instead of being built upon.
-            // - "Free" is `expires_at <= now`: a released row keeps the key unavailable until
-            //   `available_at` (min_hold, $9 µs) by leaving expires_at there. The lease is at
-            //   least min_hold long, so a crashed holder's key waits for min_hold too.
-            // - `once` ($10): a key whose last hold succeeded (last_outcome 1) is not taken; the
-            //   busy row then says so.
-            acquire: sql(
-                "WITH upd AS (
-    UPDATE {table} AS l SET
-        hold_count = CASE WHEN {same}
-                          THEN CASE WHEN l.attempt_id = $5 THEN l.hold_count ELSE $8 + 1 END
+/// The `SET` of the acquire statements' UPDATE (one key, several keys): re-entry, or a new
+/// tenure. `{owner}`, `{attempt}`, `{tenure}`, `{held}`, `{holder}`, `{ttl}`, `{min_hold}` are
+/// the statement's values for the key.
+const TAKE: &str = "hold_count = CASE WHEN {same}
+                          THEN CASE WHEN l.attempt_id = {attempt} THEN l.hold_count ELSE {held} + 1 END
                           ELSE 1 END,
         fencing_token = CASE WHEN {same} THEN l.fencing_token ELSE l.fencing_token + 1 END,
         acquired_at = CASE WHEN {same} THEN l.acquired_at ELSE statement_timestamp() END,
-        holder = CASE WHEN {same} THEN l.holder ELSE $4 END,
+        holder = CASE WHEN {same} THEN l.holder ELSE {holder} END,
         expires_at = greatest(CASE WHEN {same} THEN l.expires_at END,
-                              statement_timestamp() + greatest($3, $9)::float8 * interval '1 microsecond'),
+                              statement_timestamp() + greatest({ttl}, {min_hold})::float8 * interval '1 microsecond'),
         available_at = CASE WHEN {same} THEN l.available_at
-                            WHEN $9 > 0 THEN statement_timestamp() + $9::float8 * interval '1 microsecond' END,
+                            WHEN {min_hold} > 0 THEN statement_timestamp() + {min_hold}::float8 * interval '1 microsecond' END,
         -- The hold being taken over ran out without a release: it ended in failure.
         last_outcome = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()
                             THEN 2 ELSE l.last_outcome END,
         finished_at = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()
                            THEN l.expires_at ELSE l.finished_at END,
-        attempt_id = $5,
+        attempt_id = {attempt},
         contended = (l.contended AND {same}),
-        owner = $2
-    WHERE l.lock_key = $1
-      AND (l.expires_at <= statement_timestamp() OR l.owner = $2)
-      AND NOT ($10 AND l.last_outcome IS NOT DISTINCT FROM 1)
-    RETURNING l.hold_count, l.fencing_token, l.expires_at, l.last_outcome, l.finished_at
-), flag AS (
-    -- A waiter ($6) whose LISTEN is in place asks the holder's release to NOTIFY. Written once
-    -- per contention episode: when the flag is already set this updates nothing.
+        owner = {owner}";
+
+/// The one-key acquire statement; `{flag}` is [`FLAG`] for a waiter whose LISTEN is in place,
+/// nothing otherwise (the usual first attempt: one CTE less to plan and run).
+fn acquire_one(flag: &str) -> String {
+    ACQUIRE.replace("{flag}", flag)
+}
+
+/// A waiter ($6) whose LISTEN is in place asks the holder's release to NOTIFY. Written once per
+/// contention episode: when the flag is already set this updates nothing.
+const FLAG: &str = ", flag AS (
     UPDATE {table} SET contended = true
     WHERE $6 AND lock_key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM upd)
       AND owner IS NOT NULL AND owner <> $2 AND expires_at > statement_timestamp()
     RETURNING 1
-), ins AS (
+)";
+
+/// Acquire, re-entry and takeover of one key (see the statement's comment in `Pg::build`).
+const ACQUIRE: &str = "WITH upd AS (
+    UPDATE {table} AS l SET
+        {take}
+    WHERE l.lock_key = $1
+      AND (l.expires_at <= statement_timestamp() OR l.owner = $2)
+      AND NOT ($10 AND l.last_outcome IS NOT DISTINCT FROM 1)
+    RETURNING l.hold_count, l.fencing_token, l.expires_at, l.last_outcome, l.finished_at
+){flag}, ins AS (
     INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
                          holder, attempt_id, available_at)
     SELECT $1, $2, 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8,
            statement_timestamp() + greatest($3, $9)::float8 * interval '1 microsecond',
            statement_timestamp(), $4, $5,
            CASE WHEN $9 > 0 THEN statement_timestamp() + $9::float8 * interval '1 microsecond' END
-    WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1)
+    WHERE NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1)
     ON CONFLICT (lock_key) DO NOTHING
     RETURNING hold_count, fencing_token, expires_at, last_outcome, finished_at
 ), res AS (
@@ -221,9 +237,211 @@ SELECT acquired, hold_count, fencing_token, {us_expires},
        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
        NOT acquired AND $10 AND last_outcome IS NOT DISTINCT FROM 1,
        {us_finished}
-FROM res",
+FROM res";
+
+/// [`TAKE`] with the one-key statement's parameters.
+fn take_one() -> String {
+    TAKE.replace("{same}", SAME)
+        .replace("{owner}", "$2")
+        .replace("{attempt}", "$5")
+        .replace("{tenure}", "$7")
+        .replace("{held}", "$8")
+        .replace("{holder}", "$4")
+        .replace("{ttl}", "$3")
+        .replace("{min_hold}", "$9")
+}
+
+fn sql(template: &str, table: &str) -> SqlStr {
+    let text = template
+        .replace("{us_expires}", &US.replace("{c}", "expires_at"))
+        .replace("{us_acquired}", &US.replace("{c}", "acquired_at"))
+        .replace("{us_finished}", &US.replace("{c}", "finished_at"))
+        .replace("{table}", table);
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+}
+
+fn stmt(template: &str, table: &str) -> Stmt {
+    let sql = sql(template, table);
+    Stmt {
+        template: Template::parse(sql.as_str()),
+        sql,
+    }
+}
+
+/// Server-side TCP keepalives, set at start-up (no extra round trip).
+fn keepalives() -> [(&'static str, &'static str); 3] {
+    [
+        ("tcp_keepalives_idle", KEEPALIVE_IDLE),
+        ("tcp_keepalives_interval", KEEPALIVE_INTERVAL),
+        ("tcp_keepalives_count", KEEPALIVE_COUNT),
+    ]
+}
+
+/// The columns of `LockRow`, in its order and types.
+const INFO_COLUMNS: &str =
+    "lock_key, owner, holder, hold_count::int8, fencing_token, {us_expires}, {us_acquired},
+       (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,
+       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
+       last_outcome::int8, {us_finished}";
+
+/// A pool configured for locking: autocommit connections at READ COMMITTED, statement and lock
+/// time-outs and server keepalives (all set at start-up, no extra round trip), no ping before
+/// each statement, a bounded wait for a connection.
+///
+/// Behind a pooler the start-up sends only what a pooler accepts out of the box (no `options`,
+/// no `extra_float_digits`): isolation and time-outs come with each statement instead
+/// ([`Pooler::prefix`]), keepalives are the pooler's.
+pub(crate) async fn connect(
+    url: &str,
+    table: &str,
+    opts: &ConnectOptions,
+) -> Result<Pg, LockError> {
+    let statement_ms = opts.statement_timeout.as_millis().to_string();
+    let parsed = PgConnectOptions::from_str(url).map_err(|e| super::bad_url(url, e))?;
+    let options = if opts.pooler {
+        parsed.extra_float_digits(None)
+    } else {
+        parsed
+            .options([
+                ("default_transaction_isolation", "read committed"),
+                ("statement_timeout", statement_ms.as_str()),
+                ("lock_timeout", statement_ms.as_str()),
+            ])
+            .options(keepalives())
+    };
+    let pool = PgPoolOptions::new()
+        .max_connections(opts.max_connections.unwrap_or(10))
+        .test_before_acquire(false)
+        .acquire_timeout(opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT))
+        .connect_with(options)
+        .await?;
+    Pg::configured(pool, table, opts)
+}
+
+impl Pg {
+    /// Locks in `table` through `pool`, with LISTEN/NOTIFY wake-ups.
+    pub(crate) fn new(pool: PgPool, table: &str) -> Self {
+        let settings = Settings::defaults(&pool);
+        Pg::build(pool, table, settings)
+    }
+
+    /// Locks in `table` through `pool`, set up as `opts` say (those options that are not about
+    /// building the pool).
+    pub(crate) fn configured(
+        pool: PgPool,
+        table: &str,
+        opts: &ConnectOptions,
+    ) -> Result<Self, LockError> {
+        let settings = Settings::from_options(&pool, opts)?;
+        Ok(Pg::build(pool, table, settings))
+    }
+
+    fn build(pool: PgPool, table: &str, settings: Settings) -> Self {
+        let t = quote_ident(table, '"');
+        let statements = Statements {
+            table: t.clone(),
+            ddl: sql(DDL, &t),
+            outcomes: sql(OUTCOMES, &t),
+            exists: stmt(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute
+             WHERE attrelid = to_regclass($1) AND attname = 'available_at' AND NOT attisdropped)",
                 &t,
             ),
+
+            // Acquire, re-entry and takeover in one statement, update-first:
+            // - `upd` is a single-row UPDATE by primary key. Its WHERE is the "may I take it"
+            //   test; under READ COMMITTED a concurrent writer makes it wait for the row and
+            //   re-check the WHERE against the committed version, so two owners can never both
+            //   pass. All CASE arms read the OLD row (PostgreSQL evaluates SET against it).
+            // - `ins` creates the row only when `upd` took nothing and the statement's snapshot
+            //   has no row (the first test spares the usual path an index probe and the insert's
+            //   set-up: 1.35x the cycles with pgbench on these statements). Two racing inserters
+            //   meet on the primary key: ON CONFLICT DO NOTHING makes the loser see "busy" (no
+            //   row) instead of an error, so nothing is inserted-then-caught.
+            // - `flag` ([`FLAG`]) only in `acquire_waiting`, the statement of a waiter whose
+            //   LISTEN is in place.
+            // - A busy attempt (row held by someone else) updates nothing and inserts nothing:
+            //   no row lock kept, no WAL written, just the final SELECT of the holder's state.
+            // - {same}: a live hold of ours in the tenure this process holds ($7, with $8 holds)
+            //   or written by this very attempt ($5). `attempt_id = $5` means this attempt
+            //   already succeeded (its reply was lost): the row is returned as it is. Re-entry
+            //   counts from the process's holds ($8 + 1), never from the row alone: a live row of
+            //   ours that the process does not track (an acquire whose reply never came) is
+            //   taken over as a new tenure instead of being built upon.
+            // - "Free" is `expires_at <= now`: a released row keeps the key unavailable until
+            //   `available_at` (min_hold, $9 µs) by leaving expires_at there. The lease is at
+            //   least min_hold long, so a crashed holder's key waits for min_hold too.
+            // - `once` ($10): a key whose last hold succeeded (last_outcome 1) is not taken; the
+            //   busy row then says so.
+            acquire: stmt(&acquire_one("").replace("{take}", &take_one()), &t),
+            acquire_waiting: stmt(&acquire_one(FLAG).replace("{take}", &take_one()), &t),
+            // Several keys of one owner ($1, sorted, with per-key attempt ids $2, tenures $3 and
+            // holds $4) at once, all or nothing in this statement's view:
+            // (tenure -1: none tracked; tokens are positive, so it matches no row.)
+            // - `go`: no key is held by another owner, or done for `once` ($9), in the
+            //   snapshot. If one is, nothing is locked, updated or inserted: a busy set writes
+            //   nothing.
+            // - `locked` row-locks the existing rows in key order before anything is updated,
+            //   so two such statements on overlapping keys queue instead of deadlocking.
+            // - `upd` is the one-key UPDATE for every existing key (same SET, per-key values from
+            //   `req`), each row re-checked under its lock against its latest version (READ
+            //   COMMITTED); `ins` creates the missing rows in key order, ON CONFLICT DO NOTHING.
+            // - A race the snapshot could not see (a row taken or inserted by someone else after
+            //   it) leaves that key untaken: the answer lists the keys taken, and the caller gives
+            //   back whatever is out of order.
+            acquire_many: stmt(
+                &"WITH req AS (
+    SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[]) AS r(k, attempt, tenure, held)
+), go AS (
+    SELECT NOT EXISTS (
+        SELECT 1 FROM {table} AS b JOIN req ON b.lock_key = req.k
+        WHERE (b.expires_at > statement_timestamp() AND b.owner IS DISTINCT FROM $5)
+           OR ($9 AND b.last_outcome IS NOT DISTINCT FROM 1)) AS ok
+), locked AS MATERIALIZED (
+    SELECT b.lock_key FROM {table} AS b
+    WHERE b.lock_key = ANY($1) AND (SELECT ok FROM go)
+    ORDER BY b.lock_key
+    FOR UPDATE
+), upd AS (
+    UPDATE {table} AS l SET
+        {take}
+    FROM req AS r
+    WHERE l.lock_key = r.k AND l.lock_key IN (SELECT lock_key FROM locked)
+      AND (l.expires_at <= statement_timestamp() OR l.owner = $5)
+      AND NOT ($9 AND l.last_outcome IS NOT DISTINCT FROM 1)
+    RETURNING l.lock_key, l.hold_count, l.fencing_token, l.expires_at
+), ins AS (
+    INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
+                         holder, attempt_id, available_at)
+    SELECT r.k, $5, 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8,
+           statement_timestamp() + greatest($6, $8)::float8 * interval '1 microsecond',
+           statement_timestamp(), $7, r.attempt,
+           CASE WHEN $8 > 0 THEN statement_timestamp() + $8::float8 * interval '1 microsecond' END
+    FROM req AS r
+    WHERE (SELECT ok FROM go) AND r.k NOT IN (SELECT lock_key FROM upd)
+      AND NOT EXISTS (SELECT 1 FROM {table} WHERE lock_key = r.k)
+    ORDER BY r.k COLLATE \"C\"
+    ON CONFLICT (lock_key) DO NOTHING
+    RETURNING lock_key, hold_count, fencing_token, expires_at
+)
+SELECT lock_key, hold_count, fencing_token, {us_expires} FROM upd
+UNION ALL
+SELECT lock_key, hold_count, fencing_token, {us_expires} FROM ins"
+                    .replace(
+                        "{take}",
+                        &TAKE
+                            .replace("{same}", SAME)
+                            .replace("{owner}", "$5")
+                            .replace("{attempt}", "r.attempt")
+                            .replace("{tenure}", "r.tenure")
+                            .replace("{held}", "r.held")
+                            .replace("{holder}", "$7")
+                            .replace("{ttl}", "$6")
+                            .replace("{min_hold}", "$8"),
+                    ),
+                &t,
+            ),
+
 
             // One single-row UPDATE by primary key: the WHERE (owner, tenure, live lease) and the
             // new count are applied to the same row version under its row lock, so a release
@@ -232,8 +450,9 @@ FROM res",
             // so a stray resend cannot count down twice; the release id ($4) recognises one.
             // A full release of a key someone waits for (`contended`) also NOTIFYs the key on
             // the locker's channel ($5); NOTIFY is delivered at commit, i.e. once it is free.
-            // The last release of a tenure records how it ended ($7) and when.
-            release: sql(
+            // The last release of a tenure records how it ended ($7) and when; a hold given
+            // back unused ($7 NULL: a grant too late, a partial multi-key take) records nothing.
+            release: stmt(
                 "WITH r AS (
     UPDATE {table} SET
         hold_count   = $6,
@@ -241,21 +460,26 @@ FROM res",
         -- Free once released, or once min_hold has passed (available_at), whichever is later.
         expires_at   = CASE WHEN $6 > 0 THEN expires_at
                             ELSE greatest(statement_timestamp(), available_at) END,
-        last_outcome = CASE WHEN $6 > 0 THEN last_outcome ELSE $7 END,
-        finished_at  = CASE WHEN $6 > 0 THEN finished_at ELSE statement_timestamp() END,
+        last_outcome = CASE WHEN $6 > 0 THEN last_outcome ELSE coalesce($7, last_outcome) END,
+        finished_at  = CASE WHEN $6 > 0 OR $7 IS NULL THEN finished_at
+                            ELSE statement_timestamp() END,
         attempt_id   = $4
     WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS DISTINCT FROM $4
       AND expires_at > statement_timestamp()
     RETURNING hold_count, contended, lock_key
 )
-SELECT hold_count, CASE WHEN hold_count = 0 AND contended THEN pg_notify($5, lock_key)::text END
+SELECT hold_count, CASE WHEN hold_count = 0 AND contended THEN pg_notify($5, lock_key)::text END,
+       -- A lazily durable release ($8): this statement's transaction commits without waiting
+       -- for its WAL flush (only this transaction: is_local). The next durable commit, e.g.
+       -- the grant that takes the key, flushes the log up to and including it.
+       CASE WHEN $8 THEN set_config('synchronous_commit', 'off', true) END
 FROM r",
                 &t,
             ),
 
 
             // Single-row UPDATE, owner- and tenure-checked in its WHERE; never shortens a lease.
-            extend: sql(
+            extend: stmt(
                 "UPDATE {table}
 SET expires_at = greatest(expires_at, statement_timestamp() + $4::float8 * interval '1 microsecond')
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > statement_timestamp()
@@ -266,7 +490,7 @@ RETURNING {us_expires}",
             // Renewal of many leases: one UPDATE joined to the arrays of (key, owner, token, ttl).
             // Each row is updated under its row lock with the same owner/tenure/live check as
             // `extend`; RETURNING names exactly the holds that were extended.
-            extend_many: sql(
+            extend_many: stmt(
                 "UPDATE {table} AS l
 SET expires_at = greatest(l.expires_at, statement_timestamp() + r.ttl_us * interval '1 microsecond')
 FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[]) AS r(k, o, tok, ttl_us)
@@ -275,74 +499,119 @@ WHERE l.lock_key = r.k AND l.owner = r.o AND l.fencing_token = r.tok
 RETURNING l.lock_key, l.owner, l.fencing_token",
                 &t,
             ),
-            admin: AdminSql {
-                last_write: sql(
-                    "SELECT attempt_id, fencing_token FROM {table} WHERE lock_key = $1",
-                    &t,
-                ),
-                inspect: sql(
-                    &format!("SELECT {INFO_COLUMNS} FROM {{table}} WHERE lock_key = $1"),
-                    &t,
-                ),
-                held: sql(
-                    &format!(
-                        "SELECT {INFO_COLUMNS} FROM {{table}}
+            last_write: stmt(
+                "SELECT attempt_id, fencing_token FROM {table} WHERE lock_key = $1",
+                &t,
+            ),
+            inspect: stmt(
+                &format!("SELECT {INFO_COLUMNS} FROM {{table}} WHERE lock_key = $1"),
+                &t,
+            ),
+            held: stmt(
+                &format!(
+                    "SELECT {INFO_COLUMNS} FROM {{table}}
 WHERE owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key"
-                    ),
-                    &t,
                 ),
+                &t,
+            ),
 
-                // Single-row UPDATE: frees a live lease whoever holds it; the token is kept so
-                // the next owner still gets a larger one.
-                force_release: sql(
-                    "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = statement_timestamp(),
+            // Single-row UPDATE: frees a live lease whoever holds it; the token is kept so
+            // the next owner still gets a larger one.
+            force_release: stmt(
+                "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = statement_timestamp(),
     last_outcome = 2, finished_at = statement_timestamp()
 WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > statement_timestamp()",
-                    &t,
-                ),
+                &t,
+            ),
 
-                // A key not held: its outcome forgotten (a `once` key runs again), its min_hold
-                // wait ended.
-                reset: sql(
-                    "UPDATE {table} SET last_outcome = NULL, finished_at = NULL,
+            // A key not held: its outcome forgotten (a `once` key runs again), its min_hold
+            // wait ended.
+            reset: stmt(
+                "UPDATE {table} SET last_outcome = NULL, finished_at = NULL,
     expires_at = least(expires_at, statement_timestamp())
 WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > statement_timestamp())",
-                    &t,
-                ),
+                &t,
+            ),
 
-                // Deletes free rows (expires_at = when freed) and expired ones, older than $1 µs.
-                // A held row has expires_at in the future, so it never matches.
-                purge: sql(
-                    "DELETE FROM {table}
+            // Deletes free rows (expires_at = when freed) and expired ones, older than $1 µs.
+            // A held row has expires_at in the future, so it never matches.
+            purge: stmt(
+                "DELETE FROM {table}
 WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'",
-                    &t,
-                ),
-            },
+                &t,
+            ),
         };
         let channel: Arc<str> = notify_channel(table).into();
         Pg {
-            notifier: Some(notify::Notifier::new(pool.clone(), channel.to_string())),
+            notifier: settings
+                .listen
+                .clone()
+                .map(|source| notify::Notifier::new(source, channel.to_string())),
             pool,
             channel,
             sql: Arc::new(statements),
+            settings,
         }
     }
 
-    /// With (`true`) or without LISTEN/NOTIFY wake-ups.
-    pub(crate) fn listening(self, on: bool) -> Self {
-        Pg {
-            notifier: if on {
-                self.notifier.or_else(|| {
-                    Some(notify::Notifier::new(
-                        self.pool.clone(),
-                        self.channel.to_string(),
-                    ))
-                })
-            } else {
-                None
-            },
-            ..self
+    /// Whether statements go as simple queries with inlined values (behind a pooler).
+    pub(crate) fn pooler(&self) -> bool {
+        self.settings.pooler.is_some()
+    }
+
+    /// The one place a statement is made ready to send: prepared, with `args` bound in order
+    /// (the default: sqlx keeps it prepared on the connection, one round trip from the second
+    /// use on); or, behind a pooler, one simple-protocol query with the transaction's settings
+    /// first and `args` written in as literals (`pooler.rs` says why).
+    fn ready(&self, s: &Stmt, args: &[Arg<'_>]) -> Result<Ready, sqlx::Error> {
+        match &self.settings.pooler {
+            None => Ok(Ready::Prepared(
+                args.iter()
+                    .fold(sqlx::query(s.sql.clone()), |q, a| a.bind(q)),
+            )),
+            Some(p) => Ok(Ready::Simple(sqlx::raw_sql(AssertSqlSafe(
+                s.template.render(p.prefix(), args)?,
+            )))),
         }
+    }
+
+    /// The statement's first row, if any.
+    async fn fetch_optional(
+        &self,
+        conn: &mut PgConnection,
+        s: &Stmt,
+        args: &[Arg<'_>],
+    ) -> Result<Option<PgRow>, sqlx::Error> {
+        match self.ready(s, args)? {
+            Ready::Prepared(q) => q.fetch_optional(conn).await,
+            Ready::Simple(q) => q.fetch_optional(conn).await,
+        }
+    }
+
+    /// Every row of the statement.
+    async fn fetch_all(
+        &self,
+        conn: &mut PgConnection,
+        s: &Stmt,
+        args: &[Arg<'_>],
+    ) -> Result<Vec<PgRow>, sqlx::Error> {
+        match self.ready(s, args)? {
+            Ready::Prepared(q) => q.fetch_all(conn).await,
+            Ready::Simple(q) => q.fetch_all(conn).await,
+        }
+    }
+
+    /// How many rows the statement changed (the settings before it change none).
+    async fn execute(
+        &self,
+        conn: &mut PgConnection,
+        s: &Stmt,
+        args: &[Arg<'_>],
+    ) -> Result<u64, sqlx::Error> {
+        Ok(match self.ready(s, args)? {
+            Ready::Prepared(q) => q.execute(conn).await?.rows_affected(),
+            Ready::Simple(q) => q.execute(conn).await?.rows_affected(),
+        })
     }
 
     /// Stops the LISTEN connection for good.
@@ -364,7 +633,7 @@ impl Dialect for Pg {
     type Db = Postgres;
 
     fn with_table(&self, table: &str) -> Self {
-        Pg::new(self.pool.clone(), table).listening(self.notifier.is_some())
+        Pg::build(self.pool.clone(), table, self.settings.clone())
     }
 
     fn classify(e: &dyn sqlx::error::DatabaseError) -> Failure {
@@ -386,21 +655,17 @@ impl Dialect for Pg {
         &self.pool
     }
 
-    fn admin(&self) -> &AdminSql {
-        &self.sql.admin
-    }
-
     async fn migrate(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         // The usual case at every start: the table is there, with the newest migration's
         // columns. One read, no lock, and none of the "already exists, skipping" NOTICEs that
         // sqlx would log at INFO.
-        let exists: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_attribute
-             WHERE attrelid = to_regclass($1) AND attname = 'available_at' AND NOT attisdropped)",
-        )
-        .bind(&self.sql.table)
-        .fetch_one(&mut *conn)
-        .await?;
+        let exists: bool = match self
+            .fetch_optional(conn, &self.sql.exists, &[Arg::Text(&self.sql.table)])
+            .await?
+        {
+            Some(row) => row.try_get(0)?,
+            None => false,
+        };
         if exists {
             return Ok(());
         }
@@ -408,10 +673,21 @@ impl Dialect for Pg {
         // "exists?" check and one dies on pg_type's unique index. A transaction-scoped advisory
         // lock makes concurrent migrations queue instead; the ones that queued then find the
         // table made, quietly.
+        if let Some(p) = &self.settings.pooler {
+            // Behind a pooler: the same steps as one simple query, which is one implicit
+            // transaction (no explicit one to leave open on a shared server connection, and
+            // fine in statement pooling mode too).
+            let script = format!(
+                "{}{MIGRATE_LOCK};\nSET LOCAL client_min_messages = warning;\n{}{}",
+                p.prefix(),
+                self.sql.ddl.as_str(),
+                self.sql.outcomes.as_str()
+            );
+            sqlx::raw_sql(AssertSqlSafe(script)).execute(conn).await?;
+            return Ok(());
+        }
         let mut tx = conn.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(7170034453421551936)")
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(MIGRATE_LOCK).execute(&mut *tx).await?;
         sqlx::query("SET LOCAL client_min_messages = warning")
             .execute(&mut *tx)
             .await?;
@@ -429,18 +705,27 @@ impl Dialect for Pg {
         conn: &mut PgConnection,
         p: &Acquire<'_>,
     ) -> Result<Attempt, sqlx::Error> {
-        let row = sqlx::query(self.sql.acquire.clone())
-            .bind(p.key)
-            .bind(p.owner)
-            .bind(p.ttl_us as f64)
-            .bind(p.holder)
-            .bind(p.attempt)
-            .bind(p.waiting)
-            .bind(p.tenure)
-            .bind(p.held as i32)
-            .bind(p.min_hold_us as f64)
-            .bind(p.once)
-            .fetch_optional(&mut *conn)
+        let row = self
+            .fetch_optional(
+                conn,
+                if p.waiting {
+                    &self.sql.acquire_waiting
+                } else {
+                    &self.sql.acquire
+                },
+                &[
+                    Arg::Text(p.key),
+                    Arg::Text(p.owner),
+                    Arg::Float8(p.ttl_us as f64),
+                    Arg::Text(p.holder),
+                    Arg::Int8(p.attempt),
+                    Arg::Bool(p.waiting),
+                    Arg::OptInt8(p.tenure),
+                    Arg::Int4(p.held as i32),
+                    Arg::Float8(p.min_hold_us as f64),
+                    Arg::Bool(p.once),
+                ],
+            )
             .await?;
         let Some(row) = row else {
             // The key was inserted by someone else during this statement.
@@ -463,24 +748,74 @@ impl Dialect for Pg {
         }
     }
 
+    async fn acquire_many(
+        &self,
+        conn: &mut PgConnection,
+        all: &[Acquire<'_>],
+    ) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
+        let Some(first) = all.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        let keys: Vec<&str> = all.iter().map(|a| a.key).collect();
+        let attempts: Vec<i64> = all.iter().map(|a| a.attempt).collect();
+        let tenures: Vec<i64> = all.iter().map(|a| a.tenure.unwrap_or(-1)).collect();
+        let held: Vec<i64> = all.iter().map(|a| i64::from(a.held)).collect();
+        let rows = self
+            .fetch_all(
+                conn,
+                &self.sql.acquire_many,
+                &[
+                    Arg::TextArray(&keys),
+                    Arg::Int8Array(&attempts),
+                    Arg::Int8Array(&tenures),
+                    Arg::Int8Array(&held),
+                    Arg::Text(first.owner),
+                    Arg::Float8(first.ttl_us as f64),
+                    Arg::Text(first.holder),
+                    Arg::Float8(first.min_hold_us as f64),
+                    Arg::Bool(first.once),
+                ],
+            )
+            .await?;
+        let mut grants = Vec::with_capacity(rows.len());
+        for row in rows {
+            grants.push((
+                row.try_get::<String, _>(0)?,
+                Grant {
+                    hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
+                    fencing_token: row.try_get::<i64, _>(2)? as u64,
+                    expires_at_us: row.try_get(3)?,
+                },
+            ));
+        }
+        Ok(Some(super::per_key(all, grants)))
+    }
+
     async fn release(
         &self,
         conn: &mut PgConnection,
         h: &HoldRef<'_>,
         remaining: u32,
-        outcome: Outcome,
+        outcome: Option<Outcome>,
         release_id: i64,
     ) -> Result<Released, sqlx::Error> {
-        let left: Option<i32> = sqlx::query_scalar(self.sql.release.clone())
-            .bind(h.key)
-            .bind(h.owner)
-            .bind(h.fencing_token as i64)
-            .bind(release_id)
-            .bind(&*self.channel)
-            .bind(remaining as i32)
-            .bind(outcome.code())
-            .fetch_optional(&mut *conn)
+        let row = self
+            .fetch_optional(
+                conn,
+                &self.sql.release,
+                &[
+                    Arg::Text(h.key),
+                    Arg::Text(h.owner),
+                    Arg::Int8(h.fencing_token as i64),
+                    Arg::Int8(release_id),
+                    Arg::Text(&self.channel),
+                    Arg::Int4(remaining as i32),
+                    Arg::OptInt2(outcome.map(Outcome::code)),
+                    Arg::Bool(self.settings.lazy_release),
+                ],
+            )
             .await?;
+        let left: Option<i32> = row.map(|r| r.try_get(0)).transpose()?;
         Ok(match left {
             None => Released::NotHeld,
             Some(0) => Released::Free,
@@ -494,13 +829,19 @@ impl Dialect for Pg {
         h: &HoldRef<'_>,
         ttl_us: i64,
     ) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query_scalar(self.sql.extend.clone())
-            .bind(h.key)
-            .bind(h.owner)
-            .bind(h.fencing_token as i64)
-            .bind(ttl_us as f64)
-            .fetch_optional(&mut *conn)
-            .await
+        let row = self
+            .fetch_optional(
+                conn,
+                &self.sql.extend,
+                &[
+                    Arg::Text(h.key),
+                    Arg::Text(h.owner),
+                    Arg::Int8(h.fencing_token as i64),
+                    Arg::Float8(ttl_us as f64),
+                ],
+            )
+            .await?;
+        row.map(|r| r.try_get(0)).transpose()
     }
 
     async fn extend_many(
@@ -512,16 +853,89 @@ impl Dialect for Pg {
         let owners: Vec<&str> = items.iter().map(|i| i.owner).collect();
         let tokens: Vec<i64> = items.iter().map(|i| i.fencing_token as i64).collect();
         let ttls: Vec<f64> = items.iter().map(|i| i.ttl_us as f64).collect();
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(self.sql.extend_many.clone())
-            .bind(keys)
-            .bind(owners)
-            .bind(tokens)
-            .bind(ttls)
-            .fetch_all(&mut *conn)
+        let rows = self
+            .fetch_all(
+                conn,
+                &self.sql.extend_many,
+                &[
+                    Arg::TextArray(&keys),
+                    Arg::TextArray(&owners),
+                    Arg::Int8Array(&tokens),
+                    Arg::Float8Array(&ttls),
+                ],
+            )
             .await?;
-        Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get::<i64, _>(2)? as u64)))
+            .collect()
+    }
+
+    async fn last_write(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+    ) -> Result<Option<(Option<i64>, i64)>, sqlx::Error> {
+        let row = self
+            .fetch_optional(conn, &self.sql.last_write, &[Arg::Text(key)])
+            .await?;
+        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+    }
+
+    async fn inspect(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+    ) -> Result<Option<LockInfo>, sqlx::Error> {
+        let row = self
+            .fetch_optional(conn, &self.sql.inspect, &[Arg::Text(key)])
+            .await?;
+        row.map(|r| admin::decode(&r).map(LockInfo::from))
+            .transpose()
+    }
+
+    async fn held(&self, conn: &mut PgConnection) -> Result<Vec<LockInfo>, sqlx::Error> {
+        let rows = self.fetch_all(conn, &self.sql.held, &[]).await?;
+        rows.iter()
+            .map(|r| admin::decode(r).map(LockInfo::from))
+            .collect()
+    }
+
+    async fn force_release(&self, conn: &mut PgConnection, key: &str) -> Result<bool, sqlx::Error> {
+        Ok(self
+            .execute(conn, &self.sql.force_release, &[Arg::Text(key)])
+            .await?
+            > 0)
+    }
+
+    async fn reset(&self, conn: &mut PgConnection, key: &str) -> Result<bool, sqlx::Error> {
+        Ok(self
+            .execute(conn, &self.sql.reset, &[Arg::Text(key)])
+            .await?
+            > 0)
+    }
+
+    async fn purge(&self, conn: &mut PgConnection, older_than_us: i64) -> Result<u64, sqlx::Error> {
+        let mut total = 0;
+        loop {
+            let n = self
+                .execute(conn, &self.sql.purge, &[Arg::Int8(older_than_us)])
+                .await?;
+            total += n;
+            if n < PURGE_BATCH {
+                return Ok(total);
+            }
+        }
     }
 }
+
+/// A statement ready to send, in one of its two forms ([`Pg::ready`]).
+enum Ready {
+    Prepared(Query<'static, Postgres, PgArguments>),
+    Simple(RawSql),
+}
+
+/// Takes the advisory lock that serialises concurrent migrations (transaction-scoped).
+const MIGRATE_LOCK: &str = "SELECT pg_advisory_xact_lock(7170034453421551936)";
 
 /// The LISTEN/NOTIFY channel of a table: `dblock_` and a 64-bit FNV-1a hash of its name, so any
 /// valid table name (up to 127 bytes with a schema) gives a channel within PostgreSQL's 63 bytes.
@@ -536,11 +950,155 @@ pub(crate) fn notify_channel(table: &str) -> String {
 impl Pg {
     /// The same backend without LISTEN/NOTIFY wake-ups (waiters only poll).
     pub(crate) fn without_notify(&self) -> Self {
-        self.clone().listening(false)
+        Pg {
+            notifier: None,
+            settings: Settings {
+                listen: None,
+                ..self.settings.clone()
+            },
+            ..self.clone()
+        }
     }
 
     /// The channel releases of this table are announced on.
     pub(crate) fn channel(&self) -> &str {
         &self.channel
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lazy_pool() -> PgPool {
+        PgPoolOptions::new()
+            .connect_lazy("postgres://postgres@127.0.0.1:5432/test")
+            .unwrap()
+    }
+
+    /// Each statement's template finds exactly the placeholders its binds fill (comments with
+    /// `($n)` in them are not placeholders).
+    #[tokio::test]
+    async fn every_statement_has_the_placeholders_its_values_fill() {
+        let sql = &Pg::new(lazy_pool(), "some.t").sql;
+        for (name, s, n) in [
+            ("exists", &sql.exists, 1),
+            ("acquire", &sql.acquire, 10),
+            ("release", &sql.release, 8),
+            ("extend", &sql.extend, 4),
+            ("extend_many", &sql.extend_many, 4),
+            ("last_write", &sql.last_write, 1),
+            ("inspect", &sql.inspect, 1),
+            ("held", &sql.held, 0),
+            ("force_release", &sql.force_release, 1),
+            ("reset", &sql.reset, 1),
+            ("purge", &sql.purge, 1),
+        ] {
+            assert_eq!(s.template.params(), n, "{name}");
+            let args: Vec<Arg<'_>> = (0..n).map(|_| Arg::Int8(0)).collect();
+            let text = s.template.render("", &args).unwrap();
+            assert!(!text.contains("--"), "{name}: a comment went out: {text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn settings_follow_the_options() {
+        let pool = lazy_pool();
+        let direct = Settings::from_options(&pool, &ConnectOptions::new()).unwrap();
+        assert!(direct.pooler.is_none() && direct.lazy_release);
+        assert!(matches!(direct.listen, Some(notify::Source::Pool(_))));
+
+        // Behind a pooler: no LISTEN unless a URL of its own is given for it.
+        let pooled = ConnectOptions::new().pooler(true).durable_release(true);
+        let s = Settings::from_options(&pool, &pooled).unwrap();
+        assert!(s.pooler.is_some() && s.listen.is_none() && !s.lazy_release);
+        let s = Settings::from_options(
+            &pool,
+            &pooled.clone().listen_url("postgres://app@db:5432/app"),
+        )
+        .unwrap();
+        assert!(matches!(s.listen, Some(notify::Source::Direct(_))));
+        let s = Settings::from_options(
+            &pool,
+            &pooled
+                .clone()
+                .listen_url("postgres://app@db/app")
+                .listen(false),
+        )
+        .unwrap();
+        assert!(s.listen.is_none());
+
+        match Settings::from_options(&pool, &pooled.listen_url("postgres://u:hunter2@[::1:x/db")) {
+            Err(LockError::Config(msg)) => assert!(!msg.contains("hunter2"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Behind a pooler each statement brings its transaction's settings, whatever the session
+    /// says, and leaves the session as it found it. Shown on a direct connection whose session
+    /// defaults are the opposite (SERIALIZABLE, one-hour time-outs), the one place this test can
+    /// set session defaults without touching connections that others share.
+    #[tokio::test]
+    async fn pooler_statements_bring_their_own_settings_and_leave_none() {
+        let url = std::env::var("DBLOCK_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let options = PgConnectOptions::from_str(&url).unwrap().options([
+            ("default_transaction_isolation", "serializable"),
+            ("statement_timeout", "1h"),
+            ("lock_timeout", "1h"),
+        ]);
+        let pool = match PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+        {
+            Ok(pool) => pool,
+            Err(e) if std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1") => {
+                panic!("PostgreSQL unreachable and DBLOCK_REQUIRE_SERVERS=1: {e}")
+            }
+            Err(e) => {
+                eprintln!("!!!!! SKIPPING the pooler settings test: {e}");
+                return;
+            }
+        };
+        let opts = ConnectOptions::new()
+            .pooler(true)
+            .statement_timeout(Duration::from_millis(300));
+        let pg = Pg::configured(pool.clone(), "unused", &opts).unwrap();
+        let probe = stmt(
+            "SELECT current_setting('transaction_isolation'), current_setting('statement_timeout'),
+       current_setting('lock_timeout'), $1::text",
+            "unused",
+        );
+        let mut conn = pool.acquire().await.unwrap();
+        let row = pg
+            .fetch_optional(&mut conn, &probe, &[Arg::Text("it's \\ fine")])
+            .await
+            .unwrap()
+            .unwrap();
+        let got: (String, String, String, String) = (
+            row.try_get(0).unwrap(),
+            row.try_get(1).unwrap(),
+            row.try_get(2).unwrap(),
+            row.try_get(3).unwrap(),
+        );
+        assert_eq!(
+            got,
+            (
+                "read committed".into(),
+                "300ms".into(),
+                "300ms".into(),
+                "it's \\ fine".into()
+            )
+        );
+        // Nothing stays behind on the (here: only) connection.
+        let row = sqlx::raw_sql(
+            "SELECT current_setting('transaction_isolation'), current_setting('statement_timeout')",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        let after: (String, String) = (row.try_get(0).unwrap(), row.try_get(1).unwrap());
+        assert_eq!(after, ("serializable".into(), "1h".into()));
     }
 }

@@ -9,13 +9,33 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, OnceCell};
+
+/// Where the LISTEN connection goes.
+#[derive(Clone, Debug)]
+pub(crate) enum Source {
+    /// Where the locker's pool connects (read when LISTEN starts). Only its connect options are
+    /// used: LISTEN has a connection of its own, never one of the pool's.
+    Pool(PgPool),
+    /// A URL of its own: straight to the server when the pool goes through a transaction pooler
+    /// (a LISTEN there would be registered on whichever server connection ran it, and stay
+    /// there when the pooler hands that connection to another client).
+    Direct(Arc<PgConnectOptions>),
+}
+
+impl Source {
+    fn connect_options(&self) -> PgConnectOptions {
+        match self {
+            Source::Pool(pool) => (*pool.connect_options()).clone(),
+            Source::Direct(options) => (**options).clone(),
+        }
+    }
+}
 
 /// The waiters of one locker, by key, and its listening connection.
 pub(crate) struct Notifier {
-    /// The locker's pool: only its connect options are used (LISTEN has a connection of its own).
-    pool: PgPool,
+    source: Source,
     channel: String,
     waiters: Mutex<HashMap<String, Waiter>>,
     listening: OnceCell<bool>,
@@ -48,9 +68,9 @@ impl Drop for Interest {
 }
 
 impl Notifier {
-    pub(crate) fn new(pool: PgPool, channel: String) -> Arc<Self> {
+    pub(crate) fn new(source: Source, channel: String) -> Arc<Self> {
         Arc::new(Notifier {
-            pool,
+            source,
             channel,
             waiters: Mutex::default(),
             listening: OnceCell::new(),
@@ -70,7 +90,9 @@ impl Notifier {
         let ready = *self
             .listening
             .get_or_init(|| async {
-                match self.listen().await {
+                // Boxed: connecting is a large future, needed once, and a waiter's own future
+                // should not carry its size.
+                match Box::pin(self.listen()).await {
                     Ok(()) => true,
                     Err(e) => {
                         tracing::warn!(error = %e, "LISTEN failed; waiters fall back to polling");
@@ -95,13 +117,14 @@ impl Notifier {
         })
     }
 
-    /// LISTENs on a connection of its own, opened with the pool's connect options but never
-    /// taken out of the pool (which is the caller's, for `Locker::postgres(pool)`), then hands
-    /// it to a task that wakes one waiter of the released key per notification.
+    /// LISTENs on a connection of its own, opened with the pool's connect options (or the direct
+    /// URL's) but never taken out of the pool (which is the caller's, for
+    /// `Locker::postgres(pool)`), then hands it to a task that wakes one waiter of the released
+    /// key per notification.
     async fn listen(self: &Arc<Self>) -> Result<(), sqlx::Error> {
         let own = PgPoolOptions::new()
             .max_connections(1)
-            .connect_lazy_with((*self.pool.connect_options()).clone());
+            .connect_lazy_with(self.source.connect_options());
         let mut listener = PgListener::connect_with(&own).await?;
         listener.listen(&self.channel).await?;
         let me: Weak<Notifier> = Arc::downgrade(self);

@@ -1,0 +1,48 @@
+//! A fixed number of lock cycles on one backend, for counting the client's instructions with
+//! `valgrind --tool=callgrind` (repeatable whatever else the machine does; the server's work is
+//! in another process and not counted):
+//!
+//! ```sh
+//! cargo bench -p dblock-bench --bench profile --no-run
+//! DBLOCK_PROFILE=dblock valgrind --tool=callgrind target/release/deps/profile-* postgres://postgres@127.0.0.1:5432/test
+//! ```
+//!
+//! `DBLOCK_PROFILE`: `dblock` (the default) or `ceiling` (the same statements, none of the client's
+//! machinery). `DBLOCK_PROFILE_CYCLES` (default 2000) cycles after 200 of warm-up.
+
+use std::time::Duration;
+
+use dblock::Locker;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let url = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "sqlite::memory:".into());
+    let cycles: usize = std::env::var("DBLOCK_PROFILE_CYCLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    let which = std::env::var("DBLOCK_PROFILE").unwrap_or_else(|_| "dblock".into());
+    let locker = Locker::connect(&url).await.unwrap().table("dblock_profile");
+    locker.migrate().await.unwrap();
+    let raw = dblock::test_util::statements(&locker);
+    let owner = dblock::Owner::new().id().to_owned();
+    let ttl = Duration::from_secs(30);
+    let started = std::time::Instant::now();
+    for i in 0..cycles + 200 {
+        let key = format!("profile:{}", i % 64);
+        if which == "ceiling" {
+            let token = raw.acquire(&key, &owner, ttl).await.unwrap().unwrap();
+            assert!(raw.release(&key, &owner, token).await.unwrap());
+        } else {
+            let g = locker.lock(key).ttl(ttl).await.unwrap();
+            g.release().await.unwrap();
+        }
+    }
+    eprintln!(
+        "{which}: {} cycles in {:?}",
+        cycles + 200,
+        started.elapsed()
+    );
+}

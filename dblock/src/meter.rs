@@ -1,0 +1,152 @@
+//! What dblock reports through the [`metrics`](https://docs.rs/metrics) facade, with the
+//! `metrics` feature (off by default; without it every function here is empty).
+//!
+//! | metric | kind | what |
+//! |---|---|---|
+//! | `dblock_acquire_seconds` | histogram | one `lock()` / `lock_all()` call, from its start until it returns; label `outcome`: `acquired`, `busy`, `lost` (the grant came too late), `done` (`once`), `error` |
+//! | `dblock_wait_seconds` | histogram | of a call that found the key busy: from the first busy answer until it returned |
+//! | `dblock_busy_total` | counter | calls that gave up because the key stayed busy |
+//! | `dblock_hold_seconds` | histogram | from the grant until the guard gave the lock back (or was dropped) |
+//! | `dblock_held` | gauge | locks held by this process's guards now |
+//! | `dblock_lost_total` | counter | holds found lost while held (renewal found them gone, the lease ran out, a shutdown) |
+//! | `dblock_renewal_failures_total` | counter | renewal statements that failed (retried while the leases last) |
+//!
+//! Every metric has the labels `key` — the key **template** (`order:{order_id}`, as the
+//! attribute writes it; for the handle API what [`LockRequest::metrics_key`] gave, else
+//! `(handle)`), never the concrete key, so the number of series stays bounded — and `backend`
+//! (`postgres`, `mysql`, `sqlite`); the renewal counter has `backend` only.
+//!
+//! [`LockRequest::metrics_key`]: crate::LockRequest::metrics_key
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+/// What a call's metrics are labelled with.
+#[derive(Clone, Debug)]
+pub(crate) struct Label {
+    #[cfg(feature = "metrics")]
+    key: Cow<'static, str>,
+    #[cfg(feature = "metrics")]
+    backend: &'static str,
+}
+
+/// The `key` label of calls that did not name one.
+#[cfg(feature = "metrics")]
+pub(crate) const UNNAMED: &str = "(handle)";
+
+impl Label {
+    pub(crate) fn new(key: Option<&Cow<'static, str>>, backend: &'static str) -> Label {
+        #[cfg(not(feature = "metrics"))]
+        let _ = (key, backend);
+        Label {
+            #[cfg(feature = "metrics")]
+            key: key.cloned().unwrap_or(Cow::Borrowed(UNNAMED)),
+            #[cfg(feature = "metrics")]
+            backend,
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn labels(&self) -> Vec<metrics::Label> {
+        let key = match &self.key {
+            Cow::Borrowed(s) => metrics::SharedString::const_str(s),
+            Cow::Owned(s) => metrics::SharedString::from(s.clone()),
+        };
+        vec![
+            metrics::Label::new("key", key),
+            metrics::Label::new("backend", self.backend),
+        ]
+    }
+}
+
+/// How a lock call ended, for the `outcome` label.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum CallOutcome {
+    Acquired,
+    Busy,
+    Lost,
+    Done,
+    Error,
+}
+
+impl CallOutcome {
+    pub(crate) fn of<T>(result: &Result<T, crate::LockError>) -> CallOutcome {
+        use crate::LockError;
+        match result {
+            Ok(_) => CallOutcome::Acquired,
+            Err(LockError::Busy { .. }) => CallOutcome::Busy,
+            Err(LockError::Lost { .. }) => CallOutcome::Lost,
+            Err(LockError::AlreadyDone { .. }) => CallOutcome::Done,
+            Err(_) => CallOutcome::Error,
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn name(self) -> &'static str {
+        match self {
+            CallOutcome::Acquired => "acquired",
+            CallOutcome::Busy => "busy",
+            CallOutcome::Lost => "lost",
+            CallOutcome::Done => "done",
+            CallOutcome::Error => "error",
+        }
+    }
+}
+
+/// A lock call ended after `took`; `waited`: since its first busy answer, if it had one.
+pub(crate) fn call_ended(
+    label: &Label,
+    outcome: CallOutcome,
+    took: Duration,
+    waited: Option<Duration>,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        let mut with_outcome = label.labels();
+        with_outcome.push(metrics::Label::new("outcome", outcome.name()));
+        metrics::histogram!("dblock_acquire_seconds", with_outcome).record(took.as_secs_f64());
+        if let Some(waited) = waited {
+            metrics::histogram!("dblock_wait_seconds", label.labels()).record(waited.as_secs_f64());
+        }
+        if matches!(outcome, CallOutcome::Busy) {
+            metrics::counter!("dblock_busy_total", label.labels()).increment(1);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (label, outcome, took, waited);
+}
+
+/// A guard now holds a lock.
+pub(crate) fn held(label: &Label) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("dblock_held", label.labels()).increment(1.0);
+    #[cfg(not(feature = "metrics"))]
+    let _ = label;
+}
+
+/// A guard gave its lock back (or was dropped) after holding it for `held_for`.
+pub(crate) fn released(label: &Label, held_for: Duration) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("dblock_held", label.labels()).decrement(1.0);
+        metrics::histogram!("dblock_hold_seconds", label.labels()).record(held_for.as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (label, held_for);
+}
+
+/// A hold was found lost while held.
+pub(crate) fn lost(label: &Label) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("dblock_lost_total", label.labels()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = label;
+}
+
+/// A renewal statement failed.
+pub(crate) fn renewal_failed(backend: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("dblock_renewal_failures_total", "backend" => backend).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = backend;
+}

@@ -1,0 +1,205 @@
+//! A PostgreSQL cluster of the test's own: its own data directory (a temp dir) and port, so a
+//! test can crash and restart it without touching the shared server other tests use.
+//!
+//! ```text
+//! let Some(pg) = PrivatePg::start("durability") else { return }; // SKIPPING said, unless required
+//! let locker = Locker::connect(&pg.url()).await?;
+//! pg.crash();    // pg_ctl stop -m immediate: no checkpoint, no WAL flush
+//! pg.restart();  // crash recovery replays the WAL
+//! ```
+//!
+//! PostgreSQL refuses to run as root, so as root the cluster runs as the `postgres` user.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+pub struct PrivatePg {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    as_postgres: bool,
+}
+
+impl PrivatePg {
+    /// initdb + start, with `settings` appended to `postgresql.conf`. `None` (after a loud
+    /// SKIPPING line) where no PostgreSQL server binaries are installed; with
+    /// `DBLOCK_REQUIRE_SERVERS=1` that is a failure instead.
+    pub fn start(test: &str, settings: &[&str]) -> Option<PrivatePg> {
+        let Some(bin) = bin_dir() else {
+            let msg = format!(
+                "SKIPPING {test}: no PostgreSQL server binaries (/usr/lib/postgresql/*/bin) for a private cluster"
+            );
+            assert!(!super::require_servers(), "{msg}");
+            super::shout(&msg);
+            return None;
+        };
+        let as_postgres = is_root();
+        let dir = tempfile::Builder::new()
+            .prefix("dblock-pg-")
+            .tempdir()
+            .expect("tempdir");
+        if as_postgres {
+            run(Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path()));
+        }
+        let pg = PrivatePg {
+            bin,
+            port: free_port(),
+            dir,
+            as_postgres,
+        };
+        let data = pg.data();
+        pg.run_pg(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+            ],
+        );
+        let mut conf = format!(
+            "\nport = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             fsync = on\nsynchronous_commit = on\nmax_connections = 50\nshared_buffers = 32MB\n",
+            pg.port,
+            pg.dir.path().display()
+        );
+        for s in settings {
+            conf.push_str(s);
+            conf.push('\n');
+        }
+        let conf_path = data.join("postgresql.conf");
+        let mut existing = std::fs::read_to_string(&conf_path).expect("postgresql.conf");
+        existing.push_str(&conf);
+        std::fs::write(&conf_path, existing).expect("write postgresql.conf");
+        pg.restart();
+        Some(pg)
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Starts the cluster (after `crash`: crash recovery) and waits until it accepts connections.
+    pub fn restart(&self) {
+        let data = self.data();
+        let log = self.dir.path().join("server.log");
+        self.run_pg(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        );
+    }
+
+    /// `pg_ctl stop -m immediate`: the server quits at once, with no checkpoint and no flush of
+    /// WAL it had not flushed yet; what was committed but not flushed is gone after recovery.
+    pub fn crash(&self) {
+        let data = self.data();
+        self.run_pg(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
+    }
+
+    /// `pg_ctl stop -m fast`: an orderly shutdown (connections are closed, WAL flushed).
+    pub fn stop(&self) {
+        let data = self.data();
+        self.run_pg(
+            "pg_ctl",
+            &["-D", data.to_str().unwrap(), "-m", "fast", "-w", "stop"],
+        );
+    }
+
+    fn run_pg(&self, tool: &str, args: &[&str]) {
+        run(self.command(tool).args(args));
+    }
+
+    /// A PostgreSQL tool, run as the `postgres` user when this process is root.
+    fn command(&self, tool: &str) -> Command {
+        let exe = self.bin.join(tool);
+        let mut cmd = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        cmd.current_dir(self.dir.path());
+        cmd
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let data = self.data();
+        let _ = self
+            .command("pg_ctl")
+            .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().expect("run a PostgreSQL tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("bin"))
+        .filter(|p| Path::new(p).join("initdb").exists())
+        .collect();
+    versions.sort();
+    versions.pop()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().unwrap().port()
+}

@@ -1,0 +1,665 @@
+//! The chaos checker (`common/history.rs`, shared with `tests/chaos.rs`) through the failures of
+//! replicated set-ups that `scripts/replicated.sh` brings up on loopback:
+//! - **MariaDB Galera, 3 nodes**: worker processes spread over the nodes, each through a fault
+//!   proxy of its own. Mid-run one node's mariadbd is killed (`kill -9`): the whole cluster stalls
+//!   until it is evicted (about 6 s), and a second later the proxies of the workers on that node
+//!   are re-pointed to the survivors, as a load balancer would. dblock's lock sessions must run
+//!   with `wsrep_retry_autocommit=0` and `wsrep_sync_wait=1` (checked on the parent's locker and
+//!   by every worker at exit, on a connection of its own pool made after the kill).
+//! - **PostgreSQL primary + synchronous standby**: workers through proxies to the primary; mid-run
+//!   the primary's walsender is stopped for half a second (commits pile up waiting for the
+//!   standby: those in flight exist on the primary only), then the primary is stopped
+//!   (`pg_ctl -m immediate stop`), the standby promoted, and the proxies re-pointed to it. dblock's
+//!   releases are lazily durable (`synchronous_commit = off`), so some acknowledged releases are
+//!   lost with the primary: their keys stay held on the promoted standby until their leases end.
+//!
+//! In both, a lock taken on the failing server just before the failure (60 s ttl) must still be
+//! there on the survivor (same owner, same fencing token), and its holder must be able to release
+//! it there. The workers' ttl (3 s) is deliberately shorter than Galera's stall: leases run out
+//! while nothing commits, and grants that come back late must be given back, not returned.
+//!
+//! Runs only when the script exported the set-ups' URLs (`scripts/replicated.sh test` does it
+//! all: install, up, this test, down); otherwise it says SKIPPING and passes, unless
+//! `DBLOCK_REQUIRE_REPLICATED=1`. A killed node or a promoted standby stays that way: each `up`
+//! allows one run.
+
+#![cfg_attr(
+    not(any(feature = "postgres", all(feature = "mysql", feature = "_test-util"))),
+    allow(unused)
+)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::history::{self, check, parse, Workload};
+use common::proxy::Proxy;
+use dblock::{LockGuard, LockInfo, Locker};
+
+const WORKLOAD: Workload = Workload {
+    run: Duration::from_secs(18),
+    ttl: Duration::from_secs(3),
+    keys: 3,
+    linger: Duration::from_secs(5),
+};
+/// When the failure is injected, after the workers started.
+const FAULT_AT: Duration = Duration::from_secs(5);
+/// Galera: how long the "load balancer" takes to re-point the proxies of the killed node (on
+/// PostgreSQL they follow the promotion at once).
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+const REPOINT_AFTER: Duration = Duration::from_secs(1);
+/// PostgreSQL: how long (seconds) the walsender is stopped before the primary is.
+#[cfg(feature = "postgres")]
+const WALSENDER_STALL: &str = "0.5";
+/// The lock held across the failure.
+const SURVIVOR_TTL: Duration = Duration::from_secs(60);
+
+/// The two set-ups share two cores: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn require_replicated() -> bool {
+    std::env::var("DBLOCK_REQUIRE_REPLICATED").is_ok_and(|v| v == "1")
+}
+
+/// The value of `var`, exported by `scripts/replicated.sh`; `None` (after a loud SKIPPING) when
+/// the set-up is not up.
+fn setup_url(var: &str, what: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ if require_replicated() => {
+            panic!(
+                "{var} is not set and DBLOCK_REQUIRE_REPLICATED=1: run scripts/replicated.sh test"
+            )
+        }
+        _ => {
+            common::shout(&format!(
+                "SKIPPING the {what} chaos run: {var} is not set. `scripts/replicated.sh test` \
+                 brings the replicated set-ups up on loopback, runs this test and tears them down \
+                 (as root); DBLOCK_REQUIRE_REPLICATED=1 makes this a failure."
+            ));
+            None
+        }
+    }
+}
+
+/// Runs a subcommand of `scripts/replicated.sh`; its `name=value` lines on stdout.
+async fn ctl(args: &[&str]) -> HashMap<String, String> {
+    let script = std::env::var("DBLOCK_REPLICATED_CTL").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/replicated.sh").to_owned()
+    });
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(&args)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/replicated.sh");
+        assert!(out.status.success(), "{script} {args:?}: {}", out.status);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+/// The worker: runs only inside a child process (ignored in normal runs). On Galera it also
+/// checks, at exit, the session settings of its locker's pool: by then its connections were made
+/// after the kill, through a re-pointed proxy for the workers of the killed node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "worker entry point, started by the replicated chaos runs"]
+async fn replicated_worker() {
+    let locker = history::worker(&WORKLOAD).await;
+    #[cfg(all(feature = "mysql", feature = "_test-util"))]
+    if std::env::var("DBLOCK_CHAOS_URL").is_ok_and(|u| u.starts_with("mysql")) {
+        assert_galera_session(&locker).await;
+    }
+    let _ = locker;
+}
+
+/// dblock's lock sessions on Galera: no automatic autocommit retry (its two-row answer to one
+/// RETURNING statement), causal reads. Read on a connection of the locker's own pool (retried: a
+/// pooled connection may be one the kill broke).
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+async fn assert_galera_session(locker: &Locker) {
+    for (variable, want) in [("wsrep_retry_autocommit", "0"), ("wsrep_sync_wait", "1")] {
+        let mut tries = 0;
+        let value = loop {
+            match dblock::test_util::mysql_session_variable(locker, variable).await {
+                Ok(v) => break v,
+                Err(e) if tries < 20 => {
+                    tries += 1;
+                    eprintln!("reading @@session.{variable}: {e}");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => panic!("reading @@session.{variable}: {e}"),
+            }
+        };
+        assert_eq!(
+            value.as_deref(),
+            Some(want),
+            "a lock session runs with {variable}={value:?}"
+        );
+    }
+}
+
+fn spawn(url: &str, table: &str, log: &Path) -> Child {
+    history::spawn_worker("replicated_worker", url, table, log)
+}
+
+/// A lock taken just before the failure, through a proxy of its own to the server that fails.
+struct Survivor {
+    guard: LockGuard,
+    before: LockInfo,
+}
+
+async fn take_survivor(holder: &Locker, observer: &Locker) -> Survivor {
+    let guard = holder
+        .lock("survivor")
+        .ttl(SURVIVOR_TTL)
+        .wait(Duration::from_secs(10))
+        .await
+        .expect("survivor lock");
+    let before = observer
+        .inspect("survivor")
+        .await
+        .unwrap()
+        .expect("survivor row");
+    assert!(before.held, "{before:?}");
+    Survivor { guard, before }
+}
+
+/// After the failure: the row on the survivor is the same hold, and its holder releases it there.
+/// Returns how the release went.
+async fn check_survivor(name: &str, survivor: Survivor, observer: &Locker) -> String {
+    let after = retry("inspect the survivor lock", || observer.inspect("survivor"))
+        .await
+        .expect("the survivor lock's row is gone");
+    assert!(
+        after.held
+            && after.owner == survivor.before.owner
+            && after.fencing_token == survivor.before.fencing_token,
+        "{name}: the lock held across the failure changed:\n  before {:?}\n  after  {after:?}",
+        survivor.before
+    );
+    let released = match survivor.guard.release().await {
+        Ok(()) => "ok".to_owned(),
+        Err(e) if e.is_outcome_unknown() => "outcome unknown (resolved in the background)".into(),
+        Err(e) => panic!("{name}: releasing the survivor lock: {e:?}"),
+    };
+    // Released for certain, within its statement time-outs.
+    let started = Instant::now();
+    loop {
+        let info = retry("inspect the survivor lock", || observer.inspect("survivor")).await;
+        if info.as_ref().is_none_or(|i| !i.held) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{name}: the survivor lock is still held after its release: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    released
+}
+
+/// An operator query, again while its pool still hands out connections the failure broke.
+async fn retry<T, F, Fut>(what: &str, f: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, dblock::LockError>>,
+{
+    let started = Instant::now();
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if started.elapsed() < Duration::from_secs(20) => {
+                eprintln!("{what}: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{what}: {e:?}"),
+        }
+    }
+}
+
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+/// A client of a surviving server that locks and unlocks a key of its own table in a loop until
+/// told to stop: when it got its grants, to measure how long nothing could be granted.
+fn probe(
+    locker: Locker,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Vec<i64>> {
+    tokio::spawn(async move {
+        let mut grants = Vec::new();
+        while !*stop.borrow() {
+            match locker
+                .lock("probe")
+                .ttl(Duration::from_secs(10))
+                .wait(Duration::from_secs(30))
+                .await
+            {
+                Ok(g) => {
+                    grants.push(now_us());
+                    let _ = g.release().await;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        grants
+    })
+}
+
+/// The longest time without a grant among `grants` (µs since the epoch) from 1 s before the
+/// fault `at` to 20 s after it, and when that gap began, relative to the fault.
+fn longest_gap(mut grants: Vec<i64>, at: i64) -> Option<(Duration, i64)> {
+    grants.retain(|&g| g >= at - 1_000_000 && g <= at + 20_000_000);
+    grants.sort_unstable();
+    grants.windows(2).max_by_key(|w| w[1] - w[0]).map(|w| {
+        (
+            Duration::from_micros((w[1] - w[0]) as u64),
+            (w[0] - at) / 1000,
+        )
+    })
+}
+
+fn gap(grants: Vec<i64>, at: i64) -> String {
+    match longest_gap(grants, at) {
+        Some((gap, from)) => format!("{} ms (from {from:+} ms)", gap.as_millis()),
+        None => "n/a".to_owned(),
+    }
+}
+
+/// Waits for every worker (none is killed: all must exit gracefully), then checks the history and
+/// the table. How the calls ended, and when each hold began.
+async fn finish(
+    name: &str,
+    children: Vec<Child>,
+    log: &Path,
+    observer: &Locker,
+) -> (history::Tally, Vec<i64>) {
+    for (i, mut c) in children.into_iter().enumerate() {
+        let status = tokio::task::spawn_blocking(move || c.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "{name}: worker {i} failed: {status}");
+    }
+    let history = std::fs::read_to_string(log).unwrap();
+    let (holds, _) = parse(&history);
+    check(name, &holds);
+    history::check_no_orphans(name, &history, observer).await;
+    let starts = holds.iter().map(|h| h.start).collect();
+    (history::tally(&history), starts)
+}
+
+/// The figures of a run, one per line, on stderr (libtest's capture cannot hide them).
+fn report(name: &str, tally: &history::Tally, lines: &[String]) {
+    let mut out = format!(
+        "FIGURES {name}\n  holds checked: {}, no violation\n  lock() errors: {:?}\n  \
+         release outcomes: {:?}\n",
+        tally.grants, tally.lock_errors, tally.releases
+    );
+    for l in lines {
+        out += &format!("  {l}\n");
+    }
+    common::shout(&out);
+}
+
+fn ms(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
+}
+
+#[cfg(not(all(feature = "mysql", feature = "_test-util")))]
+#[test]
+#[ignore = "the Galera chaos run needs `--features mysql,_test-util` (or --all-features)"]
+fn galera_needs_the_mysql_and_test_util_features() {}
+
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn galera_node_killed_mid_run() {
+    use sqlx::MySqlPool;
+
+    let _one_at_a_time = SERIAL.lock().await;
+    let Some(urls) = setup_url("DBLOCK_GALERA_URLS", "MariaDB Galera") else {
+        return;
+    };
+    let name = "galera";
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    assert_eq!(urls.len(), 3, "DBLOCK_GALERA_URLS: three node URLs");
+    let hosts: Vec<String> = urls.iter().map(|u| common::host_of(u)).collect();
+    const KILLED: usize = 2; // node 3
+
+    // The cluster as the script left it: three nodes, synced.
+    let plain = MySqlPool::connect(&urls[0]).await.expect("node 1");
+    assert_eq!(
+        cluster_size(&plain).await.unwrap(),
+        "3",
+        "a 3-node cluster (each `scripts/replicated.sh up` allows one run)"
+    );
+
+    let observer = Locker::connect(&urls[0])
+        .await
+        .unwrap()
+        .table(&common::table_for("galera"));
+    observer.migrate().await.unwrap();
+    let table = observer.table_name().to_owned();
+    // dblock's sessions differ from the server's defaults, which a plain session keeps.
+    assert_galera_session(&observer).await;
+    let plain_retry: String =
+        sqlx::query_scalar("SELECT CAST(@@session.wsrep_retry_autocommit AS CHAR)")
+            .fetch_one(&plain)
+            .await
+            .unwrap();
+    assert_eq!(
+        plain_retry, "1",
+        "a plain session keeps the server default, so the check above reads dblock's own setting"
+    );
+
+    // Galera's conflict counters of the survivors, to count the conflicts dblock retried.
+    let node2 = MySqlPool::connect(&urls[1]).await.expect("node 2");
+    let conflicts_before = conflicts(&plain).await + conflicts(&node2).await;
+
+    let prober = Locker::connect(&urls[0])
+        .await
+        .unwrap()
+        .table(&common::table_for("galera_probe"));
+    prober.migrate().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("history");
+    let mut proxies = Vec::new();
+    let mut children = Vec::new();
+    for w in 0..6 {
+        let node = w % 3;
+        let proxy = Proxy::start(&hosts[node]).await;
+        children.push(spawn(&proxy.url(&urls[node]), &table, &log));
+        proxies.push((node, proxy));
+    }
+    let holder_proxy = Proxy::start(&hosts[KILLED]).await;
+    let holder = Locker::connect(&holder_proxy.url(&urls[KILLED]))
+        .await
+        .unwrap()
+        .table(&table);
+    let (stop_probe, stop) = tokio::sync::watch::channel(false);
+    let probing = probe(prober, stop);
+
+    tokio::time::sleep(FAULT_AT - Duration::from_millis(500)).await;
+    let survivor = take_survivor(&holder, &observer).await;
+    let killed_at_us = now_us();
+    let killed_at = Instant::now();
+    ctl(&["kill-node", "3"]).await;
+    // The cluster notices (polled on a task of its own: a query may wait out the stall)...
+    let plain_ = plain.clone();
+    let eviction = tokio::spawn(async move {
+        while killed_at.elapsed() < Duration::from_secs(60) {
+            if cluster_size(&plain_).await.is_ok_and(|s| s == "2") {
+                return Some(killed_at.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    });
+    // ... and a load balancer re-points the dead node's clients to the others.
+    tokio::time::sleep(REPOINT_AFTER).await;
+    let mut survivors = [0, 1].into_iter().cycle();
+    let mut repointed = 0;
+    for (node, proxy) in &proxies {
+        if *node == KILLED {
+            proxy.set_target(&hosts[survivors.next().unwrap()]);
+            proxy.reset_all();
+            repointed += 1;
+        }
+    }
+    holder_proxy.set_target(&hosts[0]);
+    holder_proxy.reset_all();
+    let evicted = eviction.await.unwrap();
+    let evicted = evicted.expect("node 3 was never evicted");
+
+    let survivor_release = check_survivor(name, survivor, &observer).await;
+
+    let (tally, starts) = finish(name, children, &log, &observer).await;
+    stop_probe.send_replace(true);
+    let probe_grants = probing.await.unwrap();
+    assert_eq!(cluster_size(&plain).await.unwrap(), "2");
+    let conflicts_seen = conflicts(&plain).await + conflicts(&node2).await - conflicts_before;
+    report(
+        name,
+        &tally,
+        &[
+            format!(
+                "faults: kill -9 of node 3's mariadbd {} into the run; {repointed} worker \
+                 proxies (and the holder's) re-pointed {} later",
+                ms(FAULT_AT),
+                ms(REPOINT_AFTER)
+            ),
+            format!(
+                "node 3 evicted (cluster size 2 on node 1) {} after the kill",
+                ms(evicted)
+            ),
+            format!(
+                "longest time without a grant, 1 s before to 20 s after the kill: {} for a \
+                 client of node 1, {} for the workers",
+                gap(probe_grants, killed_at_us),
+                gap(starts, killed_at_us)
+            ),
+            format!(
+                "lock held on node 3 across the kill: same owner and token on node 1; its \
+                 release: {survivor_release}"
+            ),
+            format!(
+                "Galera conflicts on nodes 1 and 2 (wsrep_local_cert_failures + \
+                 wsrep_local_bf_aborts), each a statement rolled back and retried: \
+                 {conflicts_seen}"
+            ),
+            "lock sessions: wsrep_retry_autocommit=0, wsrep_sync_wait=1 (the parent's and \
+             every worker's, after the kill)"
+                .to_owned(),
+        ],
+    );
+}
+
+/// A node's certification failures plus brute-force aborts since it started: statements rolled
+/// back by Galera (error 1213 to the client, which dblock retries).
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+async fn conflicts(node: &sqlx::MySqlPool) -> u64 {
+    let values: Vec<String> = sqlx::query_scalar(
+        "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+         WHERE VARIABLE_NAME IN ('WSREP_LOCAL_CERT_FAILURES', 'WSREP_LOCAL_BF_ABORTS')",
+    )
+    .fetch_all(node)
+    .await
+    .unwrap();
+    values.iter().map(|v| v.parse::<u64>().unwrap()).sum()
+}
+
+/// Galera's `wsrep_cluster_size` as one node sees it.
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+async fn cluster_size(node: &sqlx::MySqlPool) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+         WHERE VARIABLE_NAME = 'WSREP_CLUSTER_SIZE'",
+    )
+    .fetch_one(node)
+    .await
+}
+
+/// The holds the workers were told they released (`REL … ok`) that the promoted standby, just
+/// after its promotion, still shows held: releases the primary acknowledged and lost.
+#[cfg(feature = "postgres")]
+async fn releases_lost(url: &str, table: &str, log: &Path) -> usize {
+    let pool = sqlx::PgPool::connect(url)
+        .await
+        .expect("the promoted standby");
+    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT lock_key, fencing_token FROM \"{table}\" WHERE owner IS NOT NULL"
+    )))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let history = std::fs::read_to_string(log).unwrap();
+    rows.iter()
+        .filter(|(key, token)| history.contains(&format!(" REL {key} {token} ok\n")))
+        .count()
+}
+
+#[cfg(not(feature = "postgres"))]
+#[test]
+#[ignore = "the PostgreSQL promotion run needs `--features postgres` (or --all-features)"]
+fn promotion_needs_the_postgres_feature() {}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_standby_promoted_mid_run() {
+    use sqlx::PgPool;
+
+    let _one_at_a_time = SERIAL.lock().await;
+    let Some(primary_url) = setup_url("DBLOCK_PG_PRIMARY_URL", "PostgreSQL promotion") else {
+        return;
+    };
+    let standby_url =
+        std::env::var("DBLOCK_PG_STANDBY_URL").expect("DBLOCK_PG_STANDBY_URL with the primary's");
+    let name = "postgres-promotion";
+    let (primary_host, standby_host) =
+        (common::host_of(&primary_url), common::host_of(&standby_url));
+
+    // As the script left it: a primary whose standby replicates synchronously.
+    let plain = PgPool::connect(&primary_url).await.expect("the primary");
+    let sync: Option<String> = sqlx::query_scalar(
+        "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1'",
+    )
+    .fetch_optional(&plain)
+    .await
+    .unwrap();
+    assert_eq!(
+        sync.as_deref(),
+        Some("sync"),
+        "a synchronous standby (each `scripts/replicated.sh up` allows one run)"
+    );
+    plain.close().await;
+
+    let observer = Locker::connect(&primary_url)
+        .await
+        .unwrap()
+        .table(&common::table_for("promotion"));
+    observer.migrate().await.unwrap();
+    let table = observer.table_name().to_owned();
+    let prober_table = common::table_for("promotion_probe");
+    Locker::connect(&primary_url)
+        .await
+        .unwrap()
+        .table(&prober_table)
+        .migrate()
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("history");
+    let mut proxies = Vec::new();
+    let mut children = Vec::new();
+    for _ in 0..4 {
+        let proxy = Proxy::start(&primary_host).await;
+        children.push(spawn(&proxy.url(&primary_url), &table, &log));
+        proxies.push(proxy);
+    }
+    let holder_proxy = Proxy::start(&primary_host).await;
+    let holder = Locker::connect(&holder_proxy.url(&primary_url))
+        .await
+        .unwrap()
+        .table(&table);
+
+    tokio::time::sleep(FAULT_AT - Duration::from_millis(500)).await;
+    let survivor = take_survivor(&holder, &observer).await;
+    // The fault begins with the walsender's stop; the primary's follows WALSENDER_STALL later.
+    let stopped_at_us = now_us();
+    let stopped_at = Instant::now();
+    let figures = ctl(&["failover", WALSENDER_STALL]).await;
+    // Before any client reaches it (the proxies still point at the dead primary).
+    let releases_lost = releases_lost(&standby_url, &table, &log).await;
+    // The load balancer follows the promotion.
+    for proxy in proxies.iter().chain([&holder_proxy]) {
+        proxy.set_target(&standby_host);
+        proxy.reset_all();
+    }
+    let repointed_after = stopped_at.elapsed();
+    // The first grant on the promoted standby, by a fresh client.
+    let promoted = loop {
+        match Locker::connect(&standby_url).await {
+            Ok(l) => break l,
+            Err(e) => {
+                assert!(stopped_at.elapsed() < Duration::from_secs(30), "{e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let first_grant = loop {
+        match promoted
+            .table(&prober_table)
+            .lock("probe")
+            .wait(Duration::from_secs(5))
+            .await
+        {
+            Ok(g) => {
+                let took = stopped_at.elapsed();
+                g.release().await.unwrap();
+                break took;
+            }
+            Err(e) => {
+                assert!(stopped_at.elapsed() < Duration::from_secs(30), "{e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let observer = promoted.table(&table);
+    let survivor_release = check_survivor(name, survivor, &observer).await;
+
+    let (tally, starts) = finish(name, children, &log, &observer).await;
+    let get = |k: &str| figures.get(k).map_or("?", String::as_str).to_owned();
+    report(
+        name,
+        &tally,
+        &[
+            format!(
+                "faults: walsender stopped (SIGSTOP) {} into the run; {WALSENDER_STALL} s later \
+                 the primary stopped (pg_ctl -m immediate), which took {} ms; standby promoted \
+                 (pg_ctl promote -w) in {} ms; 5 proxies re-pointed {} after the walsender stop",
+                ms(FAULT_AT),
+                get("stop_ms"),
+                get("promote_ms"),
+                ms(repointed_after)
+            ),
+            format!(
+                "first grant on the promoted standby (a fresh client): {} after the walsender \
+                 stop",
+                ms(first_grant)
+            ),
+            format!(
+                "longest time without a grant for the workers, 1 s before to 20 s after the \
+                 walsender stop: {}",
+                gap(starts, stopped_at_us)
+            ),
+            format!(
+                "lock held across the promotion: same owner and token on the promoted standby; \
+                 its release: {survivor_release}"
+            ),
+            format!(
+                "acknowledged releases the promoted standby did not have (lazily durable; the \
+                 key stays held until its lease ends): {releases_lost}"
+            ),
+        ],
+    );
+}
