@@ -967,3 +967,53 @@ async fn outside_a_tokio_runtime_calls_are_a_typed_error() {
         assert!(matches!(released, Err(LockError::NoRuntime)), "{name}");
     }
 }
+
+/// One owner holding the same key name in two tables holds two locks: releasing a hold of one
+/// never changes the other's count. And two lockers of one table (a `table()` copy, a second
+/// connection) share one owner's re-entry.
+#[tokio::test]
+async fn an_owners_holds_are_counted_per_table() {
+    let (dbs, _dir) = common::all("per_table").await;
+    for db in &dbs {
+        let name = db.name;
+        let a = db.locker.clone();
+        let b = a.table(&format!("{}_b", a.table_name()));
+        b.migrate().await.unwrap();
+        // A second connection to the same table.
+        let a2 = common::connect(db).await.table(a.table_name());
+        Owner::new()
+            .scope(async move {
+                let outer = a.lock("k").await.unwrap();
+                let inner = a2.lock("k").await.unwrap();
+                assert_eq!(
+                    (outer.hold_count(), inner.hold_count()),
+                    (1, 2),
+                    "{name}: a second locker of the same table re-enters"
+                );
+                assert_eq!(inner.fencing_token(), outer.fencing_token(), "{name}");
+                let other = b.lock("k").await.unwrap();
+                assert_eq!(
+                    other.hold_count(),
+                    1,
+                    "{name}: another table is another lock"
+                );
+
+                inner.release().await.unwrap();
+                let row = a.inspect("k").await.unwrap().unwrap();
+                assert!(
+                    row.held && row.hold_count == 1,
+                    "{name}: the outer hold of table a must survive the inner release, got {row:?}"
+                );
+                assert!(
+                    Owner::new().scope(a.lock("k")).await.unwrap_err().is_busy(),
+                    "{name}: another owner took the key while the outer hold runs"
+                );
+                other.release().await.unwrap();
+                assert!(a.inspect("k").await.unwrap().unwrap().held, "{name}");
+                outer.release().await.unwrap();
+                assert!(!a.inspect("k").await.unwrap().unwrap().held, "{name}");
+                assert!(!b.inspect("k").await.unwrap().unwrap().held, "{name}");
+            })
+            .await;
+    }
+}

@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     /// The leases this locker keeps alive, and its one renewal task.
     pub(crate) renewer: Arc<Renewer>,
     pub(crate) table: String,
+    /// The database and table: where an owner's holds of a key are tracked (two lockers of one
+    /// table share it; the same key in two tables or databases is two locks).
+    space: Arc<str>,
     /// `host/pid`: the start of every `holder` value this locker writes.
     pub(crate) holder: String,
     /// Longest time one statement may take (`ConnectOptions::statement_timeout`).
@@ -49,10 +52,15 @@ impl Shared {
         holder: String,
         statement_timeout: Duration,
     ) -> Arc<Self> {
+        let space = match &backend {
+            Ok(b) => format!("{}|{table}", b.database()),
+            Err(_) => String::new(),
+        };
         Arc::new(Shared {
             backend,
             renewer: Arc::default(),
             table: table.to_owned(),
+            space: space.into(),
             holder,
             statement_timeout,
             closed: AtomicBool::new(false),
@@ -206,7 +214,7 @@ impl Shared {
                 return (tried, None);
             }
         };
-        let mut tracked = serialise(owner, a.key).await;
+        let mut tracked = serialise(&self.space, owner, a.key).await;
         tracked.fill(&mut a);
         let tried = retry::run(
             policy,
@@ -234,7 +242,7 @@ impl Shared {
         let backend = self.backend()?;
         let mut serials = Vec::with_capacity(all.len());
         for a in &mut all {
-            let tracked = serialise(owner, a.key).await;
+            let tracked = serialise(&self.space, owner, a.key).await;
             tracked.fill(a);
             serials.push(tracked);
         }
@@ -263,7 +271,7 @@ impl Shared {
         outcome: Option<Outcome>,
         until: Instant,
     ) -> Result<Released, LockError> {
-        let mut tracked = serialise(&hold.owner, &hold.key).await;
+        let mut tracked = serialise(&self.space, &hold.owner, &hold.key).await;
         self.release_serialised(hold, &mut tracked, outcome, until)
             .await
     }
@@ -391,17 +399,20 @@ impl Tracked {
     }
 }
 
-/// One owner's key, as the process-wide registry keeps it: the serialisation of the owner's
-/// statements on the key, and what the process holds of it.
+/// One owner's key in one lock table, as the process-wide registry keeps it: the serialisation
+/// of the owner's statements on the key, and what the process holds of it.
 struct Entry {
+    space: Arc<str>,
     owner: Arc<str>,
     key: Box<str>,
     tracked: Arc<tokio::sync::Mutex<Tracked>>,
 }
 
-/// The registry: hash(owner, key) → entries (a bucket, so a hash collision can never mix two
-/// owners' counts). Process-wide: every `Locker` (also `locker.table(..)` copies and separately
-/// connected ones) goes through it, since an owner's holds may be reached through any of them.
+/// The registry: hash(space, owner, key) → entries (a bucket, so a hash collision can never mix
+/// two owners' counts). Process-wide: every `Locker` of a table (also `locker.table(..)` copies
+/// and separately connected ones) goes through it, since an owner's holds may be reached through
+/// any of them. The space (database and table) is part of the key: one owner holding the same
+/// key name in two tables holds two locks, and counts of one must never leak into the other.
 #[derive(Default)]
 struct Registry {
     buckets: HashMap<u64, Vec<Entry>>,
@@ -417,22 +428,28 @@ static HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::Default
     std::hash::BuildHasherDefault::new();
 
 impl Registry {
-    fn entry(&mut self, owner: &Owner, key: &str) -> Arc<tokio::sync::Mutex<Tracked>> {
+    fn entry(
+        &mut self,
+        space: &Arc<str>,
+        owner: &Owner,
+        key: &str,
+    ) -> Arc<tokio::sync::Mutex<Tracked>> {
         if self.entries > self.prune_at.max(1024) {
             self.prune();
         }
         let bucket = self
             .buckets
-            .entry(HASHER.hash_one((owner.id(), key)))
+            .entry(HASHER.hash_one((&**space, owner.id(), key)))
             .or_default();
         if let Some(e) = bucket
             .iter()
-            .find(|e| &*e.owner == owner.id() && &*e.key == key)
+            .find(|e| e.space == *space && &*e.owner == owner.id() && &*e.key == key)
         {
             return e.tracked.clone();
         }
         let tracked = Arc::new(tokio::sync::Mutex::new(Tracked::default()));
         bucket.push(Entry {
+            space: space.clone(),
             owner: owner.shared_id(),
             key: key.into(),
             tracked: tracked.clone(),
@@ -455,16 +472,16 @@ impl Registry {
     }
 }
 
-/// Serialises one owner's acquire and release statements on one key (in this process, which is
-/// where all of an owner's holds live), and hands over what the process holds of it. While an
-/// operation retries after a lost reply, no other operation of the same owner on the key can
-/// change the row, so the repeat's "did my earlier attempt commit?" check (attempt / release id
-/// in the row) is exact.
-pub(crate) async fn serialise(owner: &Owner, key: &str) -> Serial {
+/// Serialises one owner's acquire and release statements on one key of one lock table (in this
+/// process, which is where all of an owner's holds live), and hands over what the process holds
+/// of it. While an operation retries after a lost reply, no other operation of the same owner on
+/// the key can change the row, so the repeat's "did my earlier attempt commit?" check (attempt /
+/// release id in the row) is exact.
+pub(crate) async fn serialise(space: &Arc<str>, owner: &Owner, key: &str) -> Serial {
     let tracked = REGISTRY
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .entry(owner, key);
+        .entry(space, owner, key);
     tracked.lock_owned().await
 }
 
@@ -484,30 +501,35 @@ pub(crate) fn default_holder() -> String {
 mod tests {
     use super::*;
 
-    /// The serialisation is per (owner, key) for the whole process, not per `Locker` value.
+    /// The serialisation is per (table, owner, key) for the whole process, not per `Locker`
+    /// value; the same key name in another table (or database) is another lock.
     #[tokio::test(start_paused = true)]
     async fn one_owners_statements_on_a_key_never_interleave_process_wide() {
         let (a, b) = (Owner::new(), Owner::new());
-        let first = serialise(&a, "k").await;
-        // The same owner and key, whichever locker asks: waits.
-        let a2 = a.clone();
-        let same = tokio::spawn(async move { serialise(&a2, "k").await.holds });
+        let space: Arc<str> = "sqlite:///tmp/x.db|dblock_locks".into();
+        let mut first = serialise(&space, &a, "k").await;
+        (first.tenure, first.holds) = (Some(7), 2);
+        // The same table, owner and key, whichever locker asks: waits.
+        let (a2, space2) = (a.clone(), space.clone());
+        let same = tokio::spawn(async move { serialise(&space2, &a2, "k").await.holds });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
             !same.is_finished(),
             "a second statement of the same owner on the key ran"
         );
-        // Another owner, or another key: does not wait.
-        drop(
-            tokio::time::timeout(Duration::from_millis(10), serialise(&b, "k"))
-                .await
-                .expect("another owner waited"),
-        );
-        drop(
-            tokio::time::timeout(Duration::from_millis(10), serialise(&a, "other"))
-                .await
-                .expect("another key waited"),
-        );
+        // Another owner, another key, or another table: does not wait, and tracks its own.
+        let other_table: Arc<str> = "sqlite:///tmp/x.db|other".into();
+        for (space, owner, key) in [
+            (&space, &b, "k"),
+            (&space, &a, "other"),
+            (&other_table, &a, "k"),
+        ] {
+            let serial =
+                tokio::time::timeout(Duration::from_millis(10), serialise(space, owner, key))
+                    .await
+                    .expect("an unrelated statement waited");
+            assert_eq!(serial.holds, 0, "counts leaked between locks");
+        }
         drop(first);
         tokio::time::timeout(Duration::from_millis(10), same)
             .await

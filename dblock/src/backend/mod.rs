@@ -121,6 +121,11 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     /// The pool statements run on.
     fn pool(&self) -> &Pool<Self::Db>;
 
+    /// The database the pool reaches, as far as its connect options tell (host, port and
+    /// database; SQLite: the file): with the table, where one owner's holds of a key are
+    /// tracked (see `shared::serialise`).
+    fn database(&self) -> String;
+
     /// The pool releases run on (a lazily durable release may need connections of its own).
     fn release_pool(&self) -> &Pool<Self::Db> {
         self.pool()
@@ -322,6 +327,11 @@ impl Backend {
 
     pub(crate) fn name(&self) -> &'static str {
         dispatch!(self, _b, D => D::NAME)
+    }
+
+    /// See [`Dialect::database`].
+    pub(crate) fn database(&self) -> String {
+        dispatch!(self, b, D => format!("{}://{}", D::NAME, b.database()))
     }
 
     pub(crate) fn with_table(&self, table: &str) -> Backend {

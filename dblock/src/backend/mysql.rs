@@ -534,6 +534,19 @@ impl Dialect for My {
         &self.pool
     }
 
+    fn database(&self) -> String {
+        let o = self.pool.connect_options();
+        let host = match o.get_socket() {
+            Some(socket) => socket.display().to_string(),
+            None => o.get_host().to_owned(),
+        };
+        format!(
+            "{host}:{}/{}",
+            o.get_port(),
+            o.get_database().unwrap_or_default()
+        )
+    }
+
     super::admin::shared_admin!(sql.admin);
 
     async fn migrate(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {

@@ -312,6 +312,16 @@ impl Dialect for Lite {
         &self.pool
     }
 
+    fn database(&self) -> String {
+        // The same file by any path is one database (an in-memory database's name is unique
+        // to its pool).
+        let file = self.pool.connect_options().get_filename().to_owned();
+        std::fs::canonicalize(&file)
+            .unwrap_or(file)
+            .display()
+            .to_string()
+    }
+
     fn release_pool(&self) -> &Pool<Sqlite> {
         &self.release_pool
     }

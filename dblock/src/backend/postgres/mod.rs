@@ -655,6 +655,16 @@ impl Dialect for Pg {
         &self.pool
     }
 
+    fn database(&self) -> String {
+        let o = self.pool.connect_options();
+        let host = match o.get_socket() {
+            Some(socket) => socket.display().to_string(),
+            None => o.get_host().to_owned(),
+        };
+        let db = o.get_database().unwrap_or(o.get_username());
+        format!("{host}:{}/{db}", o.get_port())
+    }
+
     async fn migrate(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         // The usual case at every start: the table is there, with the newest migration's
         // columns. One read, no lock, and none of the "already exists, skipping" NOTICEs that
