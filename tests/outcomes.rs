@@ -169,6 +169,51 @@ async fn once_runs_until_the_work_succeeds() {
             Err(LockError::AlreadyDone { .. })
         ));
 
+        // The same after a success: a later holder (a plain lock) that crashes ended in
+        // failure, whatever the hold before it did. `inspect` says so before anyone takes the
+        // key over, and `once` runs the work again.
+        l.lock("crash-after-ok")
+            .once()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let g = l
+            .lock("crash-after-ok")
+            .ttl(Duration::from_millis(200))
+            .await
+            .unwrap();
+        let lease_end = g.expires_at();
+        std::mem::forget(g);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (last, finished) = outcome(l, "crash-after-ok").await;
+        assert_eq!(
+            last,
+            Some(Outcome::Failed),
+            "{}: a lease that ran out",
+            db.name
+        );
+        if db.name != "mysql8-path" {
+            // (the MySQL 8 path's expires_at() is the client's estimate)
+            let finished = finished.expect("finished_at");
+            let off = finished
+                .duration_since(lease_end)
+                .unwrap_or_else(|e| e.duration());
+            assert!(
+                off < Duration::from_millis(5),
+                "{}: finished at the lease end, {off:?} off",
+                db.name
+            );
+        }
+        let again = l.lock("crash-after-ok").once().await;
+        assert!(
+            again.is_ok(),
+            "{}: a crashed run is not done: {again:?}",
+            db.name
+        );
+        again.unwrap().release().await.unwrap();
+
         // An operator resets it: runnable again.
         assert!(l.reset("crash").await.unwrap(), "{}", db.name);
         assert_eq!(outcome(l, "crash").await.0, None);

@@ -39,9 +39,11 @@ pub struct LockInfo {
     /// Lease time left, measured by the database (zero when not held).
     pub time_left: Duration,
     /// How the last finished hold ended (`None`: none has finished yet, or an operator reset
-    /// the key). A hold that ran out without a release counts as failed once it is taken over.
+    /// the key). A hold whose lease ran out without a release (a crashed or stalled holder)
+    /// ended in failure: reported as [`Outcome::Failed`] at its lease end as soon as the lease
+    /// is over, and written into the row when someone takes the key over.
     pub last_outcome: Option<Outcome>,
-    /// When the last finished hold ended. Database clock.
+    /// When the last finished hold ended (for a lease that ran out: its end). Database clock.
     pub finished_at: Option<SystemTime>,
 }
 

@@ -113,9 +113,9 @@ fn sql(template: &str, table: &str) -> SqlStr {
 fn expand(template: &str) -> String {
     template
         .replace("{take}", TAKE)
-        .replace("{ran_out}", RAN_OUT)
-        .replace("{same}", SAME)
         .replace("{acquirable}", ACQUIRABLE)
+        .replace("{same}", SAME)
+        .replace("{ran_out}", RAN_OUT)
         .replace("{info}", INFO_COLUMNS)
         .replace("{us_now}", US_NOW)
 }
@@ -128,7 +128,9 @@ const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
        (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)),
        GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000),
-       CAST(last_outcome AS SIGNED), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', finished_at)";
+       CAST(IF(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6), 2, last_outcome) AS SIGNED),
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01',
+                     IF(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6), expires_at, finished_at))";
 
 /// Acquire, re-entry and takeover as one INSERT ... ON DUPLICATE KEY UPDATE on the primary key.
 ///
@@ -140,7 +142,7 @@ const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
 /// [`Param`]). `VALUES(col)` is the value this statement would have inserted. Conditions:
 /// - {acquirable}: the lease ran out (or was released: "free" is `expires_at <= now`, a release
 ///   leaves it at the end of min_hold) or the row is ours, and not (`once` and the last hold
-///   succeeded);
+///   succeeded; a hold that ran out without a release since is a failure, {ran_out});
 /// - {same}: a live hold of ours in the tenure this process holds, or written by this very
 ///   attempt (its earlier send succeeded, the reply was lost: returned as it is). Re-entry
 ///   counts from the process's holds; a live row of ours that the process does not track is
@@ -204,7 +206,8 @@ FROM ({rows}) AS r
 WHERE NOT EXISTS (
     SELECT 1 FROM {{table}} AS b WHERE b.lock_key IN ({gate})
       AND ((b.expires_at > UTC_TIMESTAMP(6) AND NOT (b.owner <=> :owner))
-           OR (:once AND b.last_outcome <=> 1)))
+           OR (:once AND b.last_outcome <=> 1
+               AND NOT (b.owner IS NOT NULL AND b.expires_at <= UTC_TIMESTAMP(6)))))
 ORDER BY CAST(r.k AS BINARY)"
     )
     .replace("{attempt}", "r.attempt");
@@ -217,7 +220,7 @@ const TAKE: &str = "({acquirable} AND NOT {same})";
 const SAME: &str = "(owner <=> VALUES(owner) AND expires_at > UTC_TIMESTAMP(6)
            AND (attempt_id <=> VALUES(attempt_id) OR fencing_token <=> :tenure))";
 const ACQUIRABLE: &str = "((expires_at <= UTC_TIMESTAMP(6) OR owner <=> VALUES(owner))
-           AND NOT (:once AND last_outcome <=> 1))";
+           AND NOT (:once AND last_outcome <=> 1 AND NOT {ran_out}))";
 const RAN_OUT: &str = "(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6))";
 
 /// A named parameter of the acquire statement.

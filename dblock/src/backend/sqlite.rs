@@ -110,7 +110,8 @@ const TAKE_OVER: &str = "ON CONFLICT (lock_key) DO UPDATE SET
                          THEN l.expires_at ELSE l.finished_at END,
     attempt_id    = excluded.attempt_id,
     owner         = excluded.owner
-WHERE (l.expires_at <= {now} OR l.owner = excluded.owner) AND NOT ({once} AND l.last_outcome IS 1)";
+WHERE (l.expires_at <= {now} OR l.owner = excluded.owner)
+  AND NOT ({once} AND l.last_outcome IS 1 AND NOT (l.owner IS NOT NULL AND l.expires_at <= {now}))";
 
 fn sql(template: &str, table: &str) -> SqlStr {
     let text = template
@@ -125,7 +126,9 @@ fn sql(template: &str, table: &str) -> SqlStr {
 const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
        expires_at * 1000, acquired_at * 1000,
        (owner IS NOT NULL AND expires_at > {now}),
-       max(0, expires_at - {now}), last_outcome, finished_at * 1000";
+       max(0, expires_at - {now}),
+       CASE WHEN owner IS NOT NULL AND expires_at <= {now} THEN 2 ELSE last_outcome END,
+       CASE WHEN owner IS NOT NULL AND expires_at <= {now} THEN expires_at ELSE finished_at END * 1000";
 
 /// Microseconds to whole milliseconds, rounding up so a lease is never shorter than asked.
 fn ms_ceil(us: i64) -> i64 {
@@ -440,7 +443,8 @@ SELECT k, ?1, 1, {{now}} * 1000, {{now}} + max(?2, ?4), {{now}}, ?3, attempt,
 FROM req
 WHERE NOT EXISTS (
     SELECT 1 FROM {table} AS b JOIN req AS q ON b.lock_key = q.k
-    WHERE (b.expires_at > {{now}} AND b.owner IS NOT ?1) OR (?5 AND b.last_outcome IS 1))
+    WHERE (b.expires_at > {{now}} AND b.owner IS NOT ?1)
+       OR (?5 AND b.last_outcome IS 1 AND NOT (b.owner IS NOT NULL AND b.expires_at <= {{now}})))
 {take_over}
 RETURNING lock_key, hold_count, fencing_token, expires_at * 1000",
             take_over = TAKE_OVER

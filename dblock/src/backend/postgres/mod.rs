@@ -213,7 +213,8 @@ const ACQUIRE: &str = "WITH upd AS (
         {take}
     WHERE l.lock_key = $1
       AND (l.expires_at <= statement_timestamp() OR l.owner = $2)
-      AND NOT ($10 AND l.last_outcome IS NOT DISTINCT FROM 1)
+      AND NOT ($10 AND l.last_outcome IS NOT DISTINCT FROM 1
+               AND NOT (l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()))
     RETURNING l.hold_count, l.fencing_token, l.expires_at, l.last_outcome, l.finished_at
 ){flag}, ins AS (
     INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
@@ -282,7 +283,10 @@ const INFO_COLUMNS: &str =
     "lock_key, owner, holder, hold_count::int8, fencing_token, {us_expires}, {us_acquired},
        (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,
        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
-       last_outcome::int8, {us_finished}";
+       CASE WHEN owner IS NOT NULL AND expires_at <= statement_timestamp() THEN 2
+            ELSE last_outcome END::int8,
+       CASE WHEN owner IS NOT NULL AND expires_at <= statement_timestamp() THEN {us_expires}
+            ELSE {us_finished} END";
 
 /// A pool configured for locking: autocommit connections at READ COMMITTED, statement and lock
 /// time-outs and server keepalives (all set at start-up, no extra round trip), no ping before
@@ -372,7 +376,8 @@ impl Pg {
             //   `available_at` (min_hold, $9 µs) by leaving expires_at there. The lease is at
             //   least min_hold long, so a crashed holder's key waits for min_hold too.
             // - `once` ($10): a key whose last hold succeeded (last_outcome 1) is not taken; the
-            //   busy row then says so.
+            //   busy row then says so. A hold that ran out without a release since (a crashed
+            //   holder) ended in failure, whatever the hold before it did: the key is taken.
             acquire: stmt(&acquire_one("").replace("{take}", &take_one()), &t),
             acquire_waiting: stmt(&acquire_one(FLAG).replace("{take}", &take_one()), &t),
             // Several keys of one owner ($1, sorted, with per-key attempt ids $2, tenures $3 and
@@ -396,7 +401,8 @@ impl Pg {
     SELECT NOT EXISTS (
         SELECT 1 FROM {table} AS b JOIN req ON b.lock_key = req.k
         WHERE (b.expires_at > statement_timestamp() AND b.owner IS DISTINCT FROM $5)
-           OR ($9 AND b.last_outcome IS NOT DISTINCT FROM 1)) AS ok
+           OR ($9 AND b.last_outcome IS NOT DISTINCT FROM 1
+               AND NOT (b.owner IS NOT NULL AND b.expires_at <= statement_timestamp()))) AS ok
 ), locked AS MATERIALIZED (
     SELECT b.lock_key FROM {table} AS b
     WHERE b.lock_key = ANY($1) AND (SELECT ok FROM go)
@@ -408,7 +414,8 @@ impl Pg {
     FROM req AS r
     WHERE l.lock_key = r.k AND l.lock_key IN (SELECT lock_key FROM locked)
       AND (l.expires_at <= statement_timestamp() OR l.owner = $5)
-      AND NOT ($9 AND l.last_outcome IS NOT DISTINCT FROM 1)
+      AND NOT ($9 AND l.last_outcome IS NOT DISTINCT FROM 1
+               AND NOT (l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()))
     RETURNING l.lock_key, l.hold_count, l.fencing_token, l.expires_at
 ), ins AS (
     INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
