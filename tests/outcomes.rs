@@ -360,6 +360,64 @@ async fn shutdown_gives_every_key_back_at_once() {
     }
 }
 
+/// `shutdown` covers the locker's `table()` copies (their holds, their later calls), and a call
+/// still waiting for a key when it runs ends with `ShutDown` instead of taking the key later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_covers_table_copies_and_waiting_calls() {
+    let (dbs, _dir) = common::all("outcome_shutdown_copies").await;
+    for db in &dbs {
+        let other = &db.locker;
+        let other_b = &own_table(db, "outcome_shutdown_copies_b").await;
+        let base = common::connect(db).await;
+        let mine = base.table(other.table_name());
+        let mine_b = base.table(other_b.table_name());
+        let held_b = mine_b.lock("b").ttl(30 * SEC).await.unwrap();
+        let busy = other.lock("wanted").ttl(30 * SEC).await.unwrap();
+        let waiter = {
+            let mine = mine.clone();
+            tokio::spawn(async move { mine.lock("wanted").wait(10 * SEC).await.map(|_| ()) })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        mine.shutdown().await;
+        // The copy's hold went back with the rest, recorded as failed.
+        let g = other_b
+            .lock("b")
+            .await
+            .unwrap_or_else(|e| panic!("{}: a table copy's key still held: {e}", db.name));
+        assert_eq!(
+            outcome(other_b, "b").await.0,
+            Some(Outcome::Failed),
+            "{}",
+            db.name
+        );
+        g.release().await.unwrap();
+        assert!(
+            matches!(mine_b.lock("x").await, Err(LockError::ShutDown)),
+            "{}: a table copy still takes locks",
+            db.name
+        );
+        assert!(matches!(held_b.release().await, Err(LockError::ShutDown)));
+        // The waiting call ends, without the key, as soon as its next attempt would go out.
+        busy.release().await.unwrap();
+        let waited = tokio::time::timeout(2 * SEC, waiter)
+            .await
+            .expect("a waiting call outlived the shutdown")
+            .unwrap();
+        assert!(
+            matches!(waited, Err(LockError::ShutDown)),
+            "{}: {waited:?}",
+            db.name
+        );
+        let info = other.inspect("wanted").await.unwrap().unwrap();
+        assert!(
+            !info.held,
+            "{}: the waiter took the key after shutdown",
+            db.name
+        );
+    }
+}
+
 async fn futures_join(l: &Locker, n: usize) -> Vec<dblock::LockGuard> {
     let mut out = Vec::new();
     for i in 0..n {

@@ -48,16 +48,26 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(hold: Hold, shared: Arc<Shared>) -> Self {
+    /// The guard of a fresh grant; `Err(ShutDown)` if the locker was shut down while the grant
+    /// was on its way: the hold is then given back at once (as the guard's drop does,
+    /// recording a failure), as `shutdown` gives back the holds it found.
+    pub(crate) fn new(hold: Hold, shared: Arc<Shared>) -> Result<Self, LockError> {
         let hold = Arc::new(hold);
-        shared.track(&hold);
+        let open = shared.track(&hold);
         meter::held(&hold.meter);
-        LockGuard {
+        let guard = LockGuard {
             hold,
             shared,
             renewal: None,
             armed: true,
             drop_outcome: Some(Outcome::Failed),
+        };
+        if open {
+            Ok(guard)
+        } else {
+            tracing::debug!(key = %guard.hold.key, "granted after shutdown: given back");
+            drop(guard);
+            Err(LockError::ShutDown)
         }
     }
 

@@ -411,9 +411,13 @@ impl Locker {
 
     /// Shuts the locker down, for graceful deploys: every hold of its guards is released at once
     /// (recorded as failed; locked bodies end with [`LockError::Lost`] at their next `.await`),
-    /// renewal and the PostgreSQL listener stop, and every later call on it (or on a copy of it)
-    /// fails with [`LockError::ShutDown`]. Another instance can take the keys at once.
-    /// Idempotent. Lockers made from it with [`table`](Locker::table) are lockers of their own.
+    /// renewal and the PostgreSQL listener stop, calls still waiting for a key end with
+    /// [`LockError::ShutDown`], and so does every later call on it (or on a clone). Another
+    /// instance can take the keys at once. Idempotent.
+    ///
+    /// It covers the lockers made from this one with [`table`](Locker::table) (and the one it
+    /// was made from): they share its connections, and a deploy that shuts one down means all
+    /// of them. A locker connected separately is shut down on its own.
     ///
     /// Wire it to the signal that ends the process:
     ///

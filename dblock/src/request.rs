@@ -372,12 +372,19 @@ pub(crate) async fn try_all(
                     .release_serialised(&hold, &mut serial, None, until)
                     .await;
             }
-            let guards = kept
+            // Every hold becomes a guard first, so that on a refusal (shut down meanwhile)
+            // dropping them gives every one back.
+            let guards: Result<Vec<LockGuard>, LockError> = kept
                 .into_iter()
                 .map(|h| LockGuard::new(h, shared.clone()))
+                .collect::<Vec<_>>()
+                .into_iter()
                 .collect();
             // If the receiver is gone, the guards inside are dropped here: released.
-            let _ = tx.send(AllTry::Prefix(guards));
+            let _ = tx.send(match guards {
+                Ok(guards) => AllTry::Prefix(guards),
+                Err(e) => AllTry::Failed(e),
+            });
         }
         .in_current_span(),
     );
@@ -478,6 +485,8 @@ impl Request {
         // Set once this call waits where the backend can wake it (PostgreSQL LISTEN/NOTIFY).
         let mut interest: Option<Interest> = None;
         loop {
+            // A locker shut down while this call waits: no further attempt.
+            shared.check_open()?;
             attempts += 1;
             let attempt = self.try_once(&shared, interest.is_some(), call_until);
             // The attempt stops sending at `call_until`; a moment more lets it say why.
@@ -609,7 +618,7 @@ impl Request {
                     send_until: call_until,
                     // An unknown outcome: resolved until the lease it may have written has
                     // surely ended (the process no longer counts it by then either).
-                    resolve_until: sent + req.ttl + shared.statement_timeout,
+                    resolve_until: sent + req.lease() + shared.statement_timeout,
                 };
                 let (tried, serial) = shared
                     .acquire(&req.owner, req.statement(waiting, attempt), policy)
@@ -622,7 +631,10 @@ impl Request {
                         let margin = (lease / MARGIN_DIVISOR).min(MAX_MARGIN);
                         if Instant::now() + margin < hold.deadline() {
                             drop(serial);
-                            Try::Got(LockGuard::new(hold, shared))
+                            match LockGuard::new(hold, shared) {
+                                Ok(guard) => Try::Got(guard),
+                                Err(e) => Try::Failed(e),
+                            }
                         } else {
                             // Its lease could be over by the time the caller used it. The caller
                             // hears at once; the grant is given back under the owner's
@@ -710,5 +722,58 @@ mod tests {
         for (what, size) in sizes {
             assert!(size <= 2048, "{what}: {size} bytes");
         }
+    }
+
+    /// A grant that arrives after `shutdown` collected the locker's holds is not handed out as
+    /// a guard: the call fails with `ShutDown` and the hold is given back at once (failed).
+    #[tokio::test]
+    async fn a_grant_arriving_after_shutdown_is_given_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("l.db").display());
+        let locker = crate::Locker::connect(&url).await.unwrap();
+        locker.migrate().await.unwrap();
+        let (shared, req) = LockRequest::new(locker.shared().clone(), "k".into())
+            .resolve(Owner::new())
+            .unwrap();
+        // The statement of an attempt in flight...
+        let sent = Instant::now();
+        let (tried, serial) = shared
+            .acquire(
+                &req.owner,
+                req.statement(false, 7),
+                Policy::within(Duration::from_secs(5)),
+            )
+            .await;
+        drop(serial);
+        let Ok(Attempt::Acquired(grant)) = tried.result else {
+            panic!("not granted: {:?}", tried.result.map(|_| ()))
+        };
+        // ...whose grant arrives once the locker is shut down.
+        locker.shutdown().await;
+        let hold = Hold::new(
+            req.key.clone(),
+            req.owner.clone(),
+            grant,
+            req.lease(),
+            sent,
+            req.meter.clone(),
+        );
+        assert!(matches!(
+            LockGuard::new(hold, shared),
+            Err(LockError::ShutDown)
+        ));
+        let other = crate::Locker::connect(&url).await.unwrap();
+        let free = tokio::time::timeout(Duration::from_secs(2), async {
+            loop {
+                let info = other.inspect("k").await.unwrap().unwrap();
+                if !info.held {
+                    return info;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the late grant was never given back");
+        assert_eq!(free.last_outcome, Some(crate::Outcome::Failed));
     }
 }

@@ -35,11 +35,22 @@ pub(crate) struct Shared {
     pub(crate) holder: String,
     /// Longest time one statement may take (`ConnectOptions::statement_timeout`).
     pub(crate) statement_timeout: Duration,
+    /// Shared with every `table()` copy: shut down together.
+    lifecycle: Arc<Lifecycle>,
+}
+
+/// What a locker and all its `table()` copies share: whether `shutdown` ran, every copy (to stop
+/// its renewal and listener), and the holds of their live guards, with the copy each belongs to.
+#[derive(Default)]
+struct Lifecycle {
     /// Set by `Locker::shutdown`: no more locks.
     closed: AtomicBool,
-    /// The holds of this locker's live guards (for `shutdown`), by address.
-    live: Mutex<HashMap<usize, Weak<Hold>>>,
+    copies: Mutex<Vec<Weak<Shared>>>,
+    live: Mutex<Live>,
 }
+
+/// The holds of live guards by the hold's address, each with the copy it belongs to.
+type Live = HashMap<usize, (Weak<Hold>, Weak<Shared>)>;
 
 impl Shared {
     pub(crate) fn new(backend: Result<Backend, String>, table: &str, holder: String) -> Arc<Self> {
@@ -52,41 +63,64 @@ impl Shared {
         holder: String,
         statement_timeout: Duration,
     ) -> Arc<Self> {
+        Self::in_lifecycle(backend, table, holder, statement_timeout, Arc::default())
+    }
+
+    fn in_lifecycle(
+        backend: Result<Backend, String>,
+        table: &str,
+        holder: String,
+        statement_timeout: Duration,
+        lifecycle: Arc<Lifecycle>,
+    ) -> Arc<Self> {
         let space = match &backend {
             Ok(b) => format!("{}|{table}", b.database()),
             Err(_) => String::new(),
         };
-        Arc::new(Shared {
+        let shared = Arc::new(Shared {
             backend,
             renewer: Arc::default(),
             table: table.to_owned(),
             space: space.into(),
             holder,
             statement_timeout,
-            closed: AtomicBool::new(false),
-            live: Mutex::default(),
-        })
+            lifecycle,
+        });
+        let mut copies = lock(&shared.lifecycle.copies);
+        copies.retain(|c| c.strong_count() > 0);
+        copies.push(Arc::downgrade(&shared));
+        drop(copies);
+        shared
     }
 
-    /// `Err(ShutDown)` once `Locker::shutdown` ran.
+    /// `Err(ShutDown)` once `Locker::shutdown` ran (on this locker or any `table()` copy).
     pub(crate) fn check_open(&self) -> Result<(), LockError> {
-        if self.closed.load(Ordering::SeqCst) {
+        if self.lifecycle.closed.load(Ordering::SeqCst) {
             Err(LockError::ShutDown)
         } else {
             Ok(())
         }
     }
 
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Weak<Hold>>> {
-        self.live
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+        lock(&self.lifecycle.live)
     }
 
-    /// A guard of this locker now has `hold`.
-    pub(crate) fn track(&self, hold: &Arc<Hold>) {
-        self.live()
-            .insert(Arc::as_ptr(hold) as usize, Arc::downgrade(hold));
+    /// A guard of this locker now has `hold`; `false` (not tracked) if the locker was shut
+    /// down meanwhile: the caller gives the hold back. Checked under the same lock `shutdown`
+    /// takes to collect the holds, so a grant that arrives while it runs is either among them
+    /// or refused here, never left behind.
+    #[must_use]
+    pub(crate) fn track(self: &Arc<Self>, hold: &Arc<Hold>) -> bool {
+        let mut live = self.live();
+        if self.lifecycle.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        live.insert(
+            Arc::as_ptr(hold) as usize,
+            (Arc::downgrade(hold), Arc::downgrade(self)),
+        );
+        true
     }
 
     /// Whether a live guard of this locker, taken by `caller` as another owner than `owner`,
@@ -95,7 +129,8 @@ impl Shared {
     pub(crate) fn held_by_caller(&self, key: &str, caller: Caller, owner: &Owner) -> bool {
         self.live()
             .values()
-            .filter_map(Weak::upgrade)
+            .filter(|(_, of)| std::ptr::eq(of.as_ptr(), self))
+            .filter_map(|(h, _)| h.upgrade())
             .any(|h| h.key == key && h.caller == caller && h.owner != *owner && !h.is_lost())
     }
 
@@ -104,25 +139,32 @@ impl Shared {
         self.live().remove(&(Arc::as_ptr(hold) as usize));
     }
 
-    /// Stops taking locks, releases every hold of this locker's guards (recording failures;
-    /// their locked bodies end with `Lost`), stops renewal and the listener. Idempotent.
+    /// Stops taking locks, releases every hold of this locker's guards and those of its
+    /// `table()` copies (recording failures; their locked bodies end with `Lost`), stops their
+    /// renewal and listeners. Idempotent.
     pub(crate) async fn shutdown(self: &Arc<Self>) {
-        if self.closed.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        self.renewer.stop();
-        if let Ok(backend) = self.backend() {
-            backend.stop_listening();
-        }
-        let holds: Vec<Arc<Hold>> = self
-            .live()
-            .drain()
-            .filter_map(|(_, h)| h.upgrade())
+        let holds: Vec<(Arc<Hold>, Arc<Shared>)> = {
+            let mut live = self.live();
+            if self.lifecycle.closed.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            live.drain()
+                .filter_map(|(_, (h, of))| Some((h.upgrade()?, of.upgrade()?)))
+                .collect()
+        };
+        let copies: Vec<Arc<Shared>> = lock(&self.lifecycle.copies)
+            .iter()
+            .filter_map(Weak::upgrade)
             .collect();
+        for copy in &copies {
+            copy.renewer.stop();
+            if let Ok(backend) = copy.backend() {
+                backend.stop_listening();
+            }
+        }
         tracing::info!(holds = holds.len(), table = %self.table, "shutting down: releasing every hold");
         let mut releases = tokio::task::JoinSet::new();
-        for h in holds.into_iter().filter(|h| h.revoke()) {
-            let shared = self.clone();
+        for (h, shared) in holds.into_iter().filter(|(h, _)| h.revoke()) {
             releases.spawn(async move {
                 let until = Instant::now() + shared.statement_timeout;
                 if let Err(e) = shared.release(&h, Some(Outcome::Failed), until).await {
@@ -140,7 +182,13 @@ impl Shared {
             Ok(b) => Ok(b.with_table(name)),
             Err(e) => Err(e.clone()),
         });
-        Self::with_timeout(backend, name, self.holder.clone(), self.statement_timeout)
+        Self::in_lifecycle(
+            backend,
+            name,
+            self.holder.clone(),
+            self.statement_timeout,
+            self.lifecycle.clone(),
+        )
     }
 
     pub(crate) fn backend(&self) -> Result<&Backend, LockError> {
@@ -478,11 +526,13 @@ impl Registry {
 /// the key can change the row, so the repeat's "did my earlier attempt commit?" check (attempt /
 /// release id in the row) is exact.
 pub(crate) async fn serialise(space: &Arc<str>, owner: &Owner, key: &str) -> Serial {
-    let tracked = REGISTRY
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .entry(space, owner, key);
+    let tracked = lock(&REGISTRY).entry(space, owner, key);
     tracked.lock_owned().await
+}
+
+/// A std mutex's guard; a panic elsewhere while it was held leaves nothing half-done here.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// `host/pid`, for the `holder` column.
