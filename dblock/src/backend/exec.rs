@@ -69,6 +69,20 @@ where
     }
 }
 
+/// The first connection of a pool that `Locker::connect` made (lazily): waits for it at most
+/// `limit`, and when none comes names the real cause (a refused or unreachable server, bad
+/// credentials), never the pool's time-out. The connection goes back to the pool for the first
+/// statement.
+pub(crate) async fn first_connection<DB: Database>(
+    pool: &Pool<DB>,
+    limit: Duration,
+) -> Result<(), sqlx::Error> {
+    match connection(pool, Instant::now() + limit).await {
+        Ok(_conn) => Ok(()),
+        Err(failed) => Err(failed.error),
+    }
+}
+
 async fn connection<DB: Database>(
     pool: &Pool<DB>,
     deadline: Instant,

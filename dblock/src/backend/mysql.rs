@@ -347,10 +347,11 @@ pub(crate) async fn connect(
         // rows, the first stale), and causal reads for read-only paths.
         "SET SESSION wsrep_retry_autocommit = 0, wsrep_sync_wait = 1".to_owned(),
     ]);
+    let acquire_timeout = opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT);
     let pool = MySqlPoolOptions::new()
         .max_connections(opts.max_connections.unwrap_or(10))
         .test_before_acquire(false)
-        .acquire_timeout(opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT))
+        .acquire_timeout(acquire_timeout)
         .after_connect(move |conn, _meta| {
             let session = session.clone();
             Box::pin(async move {
@@ -371,8 +372,8 @@ pub(crate) async fn connect(
                 Ok(())
             })
         })
-        .connect_with(options)
-        .await?;
+        .connect_lazy_with(options);
+    super::exec::first_connection(&pool, acquire_timeout).await?;
     Ok(My::new(pool, table))
 }
 

@@ -313,12 +313,13 @@ pub(crate) async fn connect(
             ])
             .options(keepalives())
     };
+    let acquire_timeout = opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT);
     let pool = PgPoolOptions::new()
         .max_connections(opts.max_connections.unwrap_or(10))
         .test_before_acquire(false)
-        .acquire_timeout(opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT))
-        .connect_with(options)
-        .await?;
+        .acquire_timeout(acquire_timeout)
+        .connect_lazy_with(options);
+    super::exec::first_connection(&pool, acquire_timeout).await?;
     Pg::configured(pool, table, opts)
 }
 
