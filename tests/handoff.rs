@@ -120,3 +120,77 @@ async fn through_a_pooler_a_direct_listen_url_wakes_waiters() {
     let got = waiter.await.unwrap().expect("waiter acquires");
     got.release().await.unwrap();
 }
+
+/// Setting LISTEN up never holds a waiter past its `wait` (a LISTEN server that does not answer
+/// used to cost sqlx's 30 s connect time-out), and a set-up cut short is tried again by the
+/// next waiter: once the server answers, that waiter LISTENs.
+#[cfg(all(feature = "postgres", feature = "_test-util"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_that_does_not_answer_never_outlasts_wait() {
+    use common::proxy::{Mode, Proxy};
+    use std::time::{Duration, Instant};
+    let Some(db) = common::postgres("handoff_listen_blackhole").await else {
+        return;
+    };
+    let server = db
+        .url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_owned();
+    let proxy = Proxy::start(&server).await;
+    proxy.set(Mode::Blackhole);
+    let options = dblock::ConnectOptions::new().listen_url(proxy.url(&db.url));
+    let l = dblock::Locker::connect_with(&db.url, options)
+        .await
+        .unwrap()
+        .table(db.locker.table_name());
+    let holder = db
+        .locker
+        .lock("hot")
+        .ttl(Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let busy = l
+        .lock("hot")
+        .wait(Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(busy.is_busy(), "{busy:?}");
+    assert!(
+        took < Duration::from_millis(1800),
+        "wait = 1 s took {took:?} while LISTEN hung"
+    );
+
+    // The server answers again: the next waiter sets LISTEN up and is woken by the release.
+    proxy.set(Mode::Pass);
+    let channel = dblock::test_util::notify_channel(&l).unwrap();
+    let l2 = l.clone();
+    let waiter = tokio::spawn(async move { l2.lock("hot").wait(Duration::from_secs(20)).await });
+    let watcher = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let listening = async {
+        loop {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"' || $1 || '\"'",
+            )
+            .bind(&channel)
+            .fetch_one(&watcher)
+            .await
+            .unwrap();
+            if n > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), listening)
+        .await
+        .expect("the next waiter set LISTEN up");
+    holder.release().await.unwrap();
+    let got = waiter.await.unwrap().expect("waiter acquires");
+    got.release().await.unwrap();
+}

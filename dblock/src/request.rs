@@ -542,7 +542,14 @@ impl Request {
                         return Err(self.gave_up(seen, waited));
                     }
                     if interest.is_none() {
-                        interest = shared.backend()?.interest(&self.key).await;
+                        // Setting LISTEN up may take a connect: never past the call's deadline.
+                        interest = tokio::time::timeout_at(
+                            wait_until,
+                            shared.backend()?.interest(&self.key),
+                        )
+                        .await
+                        .ok()
+                        .flatten();
                         if interest.is_some() {
                             continue; // ask again, now asking the holder to notify
                         }

@@ -7,10 +7,18 @@
 //! while the listener reconnects costs at most one backoff poll: waiters keep polling.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use tokio::sync::{Notify, OnceCell};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The longest a LISTEN connection may take to open; waiters poll meanwhile.
+const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// After a LISTEN that could not be set up, the next waiter tries again this much later.
+const LISTEN_RETRY_AFTER: Duration = Duration::from_secs(10);
 
 /// Where the LISTEN connection goes.
 #[derive(Clone, Debug)]
@@ -38,9 +46,20 @@ pub(crate) struct Notifier {
     source: Source,
     channel: String,
     waiters: Mutex<HashMap<String, Waiter>>,
-    listening: OnceCell<bool>,
+    /// Whether LISTEN is in place; its set-up is serialised by this lock.
+    listening: tokio::sync::Mutex<Listening>,
+    /// Set by `stop`: no LISTEN from then on.
+    stopped: AtomicBool,
     /// The task reading notifications, so that `stop` ends it (and its connection) at once.
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+enum Listening {
+    /// Not yet, or failed: the first waiter from `retry_at` on tries (again).
+    No {
+        retry_at: Option<Instant>,
+    },
+    Yes,
 }
 
 struct Waiter {
@@ -73,7 +92,8 @@ impl Notifier {
             source,
             channel,
             waiters: Mutex::default(),
-            listening: OnceCell::new(),
+            listening: tokio::sync::Mutex::new(Listening::No { retry_at: None }),
+            stopped: AtomicBool::new(false),
             task: Mutex::default(),
         })
     }
@@ -84,25 +104,36 @@ impl Notifier {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Starts the listener (once) and registers interest in `key`. `None` when LISTEN could not
-    /// be set up: the caller then just polls.
+    /// Starts the listener (on first need) and registers interest in `key`. `None` when LISTEN
+    /// is not in place: the caller then just polls. A LISTEN that could not be set up (server
+    /// unreachable, at most [`LISTEN_CONNECT_TIMEOUT`]) is tried again by a waiter
+    /// [`LISTEN_RETRY_AFTER`] later; callers bound the wait for this with their own deadline.
     pub(crate) async fn interest(self: &Arc<Self>, key: &str) -> Option<Interest> {
-        let ready = *self
-            .listening
-            .get_or_init(|| async {
-                // Boxed: connecting is a large future, needed once, and a waiter's own future
-                // should not carry its size.
-                match Box::pin(self.listen()).await {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "LISTEN failed; waiters fall back to polling");
-                        false
-                    }
-                }
-            })
-            .await;
-        if !ready {
+        if self.stopped.load(Ordering::SeqCst) {
             return None;
+        }
+        {
+            let mut listening = self.listening.lock().await;
+            if let Listening::No { retry_at } = *listening {
+                if retry_at.is_some_and(|at| Instant::now() < at) {
+                    return None;
+                }
+                // Boxed: connecting is a large future, needed rarely, and a waiter's own future
+                // should not carry its size.
+                *listening = match Box::pin(self.listen()).await {
+                    Ok(()) => Listening::Yes,
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?LISTEN_RETRY_AFTER,
+                            "LISTEN failed; waiters fall back to polling");
+                        Listening::No {
+                            retry_at: Some(Instant::now() + LISTEN_RETRY_AFTER),
+                        }
+                    }
+                };
+            }
+            if !matches!(*listening, Listening::Yes) || self.stopped.load(Ordering::SeqCst) {
+                return None;
+            }
         }
         let mut waiters = self.lock();
         let w = waiters.entry(key.to_owned()).or_insert_with(|| Waiter {
@@ -124,6 +155,7 @@ impl Notifier {
     async fn listen(self: &Arc<Self>) -> Result<(), sqlx::Error> {
         let own = PgPoolOptions::new()
             .max_connections(1)
+            .acquire_timeout(LISTEN_CONNECT_TIMEOUT)
             .connect_lazy_with(self.source.connect_options());
         let mut listener = PgListener::connect_with(&own).await?;
         listener.listen(&self.channel).await?;
@@ -151,12 +183,19 @@ impl Notifier {
             .task
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
+        if self.stopped.load(Ordering::SeqCst) {
+            self.abort_task(); // stopped while this was connecting
+        }
         Ok(())
     }
 
     /// Stops listening for good (`Locker::shutdown`); waiters fall back to polling.
     pub(crate) fn stop(&self) {
-        let _ = self.listening.set(false);
+        self.stopped.store(true, Ordering::SeqCst);
+        self.abort_task();
+    }
+
+    fn abort_task(&self) {
         if let Some(task) = self
             .task
             .lock()
