@@ -1017,3 +1017,65 @@ async fn an_owners_holds_are_counted_per_table() {
             .await;
     }
 }
+
+/// A statement that times out waiting for a row lock (PostgreSQL `lock_timeout`, 55P03; MariaDB
+/// `max_statement_time`, 1969, or `innodb_lock_wait_timeout`, 1205) was rolled back by the
+/// server: the call sends it again within its `wait`, instead of failing. Here another
+/// transaction row-locks the lease row for a second while the statement time-out is 300 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_timed_out_on_a_row_lock_is_sent_again() {
+    let (dbs, _dir) = common::all("row_lock_timeout").await;
+    for db in dbs
+        .iter()
+        .filter(|d| d.name == "postgres" || d.name == "mariadb")
+    {
+        let name = db.name;
+        db.locker.lock("k").await.unwrap().release().await.unwrap(); // the row exists
+        let quick = Locker::connect_with(
+            &db.url,
+            dblock::ConnectOptions::new().statement_timeout(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap()
+        .table(db.locker.table_name());
+        let select = format!(
+            "SELECT lock_key FROM {} WHERE lock_key = 'k' FOR UPDATE",
+            db.locker.table_name()
+        );
+        macro_rules! hold_row_lock {
+            ($pool:ty) => {{
+                let pool = <$pool>::connect(&db.url).await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query(sqlx::AssertSqlSafe(select.clone()))
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+                let started = Instant::now();
+                let quick = quick.clone();
+                let waiter = tokio::spawn(async move {
+                    quick
+                        .lock("k")
+                        .wait(5 * SEC)
+                        .await
+                        .map(|g| (g, Instant::now()))
+                });
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                let committed = Instant::now();
+                tx.commit().await.unwrap();
+                let (g, taken) = waiter.await.unwrap().unwrap_or_else(|e| {
+                    panic!("{name}: a lock-wait time-out failed the call: {e:?}")
+                });
+                assert!(taken >= committed, "{name}");
+                assert!(started.elapsed() < 4 * SEC, "{name}");
+                g.release().await.unwrap();
+            }};
+        }
+        match name {
+            #[cfg(feature = "postgres")]
+            "postgres" => hold_row_lock!(sqlx::PgPool),
+            #[cfg(feature = "mysql")]
+            "mariadb" => hold_row_lock!(sqlx::MySqlPool),
+            _ => {}
+        }
+    }
+}

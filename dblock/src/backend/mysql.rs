@@ -30,8 +30,11 @@ mod code {
     pub(super) const ER_LOCK_DEADLOCK: u16 = 1213;
     /// Rolled back: `innodb_lock_wait_timeout` ran out (an autocommit statement is undone).
     pub(super) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-    /// Rolled back: the statement was killed (`KILL QUERY`, `max_statement_time`).
+    /// Rolled back: the statement was killed (`KILL QUERY`).
     pub(super) const ER_QUERY_INTERRUPTED: u16 = 1317;
+    /// Rolled back: MariaDB's `max_statement_time` ran out ("Query execution was interrupted
+    /// (max_statement_time exceeded)"; seen on Galera while a dead node was being evicted).
+    pub(super) const ER_STATEMENT_TIMEOUT: u16 = 1969;
     /// Galera: "WSREP has not yet prepared node for application use".
     pub(super) const ER_UNKNOWN_COM_ERROR: u16 = 1047;
     pub(super) const ER_SERVER_SHUTDOWN: u16 = 1053;
@@ -522,9 +525,10 @@ impl Dialect for My {
             return Failure::Fatal;
         };
         match e.number() {
-            code::ER_LOCK_DEADLOCK | code::ER_LOCK_WAIT_TIMEOUT | code::ER_QUERY_INTERRUPTED => {
-                Failure::NotCommitted
-            }
+            code::ER_LOCK_DEADLOCK
+            | code::ER_LOCK_WAIT_TIMEOUT
+            | code::ER_QUERY_INTERRUPTED
+            | code::ER_STATEMENT_TIMEOUT => Failure::NotCommitted,
             code::ER_UNKNOWN_COM_ERROR
             | code::ER_SERVER_SHUTDOWN
             | code::ER_CONNECTION_KILLED

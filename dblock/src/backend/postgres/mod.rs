@@ -41,6 +41,9 @@ mod sqlstate {
     pub(super) const DEADLOCK_DETECTED: &str = "40P01";
     /// Rolled back: cancelled (statement_timeout, pg_cancel_backend).
     pub(super) const QUERY_CANCELED: &str = "57014";
+    /// Rolled back: `lock_timeout` ran out waiting for a row lock (e.g. a long fenced
+    /// transaction holding the lease row).
+    pub(super) const LOCK_NOT_AVAILABLE: &str = "55P03";
     /// Class 08, connection exception: the outcome is unknown.
     pub(super) const CONNECTION_EXCEPTION: &str = "08";
     /// 57P01-57P05: administrator or crash shutdown, cannot connect now, idle session timeout.
@@ -648,7 +651,8 @@ impl Dialect for Pg {
         match e.code().as_deref() {
             Some(sqlstate::SERIALIZATION_FAILURE)
             | Some(sqlstate::DEADLOCK_DETECTED)
-            | Some(sqlstate::QUERY_CANCELED) => Failure::NotCommitted,
+            | Some(sqlstate::QUERY_CANCELED)
+            | Some(sqlstate::LOCK_NOT_AVAILABLE) => Failure::NotCommitted,
             Some(c)
                 if c.starts_with(sqlstate::CONNECTION_EXCEPTION)
                     || c.starts_with(sqlstate::OPERATOR_SHUTDOWN) =>
