@@ -1,6 +1,7 @@
 //! The database side: one module per backend, each with the handful of statements dblock needs,
 //! its pool set-up and its error codes, all behind one contract ([`Dialect`]). Nothing outside
-//! this folder names a backend, apart from the three public `Locker` constructors.
+//! this folder names a backend, apart from the public `Locker` constructors that take a
+//! backend's own pool.
 //!
 //! Every lock operation is ONE statement sent in ONE round trip on an autocommit connection. The
 //! comment above each statement says why it is atomic on its own.
