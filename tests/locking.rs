@@ -895,6 +895,32 @@ async fn kill_other_connections(db: &common::Db) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
+/// The test hook that reads a MySQL session variable on a connection of the locker's own pool
+/// (the Galera run checks `wsrep_retry_autocommit` with it): there, the pool's own setting
+/// (`Locker::connect` sets `innodb_lock_wait_timeout` from the 5 s statement time-out; the
+/// server's default is 50); `None` on other backends; an error for anything but a name.
+#[cfg(feature = "_test-util")]
+#[tokio::test]
+async fn mysql_session_variable_hook_reads_the_lockers_own_sessions() {
+    use dblock::test_util::mysql_session_variable;
+    let (dbs, _dir) = common::all("sessvar").await;
+    for db in &dbs {
+        let read = mysql_session_variable(&db.locker, "innodb_lock_wait_timeout")
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.name));
+        let mysql = matches!(db.name, "mariadb" | "mysql8-path");
+        let expected = mysql.then(|| "5".to_owned());
+        assert_eq!(read, expected, "{}", db.name);
+        assert!(
+            mysql_session_variable(&db.locker, "x; DROP TABLE y")
+                .await
+                .is_err(),
+            "{}",
+            db.name
+        );
+    }
+}
+
 /// `wait(Duration::MAX)` means "as long as it takes" (no overflow panic), and a sub-microsecond
 /// ttl is a typed error (its grant can never arrive live), not a panic or an expired guard.
 #[tokio::test]
