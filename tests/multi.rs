@@ -256,14 +256,25 @@ async fn transfer(
         m.insert(from, a - cents);
         m.insert(to, b + cents);
     }
-    Ok(dblock::current_all()
-        .into_iter()
-        .map(|l| (l.key, l.fencing_token))
-        .collect())
+    // What `current_all` says the body holds is what the rows say: this owner, this tenure.
+    let held = dblock::current_all();
+    let me = Owner::current().expect("a locked body has an owner");
+    for lock in &held {
+        let row = locker.inspect(&lock.key).await?.expect("row");
+        assert!(row.held, "{}: not held inside the body: {row:?}", lock.key);
+        assert_eq!(row.owner.as_deref(), Some(me.id()), "{}", lock.key);
+        assert_eq!(
+            lock.fencing_token, row.fencing_token,
+            "{}: current_all's token is not the row's",
+            lock.key
+        );
+    }
+    Ok(held.into_iter().map(|l| (l.key, l.fencing_token)).collect())
 }
 
 /// 16 tasks transfer both ways between two accounts through two lockers: no deadlock (every call
-/// takes the keys in one order), money conserved, `current_all` lists both locks.
+/// takes the keys in one order), money conserved, `current_all` lists both locks with the
+/// tokens and owner of their rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_both_ways_never_deadlock_and_conserve_money() {
     let (dbs, _dir) = common::all("multi_transfer").await;
