@@ -371,6 +371,13 @@ async fn sqlite_child() {
     }
 }
 
+/// A holder killed mid-cycle loses no grant and leaves no key held past its ttl.
+///
+/// SIGKILL cannot lose a lazily durable release here: `synchronous = NORMAL` only skips the
+/// fsync, every commit is still written into the WAL file, and the kernel's page cache outlives
+/// the killed process (only an OS crash or a power cut drops it). So this test never sees a
+/// lost release; that releases really skip their fsync is checked by
+/// `sqlite_releases_alone_run_at_synchronous_normal`.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_holder_killed_mid_cycle_loses_no_grant() {
@@ -411,4 +418,92 @@ async fn a_sqlite_holder_killed_mid_cycle_loses_no_grant() {
         history.granted.values().map(Vec::len).sum::<usize>(),
         history.released
     );
+}
+
+/// SQLite: the `PRAGMA synchronous` of the connection that ran each write to `table`, recorded
+/// by triggers (pragma_synchronous reads the connection's own setting).
+#[cfg(feature = "sqlite")]
+async fn record_synchronous(pool: &sqlx::SqlitePool, table: &str) {
+    let record = |event: &str| {
+        format!(
+            "CREATE TRIGGER {table}_sync_{event} AFTER {event} ON {table} BEGIN
+               INSERT INTO {table}_sync (hold_count, sync)
+               SELECT NEW.hold_count, synchronous FROM pragma_synchronous;
+             END;"
+        )
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table}_sync (n INTEGER PRIMARY KEY, hold_count INTEGER, sync INTEGER);
+         {}{}",
+        record("INSERT"),
+        record("UPDATE")
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// What [`record_synchronous`] recorded since the last call, oldest first: (hold count left,
+/// `synchronous`: 1 NORMAL, 2 FULL).
+#[cfg(feature = "sqlite")]
+async fn recorded_synchronous(pool: &sqlx::SqlitePool, table: &str) -> Vec<(i64, i64)> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT hold_count, sync FROM {table}_sync ORDER BY n"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}_sync")))
+        .execute(pool)
+        .await
+        .unwrap();
+    rows
+}
+
+/// SQLite: `Locker::connect` grants on connections at `synchronous = FULL` (2) and releases on
+/// connections of their own at NORMAL (1), or at FULL with `durable_release(true)`.
+/// `Locker::sqlite(pool)` runs both on the caller's connections, at the caller's setting, and
+/// leaves it as it was.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_releases_alone_run_at_synchronous_normal() {
+    let (db, _dir) = common::sqlite("durability_sync").await;
+    let table = db.locker.table_name();
+    let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+    record_synchronous(&pool, table).await;
+
+    for _ in 0..2 {
+        db.locker.lock("k").await.unwrap().release().await.unwrap();
+    }
+    // The first grant inserts the row, the second updates it.
+    assert_eq!(
+        recorded_synchronous(&pool, table).await,
+        [(1, 2), (0, 1), (1, 2), (0, 1)]
+    );
+
+    let options = dblock::ConnectOptions::new().durable_release(true);
+    let durable = Locker::connect_with(&db.url, options)
+        .await
+        .unwrap()
+        .table(table);
+    durable.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(recorded_synchronous(&pool, table).await, [(1, 2), (0, 2)]);
+
+    let one = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&db.url)
+                .unwrap()
+                .synchronous(sqlx::sqlite::SqliteSynchronous::Normal),
+        )
+        .await
+        .unwrap();
+    let mine = Locker::sqlite(one.clone()).table(table);
+    mine.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(recorded_synchronous(&pool, table).await, [(1, 1), (0, 1)]);
+    let left: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&one)
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "the caller's connection was changed");
 }
