@@ -391,6 +391,99 @@ async fn once_runs_the_body_until_it_succeeds() {
     }
 }
 
+/// How a run of [`job`] ends.
+enum Run {
+    Succeed,
+    Panic,
+    Hang,
+}
+
+#[distributed_lock(key = "job:{id}", locker = locker, once = true, ttl = "60s")]
+async fn job(locker: &Locker, id: u32, ran: &AtomicUsize, how: Run) -> Result<u32, AppError> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    match how {
+        Run::Succeed => {}
+        Run::Panic => panic!("boom inside a once body"),
+        Run::Hang => tokio::time::sleep(Duration::from_secs(3600)).await,
+    }
+    Ok(id)
+}
+
+/// The row of `key` once its hold has been given back (after a panic or a cancellation that
+/// happens in the background): not held, within a few seconds (the ttl is 60 s).
+async fn after_release(l: &Locker, key: &str) -> dblock::LockInfo {
+    let started = Instant::now();
+    loop {
+        let info = l.inspect(key).await.unwrap().expect("row");
+        if !info.held {
+            return info;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{key} still held: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A locked body that panics, and one whose future is dropped (cancelled by a time-out), end
+/// their holds as `Failed`; under `once = true` the body then runs again, and only a success
+/// makes the work done. Each case on a key of its own, so neither sees the other's outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicked_or_cancelled_body_fails_and_once_runs_it_again() {
+    let (dbs, _dir) = common::all("attr_fail").await;
+    for db in &dbs {
+        let l = db.locker.table(&common::table_for("attr_fail"));
+        l.migrate().await.unwrap();
+        for (id, how) in [(1, "panicked"), (2, "cancelled")] {
+            let key = format!("job:{id}");
+            let ran = Arc::new(AtomicUsize::new(0));
+            if id == 1 {
+                let (l2, ran2) = (l.clone(), ran.clone());
+                let out = tokio::spawn(async move { job(&l2, id, &ran2, Run::Panic).await }).await;
+                assert!(out.unwrap_err().is_panic(), "{}: panic swallowed", db.name);
+            } else {
+                let out =
+                    tokio::time::timeout(Duration::from_millis(300), job(&l, id, &ran, Run::Hang))
+                        .await;
+                assert!(out.is_err(), "{}: the hanging body returned", db.name);
+            }
+            assert_eq!(ran.load(Ordering::SeqCst), 1, "{}: {how}", db.name);
+            let info = after_release(&l, &key).await;
+            assert_eq!(
+                info.last_outcome,
+                Some(dblock::Outcome::Failed),
+                "{}: a {how} body: {info:?}",
+                db.name
+            );
+            assert!(info.finished_at.is_some(), "{}: {how}: {info:?}", db.name);
+
+            // Failed, so not done: the body runs again, and its success makes the work done.
+            let again = job(&l, id, &ran, Run::Succeed).await;
+            assert_eq!(again.unwrap(), id, "{}: after a {how} body", db.name);
+            assert_eq!(ran.load(Ordering::SeqCst), 2, "{}: {how}", db.name);
+            assert_eq!(
+                l.inspect(&key).await.unwrap().unwrap().last_outcome,
+                Some(dblock::Outcome::Succeeded),
+                "{}: {how}",
+                db.name
+            );
+            let done = job(&l, id, &ran, Run::Succeed).await;
+            assert!(
+                matches!(done, Err(AppError::Lock(LockError::AlreadyDone { .. }))),
+                "{}: {how}: {done:?}",
+                db.name
+            );
+            assert_eq!(
+                ran.load(Ordering::SeqCst),
+                2,
+                "{}: ran after success",
+                db.name
+            );
+        }
+    }
+}
+
 #[distributed_lock(key = "tick", locker = locker, min_hold = "800ms")]
 async fn tick(locker: &Locker) -> Result<(), AppError> {
     Ok(())

@@ -58,6 +58,46 @@ impl History {
     }
 }
 
+/// PostgreSQL: from now on, every write to `table` also records the hold count it left, the
+/// `synchronous_commit` its transaction committed with and the server process that ran it. A
+/// deferred trigger: it runs at commit, after the whole statement (the release statement turns
+/// the setting off in its last step), so it sees what the commit itself saw.
+#[cfg(feature = "postgres")]
+async fn record_synchronous_commit(pool: &sqlx::PgPool, table: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table}_sync (n serial PRIMARY KEY, hold_count int, sync text, pid int);
+         CREATE FUNCTION {table}_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO {table}_sync (hold_count, sync, pid)
+           VALUES (NEW.hold_count, current_setting('synchronous_commit'), pg_backend_pid());
+           RETURN NULL;
+         END $$;
+         CREATE CONSTRAINT TRIGGER {table}_sync AFTER INSERT OR UPDATE ON {table}
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {table}_sync();"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Everything [`record_synchronous_commit`] recorded, oldest first: (hold count left,
+/// `synchronous_commit`, server pid). Read-only, so it commits nothing that would flush the WAL.
+#[cfg(feature = "postgres")]
+async fn recorded(pool: &sqlx::PgPool, table: &str) -> Vec<(i32, String, i32)> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT hold_count, sync, pid FROM {table}_sync ORDER BY n"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// (hold count, setting) of each recorded write, without the pid.
+#[cfg(feature = "postgres")]
+fn settings(rows: &[(i32, String, i32)]) -> Vec<(i32, &str)> {
+    rows.iter().map(|(n, s, _)| (*n, s.as_str())).collect()
+}
+
 #[cfg(feature = "postgres")]
 /// Cycles lock/unlock on the keys as fresh owners until `until`, logging each step; stops at
 /// the first error (the server went away).
@@ -159,6 +199,8 @@ async fn a_postgres_crash_loses_at_most_releases() {
     };
     let locker = Locker::connect(&pg.url()).await.unwrap();
     locker.migrate().await.unwrap();
+    let probe = sqlx::PgPool::connect(&pg.url()).await.unwrap();
+    record_synchronous_commit(&probe, locker.table_name()).await;
 
     // 1. Deterministic: every key granted (durable), then released (lazily), then a crash.
     let mut held = Vec::new();
@@ -181,6 +223,15 @@ async fn a_postgres_crash_loses_at_most_releases() {
     for g in held {
         g.release().await.unwrap();
     }
+    // The lazy path really ran: each grant committed with synchronous_commit on, each release
+    // with it off. (How many releases the crash then loses depends on when the WAL writer
+    // woke, so that count is only reported.) Nothing durable may commit between the releases
+    // and the crash: its flush would cover them.
+    let written = recorded(&probe, locker.table_name()).await;
+    let mut expected = vec![(1, "on"); KEYS];
+    expected.extend(vec![(0, "off"); KEYS]);
+    assert_eq!(settings(&written), expected, "{written:?}");
+    probe.close().await;
     pg.crash();
     pg.restart();
     let left = check(
@@ -213,6 +264,85 @@ async fn a_postgres_crash_loses_at_most_releases() {
     );
 }
 
+/// PostgreSQL (the shared server, directly and through PgBouncer): a grant commits with
+/// `synchronous_commit` on and a release with it off, or on with `durable_release(true)`; and
+/// the setting belongs to the release's own transaction: on a pool of one connection, that
+/// connection is back at `on` right after a release that ran on it with `off`, and the next
+/// grant on it commits durably.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_releases_alone_commit_lazily_and_leak_nothing() {
+    use common::TestPool;
+    let (dbs, _dir) = common::all("durability_sync").await;
+    for db in dbs.iter().filter(|d| common::is_postgres(d.name)) {
+        let table = common::table_for("sync");
+        let lazy = db.locker.table(&table);
+        lazy.migrate().await.unwrap();
+        let direct = <sqlx::PgPool as TestPool>::open(&common::direct_url(db)).await;
+        record_synchronous_commit(&direct, &table).await;
+
+        lazy.lock("k").await.unwrap().release().await.unwrap();
+        let written = recorded(&direct, &table).await;
+        assert_eq!(
+            settings(&written[..]),
+            [(1, "on"), (0, "off")],
+            "{}: {written:?}",
+            db.name
+        );
+
+        let options = common::options_for(db.name).durable_release(true);
+        let durable = Locker::connect_with(&db.url, options)
+            .await
+            .unwrap()
+            .table(&table);
+        durable.lock("k").await.unwrap().release().await.unwrap();
+        let written = recorded(&direct, &table).await;
+        assert_eq!(
+            settings(&written[2..]),
+            [(1, "on"), (0, "on")],
+            "{}: durable_release(true): {written:?}",
+            db.name
+        );
+
+        // Through PgBouncer a client connection has no server session of its own to look at.
+        if db.name != "postgres" {
+            continue;
+        }
+        let one = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&db.url)
+            .await
+            .unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&one)
+            .await
+            .unwrap();
+        let mine = Locker::postgres(one.clone()).table(&table);
+        for round in 0..2 {
+            mine.lock("k").await.unwrap().release().await.unwrap();
+            let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+                .fetch_one(&one)
+                .await
+                .unwrap();
+            assert_eq!(
+                sync, "on",
+                "round {round}: the release's setting stayed on its pooled connection"
+            );
+        }
+        let written = recorded(&direct, &table).await;
+        let written = &written[4..];
+        assert_eq!(
+            settings(written),
+            [(1, "on"), (0, "off"), (1, "on"), (0, "off")],
+            "{written:?}"
+        );
+        assert!(
+            written.iter().all(|(_, _, p)| *p == pid),
+            "not all on the pool's one connection {pid}: {written:?}"
+        );
+    }
+}
+
 /// The SQLite child: cycles on the file until killed, logging each step to a file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "child process entry point, started by the SQLite crash test"]
@@ -241,6 +371,13 @@ async fn sqlite_child() {
     }
 }
 
+/// A holder killed mid-cycle loses no grant and leaves no key held past its ttl.
+///
+/// SIGKILL cannot lose a lazily durable release here: `synchronous = NORMAL` only skips the
+/// fsync, every commit is still written into the WAL file, and the kernel's page cache outlives
+/// the killed process (only an OS crash or a power cut drops it). So this test never sees a
+/// lost release; that releases really skip their fsync is checked by
+/// `sqlite_releases_alone_run_at_synchronous_normal`.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_holder_killed_mid_cycle_loses_no_grant() {
@@ -281,4 +418,92 @@ async fn a_sqlite_holder_killed_mid_cycle_loses_no_grant() {
         history.granted.values().map(Vec::len).sum::<usize>(),
         history.released
     );
+}
+
+/// SQLite: the `PRAGMA synchronous` of the connection that ran each write to `table`, recorded
+/// by triggers (pragma_synchronous reads the connection's own setting).
+#[cfg(feature = "sqlite")]
+async fn record_synchronous(pool: &sqlx::SqlitePool, table: &str) {
+    let record = |event: &str| {
+        format!(
+            "CREATE TRIGGER {table}_sync_{event} AFTER {event} ON {table} BEGIN
+               INSERT INTO {table}_sync (hold_count, sync)
+               SELECT NEW.hold_count, synchronous FROM pragma_synchronous;
+             END;"
+        )
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table}_sync (n INTEGER PRIMARY KEY, hold_count INTEGER, sync INTEGER);
+         {}{}",
+        record("INSERT"),
+        record("UPDATE")
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// What [`record_synchronous`] recorded since the last call, oldest first: (hold count left,
+/// `synchronous`: 1 NORMAL, 2 FULL).
+#[cfg(feature = "sqlite")]
+async fn recorded_synchronous(pool: &sqlx::SqlitePool, table: &str) -> Vec<(i64, i64)> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT hold_count, sync FROM {table}_sync ORDER BY n"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}_sync")))
+        .execute(pool)
+        .await
+        .unwrap();
+    rows
+}
+
+/// SQLite: `Locker::connect` grants on connections at `synchronous = FULL` (2) and releases on
+/// connections of their own at NORMAL (1), or at FULL with `durable_release(true)`.
+/// `Locker::sqlite(pool)` runs both on the caller's connections, at the caller's setting, and
+/// leaves it as it was.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_releases_alone_run_at_synchronous_normal() {
+    let (db, _dir) = common::sqlite("durability_sync").await;
+    let table = db.locker.table_name();
+    let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+    record_synchronous(&pool, table).await;
+
+    for _ in 0..2 {
+        db.locker.lock("k").await.unwrap().release().await.unwrap();
+    }
+    // The first grant inserts the row, the second updates it.
+    assert_eq!(
+        recorded_synchronous(&pool, table).await,
+        [(1, 2), (0, 1), (1, 2), (0, 1)]
+    );
+
+    let options = dblock::ConnectOptions::new().durable_release(true);
+    let durable = Locker::connect_with(&db.url, options)
+        .await
+        .unwrap()
+        .table(table);
+    durable.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(recorded_synchronous(&pool, table).await, [(1, 2), (0, 2)]);
+
+    let one = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&db.url)
+                .unwrap()
+                .synchronous(sqlx::sqlite::SqliteSynchronous::Normal),
+        )
+        .await
+        .unwrap();
+    let mine = Locker::sqlite(one.clone()).table(table);
+    mine.lock("k").await.unwrap().release().await.unwrap();
+    assert_eq!(recorded_synchronous(&pool, table).await, [(1, 1), (0, 1)]);
+    let left: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&one)
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "the caller's connection was changed");
 }

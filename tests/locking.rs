@@ -636,10 +636,18 @@ async fn sixteen_owners_never_overlap() {
 }
 
 /// Named in the test output when this build leaves a backend out (see `common`).
-#[cfg(not(all(feature = "postgres", feature = "mysql")))]
+#[cfg(not(feature = "postgres"))]
 #[test]
-#[ignore = "PostgreSQL / MariaDB statement tests need `--features postgres,mysql` (or --all-features)"]
-fn server_only_tests_need_their_backend_features() {}
+#[ignore = "the PostgreSQL statement tests and the PostgreSQL half of \
+            server_side_connection_kills_are_survived need `--features postgres` (or --all-features)"]
+fn postgres_only_tests_need_the_postgres_feature() {}
+
+/// Named in the test output when this build leaves MariaDB out (see `common`).
+#[cfg(not(feature = "mysql"))]
+#[test]
+#[ignore = "the MariaDB half of server_side_connection_kills_are_survived needs `--features mysql` \
+            (or --all-features)"]
+fn mariadb_only_tests_need_the_mysql_feature() {}
 
 #[cfg(feature = "postgres")]
 #[tokio::test]
@@ -754,7 +762,7 @@ async fn database_down_is_a_typed_error() {
 
 /// Connections killed from the server side while the pool holds them: the next lock call still
 /// works (the broken connection is replaced and the attempt recognised, not counted twice).
-#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[tokio::test]
 async fn server_side_connection_kills_are_survived() {
     let (dbs, _dir) = common::all("kills").await;
@@ -796,7 +804,7 @@ async fn server_side_connection_kills_are_survived() {
     }
 }
 
-#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn futures_join(l: &Locker, n: usize) -> Vec<dblock::LockGuard> {
     let tasks: Vec<_> = (0..n)
         .map(|i| {
@@ -811,26 +819,30 @@ async fn futures_join(l: &Locker, n: usize) -> Vec<dblock::LockGuard> {
     out
 }
 
-#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "postgres")]
 const KILL_APP: &str = "dblock_kill_test";
-#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "mysql")]
 const KILL_DB: &str = "dblock_kill_test";
 
 /// The same backend through a pool that only this test uses: a PostgreSQL application_name,
 /// or a MariaDB database of its own.
-#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn isolated(db: &common::Db) -> common::Db {
-    let url = if db.name == "postgres" {
-        format!("{}?application_name={KILL_APP}", db.url)
-    } else {
-        let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "CREATE DATABASE IF NOT EXISTS {KILL_DB}"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        format!("{}/{KILL_DB}", db.url.rsplit_once('/').unwrap().0)
+    let url = match db.name {
+        #[cfg(feature = "postgres")]
+        "postgres" => format!("{}?application_name={KILL_APP}", db.url),
+        #[cfg(feature = "mysql")]
+        "mariadb" | "mysql8-path" => {
+            let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "CREATE DATABASE IF NOT EXISTS {KILL_DB}"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+            format!("{}/{KILL_DB}", db.url.rsplit_once('/').unwrap().0)
+        }
+        other => panic!("no connections to kill on {other}"),
     };
     let locker = common::as_named(
         db.name,
@@ -847,33 +859,66 @@ async fn isolated(db: &common::Db) -> common::Db {
     }
 }
 
-#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn kill_other_connections(db: &common::Db) {
-    if db.name == "postgres" {
-        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-        sqlx::query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE pid <> pg_backend_pid() AND datname = current_database()
-               AND application_name = 'dblock_kill_test' AND state = 'idle'",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-    } else {
-        let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
-        let ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND COMMAND = 'Sleep' AND DB = DATABASE()",
-        )
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        for id in ids {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
-                .execute(&pool)
-                .await;
+    match db.name {
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE pid <> pg_backend_pid() AND datname = current_database()
+                   AND application_name = 'dblock_kill_test' AND state = 'idle'",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
         }
+        #[cfg(feature = "mysql")]
+        "mariadb" | "mysql8-path" => {
+            let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT ID FROM information_schema.PROCESSLIST
+                 WHERE ID <> CONNECTION_ID() AND COMMAND = 'Sleep' AND DB = DATABASE()",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            for id in ids {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                    .execute(&pool)
+                    .await;
+            }
+        }
+        other => panic!("no connections to kill on {other}"),
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// The test hook that reads a MySQL session variable on a connection of the locker's own pool
+/// (the Galera run checks `wsrep_retry_autocommit` with it): there, the pool's own setting
+/// (`Locker::connect` sets `innodb_lock_wait_timeout` from the 5 s statement time-out; the
+/// server's default is 50); `None` on other backends; an error for anything but a name.
+#[cfg(feature = "_test-util")]
+#[tokio::test]
+async fn mysql_session_variable_hook_reads_the_lockers_own_sessions() {
+    use dblock::test_util::mysql_session_variable;
+    let (dbs, _dir) = common::all("sessvar").await;
+    for db in &dbs {
+        let read = mysql_session_variable(&db.locker, "innodb_lock_wait_timeout")
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.name));
+        let mysql = matches!(db.name, "mariadb" | "mysql8-path");
+        let expected = mysql.then(|| "5".to_owned());
+        assert_eq!(read, expected, "{}", db.name);
+        assert!(
+            mysql_session_variable(&db.locker, "x; DROP TABLE y")
+                .await
+                .is_err(),
+            "{}",
+            db.name
+        );
+    }
 }
 
 /// `wait(Duration::MAX)` means "as long as it takes" (no overflow panic), and a sub-microsecond

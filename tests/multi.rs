@@ -87,6 +87,155 @@ async fn lock_all_takes_every_key_or_none_in_one_order() {
     }
 }
 
+/// Makes every statement that would give `key` to `owner` fail (a BEFORE UPDATE trigger on
+/// `l`'s table): an error of the statement, not a busy key. The release of another owner, which
+/// sets no owner, passes.
+async fn refuse(db: &common::Db, l: &Locker, key: &str, owner: &str) {
+    let table = l.table_name();
+    let _ = (table, key, owner);
+    match db.name {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "CREATE TRIGGER {table}_refuse BEFORE UPDATE ON {table}
+                 WHEN NEW.lock_key = '{key}' AND NEW.owner = '{owner}'
+                 BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" | common::PGBOUNCER => {
+            let pool = <sqlx::PgPool as common::TestPool>::open(&common::direct_url(db)).await;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "CREATE FUNCTION {table}_refuse() RETURNS trigger LANGUAGE plpgsql
+                 AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
+                 CREATE TRIGGER {table}_refuse BEFORE UPDATE ON {table} FOR EACH ROW
+                 WHEN (NEW.lock_key = '{key}' AND NEW.owner = '{owner}')
+                 EXECUTE FUNCTION {table}_refuse()"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        #[cfg(feature = "mysql")]
+        "mariadb" | "mysql8-path" => {
+            let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "CREATE TRIGGER {table}_refuse BEFORE UPDATE ON {table} FOR EACH ROW
+                 BEGIN
+                   IF NEW.lock_key = '{key}' AND NEW.owner = '{owner}' THEN
+                     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test';
+                   END IF;
+                 END"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        other => panic!("no such backend {other}"),
+    }
+}
+
+/// A `lock_all` that has taken its first key when the statement for the second one fails (an
+/// error, not a busy key) gives the first back and records nothing: no key held, no outcome
+/// written, no hold left for the owner to build on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_all_failing_half_way_leaves_nothing_behind() {
+    let (dbs, _dir) = common::all("multi_fail").await;
+    // Not the MySQL 8 path: MySQL has no per-row WHEN on a trigger, and any trigger on the lock
+    // table makes that path's grants come back as busy (see the ignored test below).
+    for db in dbs.iter().filter(|d| d.name != "mysql8-path") {
+        let l = own_table(db, "mfail").await;
+        let me = Owner::new();
+        refuse(db, &l, "b", me.id()).await;
+        // "b" is busy at the first attempt (one statement for both keys), so only "a" is taken
+        // then; then b's holder lets go, and this owner's statement taking "b" fails.
+        let blocker = l.lock("b").await.unwrap();
+        let let_go = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            blocker.release().await.unwrap();
+        });
+        let e = l
+            .lock_all(["b", "a"])
+            .owner(&me)
+            .wait(5 * SEC)
+            .await
+            .unwrap_err();
+        let_go.await.unwrap();
+        assert!(
+            matches!(e, LockError::Database(_)) && e.to_string().contains("refused by the test"),
+            "{}: {e:?}",
+            db.name
+        );
+        // "a" was taken (its row exists, with a tenure) and given back unused.
+        let a = l.inspect("a").await.unwrap().expect("a was taken half-way");
+        assert!(a.fencing_token > 0, "{}: {a:?}", db.name);
+        assert!(
+            !a.held,
+            "{}: a partial acquisition stayed behind: {a:?}",
+            db.name
+        );
+        assert_eq!(
+            (a.last_outcome, a.finished_at),
+            (None, None),
+            "{}: giving back unused recorded an outcome",
+            db.name
+        );
+        let b = l.inspect("b").await.unwrap().unwrap();
+        assert!(!b.held, "{}: {b:?}", db.name);
+        assert_eq!(
+            b.last_outcome,
+            Some(dblock::Outcome::Succeeded),
+            "{}: the failed call wrote over the last holder's outcome",
+            db.name
+        );
+        // The owner holds nothing a later call could count on: a fresh hold, count 1.
+        let again = l
+            .lock("a")
+            .owner(&me)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e:?}", db.name));
+        assert_eq!(again.hold_count(), 1, "{}", db.name);
+        assert!(again.fencing_token() > a.fencing_token, "{}", db.name);
+        again.release().await.unwrap();
+    }
+}
+
+/// Known bug, MySQL 8 statements (run against MariaDB): with any trigger on the lock table, even
+/// a no-op, a grant that updates an existing row comes back as `Busy` while the row says the
+/// key was given to the caller's owner for the whole ttl: an orphaned hold. The outcome travels
+/// in `LAST_INSERT_ID`, which the trigger's sub-statement resets before the OK packet is sent.
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+#[tokio::test]
+#[ignore = "known bug: any trigger on the lock table turns MySQL 8 path grants into Busy"]
+async fn mysql8_path_grants_survive_a_trigger_on_the_lock_table() {
+    let Some(db) = common::mysql("multi_trigger").await else {
+        return;
+    };
+    let l = dblock::test_util::mysql8_statements(&own_table(&db, "mtrigger").await);
+    let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TRIGGER {0}_noop AFTER UPDATE ON {0} FOR EACH ROW SET @dblock_seen = 1",
+        l.table_name()
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    l.lock("k").await.unwrap().release().await.unwrap();
+    // The key is free; the second grant updates the existing row.
+    let second = l.lock("k").await;
+    let row = l.inspect("k").await.unwrap().unwrap();
+    assert!(
+        second.is_ok(),
+        "{second:?}, yet the row says held = {} by {:?}",
+        row.held,
+        row.owner
+    );
+}
+
 #[distributed_lock(key = ["acct:{from}", "acct:{to}"], locker = locker, wait = "30s")]
 async fn transfer(
     locker: &Locker,
@@ -107,14 +256,25 @@ async fn transfer(
         m.insert(from, a - cents);
         m.insert(to, b + cents);
     }
-    Ok(dblock::current_all()
-        .into_iter()
-        .map(|l| (l.key, l.fencing_token))
-        .collect())
+    // What `current_all` says the body holds is what the rows say: this owner, this tenure.
+    let held = dblock::current_all();
+    let me = Owner::current().expect("a locked body has an owner");
+    for lock in &held {
+        let row = locker.inspect(&lock.key).await?.expect("row");
+        assert!(row.held, "{}: not held inside the body: {row:?}", lock.key);
+        assert_eq!(row.owner.as_deref(), Some(me.id()), "{}", lock.key);
+        assert_eq!(
+            lock.fencing_token, row.fencing_token,
+            "{}: current_all's token is not the row's",
+            lock.key
+        );
+    }
+    Ok(held.into_iter().map(|l| (l.key, l.fencing_token)).collect())
 }
 
 /// 16 tasks transfer both ways between two accounts through two lockers: no deadlock (every call
-/// takes the keys in one order), money conserved, `current_all` lists both locks.
+/// takes the keys in one order), money conserved, `current_all` lists both locks with the
+/// tokens and owner of their rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_both_ways_never_deadlock_and_conserve_money() {
     let (dbs, _dir) = common::all("multi_transfer").await;

@@ -144,30 +144,19 @@ impl Statements {
 /// MySQL / MariaDB: the session value of the system variable `name` (such as Galera's
 /// `wsrep_retry_autocommit`), read as text on a connection of the locker's own pool: the settings
 /// its lock statements run with. `Ok(None)` for a locker of another backend.
-#[cfg(feature = "mysql")]
 pub async fn mysql_session_variable(
     locker: &Locker,
     name: &str,
 ) -> Result<Option<String>, sqlx::Error> {
-    use crate::backend::Dialect as _;
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
         return Err(sqlx::Error::Configuration(
             format!("not a system variable: {name:?}").into(),
         ));
     }
-    let backend = locker
+    locker
         .shared()
         .backend()
-        .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
-    match backend {
-        Backend::MySql(my) => {
-            let sql = format!("SELECT CAST(@@session.{name} AS CHAR)");
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                .fetch_one(my.pool())
-                .await
-                .map(Some)
-        }
-        #[allow(unreachable_patterns)]
-        _ => Ok(None),
-    }
+        .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?
+        .mysql_session_variable(name)
+        .await
 }

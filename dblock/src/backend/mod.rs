@@ -550,6 +550,24 @@ impl Backend {
             _ => None,
         }
     }
+
+    /// MySQL / MariaDB: the session value of the system variable `name` (a plain identifier)
+    /// on a connection of the pool. Others: `None`.
+    #[cfg(feature = "_test-util")]
+    pub(crate) async fn mysql_session_variable(
+        &self,
+        name: &str,
+    ) -> Result<Option<String>, sqlx::Error> {
+        match self {
+            #[cfg(feature = "mysql")]
+            Backend::MySql(my) => my.session_variable(name).await.map(Some),
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = name;
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// A waiter's interest in a release of one key; dropping it withdraws the interest.

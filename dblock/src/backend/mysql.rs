@@ -823,6 +823,16 @@ impl My {
             ..self.clone()
         }
     }
+
+    /// The session value of the system variable `name` (a plain identifier, checked by the
+    /// caller), as text, on a connection of the pool: the settings lock statements run with.
+    #[cfg(feature = "_test-util")]
+    pub(crate) async fn session_variable(&self, name: &str) -> Result<String, sqlx::Error> {
+        let sql = format!("SELECT CAST(@@session.{name} AS CHAR)");
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(&self.pool)
+            .await
+    }
 }
 
 #[cfg(test)]
