@@ -23,7 +23,8 @@ use std::time::Duration;
 /// server for TCP keepalives (idle 10 s, then every 5 s, 3 probes), so the server drops a
 /// vanished client's connection instead of keeping it for hours.
 ///
-/// ```
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
 /// # async fn demo() -> Result<(), dblock::LockError> {
 /// use std::time::Duration;
 /// let options = dblock::ConnectOptions::new()

@@ -9,7 +9,8 @@ static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
 
 /// Sets the process-wide default locker (replacing any earlier one).
 ///
-/// ```
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
 /// # async fn demo() -> Result<(), dblock::LockError> {
 /// let locker = dblock::Locker::connect("sqlite::memory:").await?;
 /// dblock::set_default(locker);

@@ -18,7 +18,8 @@ use tokio::time::Instant;
 /// A lock this process holds. Dropping it releases the lock at once, in the background on the
 /// current tokio runtime; [`release`](LockGuard::release) does the same and reports the outcome.
 ///
-/// ```
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
 /// # async fn demo() -> Result<(), dblock::LockError> {
 /// use std::time::Duration;
 /// let locker = dblock::Locker::connect("sqlite::memory:").await?;
@@ -241,7 +242,8 @@ impl LockGuard {
     /// rolls back. A stale holder's writes then never commit: the fence fails with
     /// [`LockError::Lost`] and the caller rolls back.
     ///
-    /// ```
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
     /// # async fn demo(locker: dblock::Locker, pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
     /// let guard = locker.lock("acct:7").await?;
     /// let mut tx = pool.begin().await?;

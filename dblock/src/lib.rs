@@ -4,7 +4,8 @@
 //! database the service already has: PostgreSQL, MySQL 8 / MariaDB ≥ 10.5, or SQLite (the
 //! embedded default). No Redis, no ZooKeeper.
 //!
-//! ```
+#![cfg_attr(feature = "sqlite", doc = "```")]
+#![cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
 //! # async fn demo() -> Result<(), dblock::LockError> {
 //! use std::time::Duration;
 //!
@@ -86,7 +87,8 @@ pub use validate::MAX_KEY_LEN;
 
 /// Runs an `async fn` while holding a distributed lock.
 ///
-/// ```
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
 /// # #[derive(Debug)] struct AppError;
 /// # impl From<dblock::LockError> for AppError { fn from(_: dblock::LockError) -> Self { AppError } }
 /// # struct Receipt;
@@ -214,7 +216,8 @@ pub use validate::MAX_KEY_LEN;
 /// another store, write the fencing token along and let the store refuse older tokens (see the
 /// README, "Using with transactions").
 ///
-/// ```
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
 /// # use dblock::{distributed_lock, LockError};
 /// # #[derive(Debug)] struct AppError;
 /// # impl From<LockError> for AppError { fn from(_: LockError) -> Self { AppError } }

@@ -20,7 +20,8 @@ const DEFAULT_TABLE: &str = "dblock_locks";
 
 /// The handle to a lock table in a database. Cheap to clone (an `Arc` inside), `Send + Sync`.
 ///
-/// ```
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
 /// # async fn demo() -> Result<(), dblock::LockError> {
 /// use std::time::Duration;
 /// let locker = dblock::Locker::connect("sqlite::memory:").await?; // or postgres://…, mysql://…
@@ -79,7 +80,8 @@ impl Locker {
     /// | `postgres://user@host/db` | PostgreSQL | `postgres` |
     /// | `mysql://user@host/db` | MySQL 8, MariaDB ≥ 10.5 (also Galera) | `mysql` |
     ///
-    /// ```
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
     /// # async fn demo() -> Result<(), dblock::LockError> {
     /// let locker = dblock::Locker::connect("sqlite::memory:").await?;
     /// # Ok(()) }
@@ -91,7 +93,8 @@ impl Locker {
 
     /// [`connect`](Locker::connect) with a pool and time-outs of your choosing.
     ///
-    /// ```
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
     /// # async fn demo() -> Result<(), dblock::LockError> {
     /// use std::time::Duration;
     /// let options = dblock::ConnectOptions::new()
@@ -261,7 +264,8 @@ impl Locker {
     /// there is nothing to do. The same DDL is in `migrations/<backend>/` (0001, then 0002)
     /// for teams that run their own migrations.
     ///
-    /// ```
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
     /// # async fn demo() -> Result<(), dblock::LockError> {
     /// let locker = dblock::Locker::connect("sqlite::memory:").await?;
     /// locker.migrate().await?;

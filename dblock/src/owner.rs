@@ -43,7 +43,8 @@ impl Context {
 ///   outside any scope as a fresh owner, so two such calls exclude each other even in one task;
 /// - a spawned task is a new owner unless it runs in `owner.scope(..)`.
 ///
-/// ```
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
 /// # async fn demo() -> Result<(), dblock::LockError> {
 /// let locker = dblock::Locker::connect("sqlite::memory:").await?;
 /// locker.migrate().await?;
@@ -181,7 +182,8 @@ pub fn current() -> Option<HeldLock> {
 /// keys, and the bodies it is nested in), outermost first, each with its fencing token. Empty
 /// outside any locked body.
 ///
-/// ```
+#[cfg_attr(feature = "macros", doc = "```")]
+#[cfg_attr(not(feature = "macros"), doc = "```ignore")]
 /// # use dblock::{distributed_lock, LockError};
 /// #[distributed_lock(key = ["acct:{from}", "acct:{to}"])]
 /// async fn transfer(from: u64, to: u64) -> Result<(), LockError> {
@@ -200,11 +202,15 @@ pub fn current_all() -> Vec<HeldLock> {
 /// in): inside the caller's transaction on the locks' own database, checks that each lease is
 /// still ours and live and locks its row until that transaction ends, so no other owner can
 /// take a key over before the caller commits or rolls back. `Err(Lost)` if any is not held:
-/// roll back. Outside a locked body it fences nothing. See
+/// roll back. Outside a locked body there is no lock to fence: that is an error
+/// ([`LockError::Config`](crate::LockError::Config)), never a silent pass — for a lock taken
+/// with [`Locker::lock`](crate::Locker::lock) use [`LockGuard::fence`](crate::LockGuard::fence).
+/// See
 /// [`LockGuard::fence`](crate::LockGuard::fence) for what it costs and how it meets isolation
 /// levels.
 ///
-/// ```
+#[cfg_attr(all(feature = "macros", feature = "sqlite"), doc = "```")]
+#[cfg_attr(not(all(feature = "macros", feature = "sqlite")), doc = "```ignore")]
 /// # #[derive(Debug)] struct AppError;
 /// # impl From<dblock::LockError> for AppError { fn from(_: dblock::LockError) -> Self { AppError } }
 /// # impl From<sqlx::Error> for AppError { fn from(_: sqlx::Error) -> Self { AppError } }
@@ -222,6 +228,13 @@ pub fn current_all() -> Vec<HeldLock> {
 /// ```
 pub async fn fence<C: FenceConnection>(conn: &mut C) -> Result<(), crate::LockError> {
     let held = CONTEXT.try_with(|c| c.held.to_vec()).unwrap_or_default();
+    if held.is_empty() {
+        return Err(crate::LockError::Config(
+            "dblock::fence outside a locked body: there is no lock to fence \
+             (for a lock taken with Locker::lock, use LockGuard::fence)"
+                .into(),
+        ));
+    }
     for lock in held {
         let matched = conn
             .fence_row(
