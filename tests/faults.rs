@@ -168,6 +168,71 @@ async fn an_unresolved_acquire_returns_at_its_deadline_and_is_given_back_later()
     }
 }
 
+/// 1c. The pattern, deterministically: an owner's acquire is still being resolved in the
+/// background (its call gave up with the outcome unknown) when the same owner asks for the key
+/// again. The new call waits for the resolution (one owner's statements on a key are
+/// serialised); the resolution finds its grant, which nobody receives any more and which is
+/// given back. The new call's hold is the owner's only one: `hold_count` 1, and after its release
+/// the key is free.
+///
+/// FAILS with the library as of this commit (`hold_count` 2 on both backends): in
+/// `dblock/src/request.rs` (`try_once`, the `Attempt::Acquired` arm) the resolved attempt drops
+/// the owner's serialisation (`drop(serial)`, line 624) before it hands its guard to a receiver
+/// that is gone (`tx.send`, line 654); the dropped guard's release (`guard.rs`, `Drop`) must take
+/// the serialisation again, and the waiting call, queued first, gets it first: its statement is
+/// sent with the tracked hold of the grant being given back (`held` 1), so it re-enters it and is
+/// counted 2. (The row stays consistent: the late release takes it back to 1.) Found by the chaos
+/// run's count check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_back_while_its_acquire_is_resolved_gets_a_first_hold() {
+    let mut seen = Vec::new();
+    for s in servers("fault_back_during_resolution", options()).await {
+        let me = Owner::new();
+        s.proxy.set(Mode::HoldReplies);
+        let (l, owner) = (s.locker.clone(), me.clone());
+        let first =
+            tokio::spawn(async move { l.lock("k").owner(&owner).ttl(30 * SEC).wait(SEC).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let row = s.observer.inspect("k").await.unwrap().expect("row");
+        assert!(row.held, "{}: the acquire did not commit", s.name);
+        // Its reply is lost, and reconnecting fails: the call gives up, the resolution goes on.
+        s.proxy.set(Mode::Refuse);
+        s.proxy.reset_all();
+        let e = first.await.unwrap().unwrap_err();
+        assert!(e.is_outcome_unknown(), "{}: {e}", s.name);
+        // The same owner, again, while the resolution still cannot reach the server.
+        let (l, owner) = (s.locker.clone(), me.clone());
+        let again =
+            tokio::spawn(
+                async move { l.lock("k").owner(&owner).ttl(30 * SEC).wait(5 * SEC).await },
+            );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !again.is_finished(),
+            "{}: did not wait for the resolution",
+            s.name
+        );
+        s.proxy.set(Mode::Pass);
+        let g = again
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        let count = g.hold_count();
+        g.release().await.unwrap();
+        let freed = common::time_until_free(&s.observer, "k", 5 * SEC).await;
+        assert!(freed.is_some(), "{}: the key stayed held", s.name);
+        seen.push((s.name, count));
+    }
+    // Both backends first, then the verdict.
+    eprintln!("hold counts of the returning owner: {seen:?}");
+    for (name, count) in seen {
+        assert_eq!(
+            count, 1,
+            "{name}: a first hold counted as a re-entry into the grant being given back"
+        );
+    }
+}
+
 /// 2. A release whose send was lost, while its lease ran out and another owner took the key:
 /// "not held" is checked (was it our release, this tenure?) and reported, never read as success.
 /// And a release that did commit but whose reply was lost is recognised as done.
