@@ -263,17 +263,49 @@ async fn a_release_after_a_lost_send_is_checked_before_it_counts() {
         assert!(s.observer.inspect("gone").await.unwrap().unwrap().held);
         thief.release().await.unwrap();
 
-        // The release commits; its reply is lost: recognised as done.
+        // The release commits; its reply is lost for good (the connection is reset while the
+        // reply is held back, and reconnecting fails for a while): the release is sent again
+        // on a new connection, finds the key already free, checks that its own earlier send
+        // freed it, and reports success.
         let g = s.locker.lock("done").await.unwrap();
         settle().await;
         s.proxy.set(Mode::HoldReplies);
         let release = tokio::spawn(async move { g.release().await });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!s.observer.inspect("done").await.unwrap().unwrap().held);
-        s.proxy.set(Mode::Pass);
+        assert!(
+            !release.is_finished(),
+            "{}: the release's reply was not held back",
+            s.name
+        );
+        let (accepted, refused) = (s.proxy.accepted(), s.proxy.refused());
+        // Refuse before the reset: the held reply is never delivered (Pass would flush it).
+        s.proxy.set(Mode::Refuse);
         s.proxy.reset_all();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !release.is_finished(),
+            "{}: the release returned while the server could not be reached: {:?}",
+            s.name,
+            release.await
+        );
+        assert!(
+            s.proxy.refused() > refused,
+            "{}: the release was not sent again after its connection broke",
+            s.name
+        );
+        s.proxy.set(Mode::Pass);
         let outcome = release.await.unwrap();
-        assert!(outcome.is_ok(), "{}: {outcome:?}", s.name);
+        assert!(
+            outcome.is_ok(),
+            "{}: a release whose reply was lost: {outcome:?}",
+            s.name
+        );
+        assert!(
+            s.proxy.accepted() > accepted,
+            "{}: the release was resolved without being sent again",
+            s.name
+        );
     }
 }
 
