@@ -385,6 +385,9 @@ async fn wait_and_the_statement_timeout_bound_every_call() {
     exhausted_pool_with_wait_zero().await;
 }
 
+/// `wait = 0` on a caller's pool (of one connection, a 10 s time-out) whose connection is in use:
+/// one attempt, not the pool's time-out; the error names the exhausted pool, which here is the
+/// real cause.
 async fn exhausted_pool_with_wait_zero() {
     #[cfg(feature = "postgres")]
     if let Some(db) = common::postgres("fault_pool").await {
@@ -395,19 +398,45 @@ async fn exhausted_pool_with_wait_zero() {
             .await
             .unwrap();
         let l = Locker::postgres(pool.clone()).table(db.locker.table_name());
-        let busy_conn = pool.acquire().await.unwrap();
-        let started = Instant::now();
-        let e = l.lock("k").await.unwrap_err();
-        let took = started.elapsed();
-        assert!(took < Duration::from_millis(1500), "wait 0 took {took:?}");
-        assert!(
-            e.to_string().contains("pool timed out"),
-            "the real cause is an exhausted pool: {e}"
-        );
-        drop(busy_conn);
-        let g = l.lock("k").await.expect("works once a connection is free");
-        g.release().await.unwrap();
+        wait_zero_on_an_exhausted_pool("postgres", &l, || pool.acquire()).await;
     }
+    #[cfg(feature = "mysql")]
+    if let Some(db) = common::mysql("fault_pool").await {
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(10 * SEC)
+            .connect(&db.url)
+            .await
+            .unwrap();
+        let l = Locker::mysql(pool.clone()).table(db.locker.table_name());
+        wait_zero_on_an_exhausted_pool("mariadb", &l, || pool.acquire()).await;
+    }
+}
+
+/// The exhausted-pool check on `l`, whose pool's one connection `take` takes.
+async fn wait_zero_on_an_exhausted_pool<C, Fut>(name: &str, l: &Locker, take: impl Fn() -> Fut)
+where
+    Fut: std::future::Future<Output = Result<C, sqlx::Error>>,
+{
+    // One cycle first, with the connection free (MariaDB's dialect is detected on first use).
+    l.lock("k").await.unwrap().release().await.unwrap();
+    settle().await;
+    let busy_conn = take().await.unwrap();
+    let started = Instant::now();
+    let e = l.lock("k").await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "{name}: wait 0 took {took:?}"
+    );
+    assert!(
+        e.to_string().contains("pool timed out"),
+        "{name}: the real cause is an exhausted pool: {e}"
+    );
+    assert!(!e.is_outcome_unknown(), "{name}: nothing was sent: {e}");
+    drop(busy_conn);
+    let g = l.lock("k").await.expect("works once a connection is free");
+    g.release().await.unwrap();
 }
 
 /// 5. A cancelled statement was rolled back: it is sent again, not reported.
