@@ -14,6 +14,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,6 +47,9 @@ struct Shared {
     target: Mutex<String>,
     /// One sender per open connection; sending on it resets that connection.
     resets: Mutex<Vec<watch::Sender<bool>>>,
+    /// Connections accepted and forwarded, and connections refused (`Mode::Refuse`), so far.
+    accepted: AtomicUsize,
+    refused: AtomicUsize,
 }
 
 /// A running proxy; dropping it stops accepting (open connections end with their peers).
@@ -72,6 +76,8 @@ impl Proxy {
             mode,
             target: Mutex::new(target.to_owned()),
             resets: Mutex::default(),
+            accepted: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
         });
         let s = shared.clone();
         let accept = tokio::spawn(async move {
@@ -81,10 +87,12 @@ impl Proxy {
                 };
                 let mode = *s.mode.borrow();
                 if mode == Mode::Refuse {
+                    s.refused.fetch_add(1, Ordering::SeqCst);
                     rst(&client);
                     drop(client);
                     continue;
                 }
+                s.accepted.fetch_add(1, Ordering::SeqCst);
                 let (reset_tx, reset_rx) = watch::channel(false);
                 s.resets.lock().unwrap().push(reset_tx);
                 let target = s.target.lock().unwrap().clone();
@@ -113,6 +121,21 @@ impl Proxy {
             .map(|(u, _)| format!("{u}@"))
             .unwrap_or_default();
         format!("{scheme}://{userinfo}{}/{path}", self.addr)
+    }
+
+    /// Where the proxy listens (a dropped proxy's port is closed: connecting is refused).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How many connections the proxy accepted and forwarded so far.
+    pub fn accepted(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// How many connections the proxy refused (`Mode::Refuse`) so far.
+    pub fn refused(&self) -> usize {
+        self.shared.refused.load(Ordering::SeqCst)
     }
 
     pub fn set(&self, mode: Mode) {
