@@ -12,7 +12,7 @@ use crate::info::time_from_micros;
 use crate::meter;
 use crate::owner::{HeldLock, Owner};
 use crate::renew::Registration;
-use crate::shared::Shared;
+use crate::shared::{Serial, Shared};
 use tokio::time::Instant;
 
 /// A lock this process holds. Dropping it releases the lock at once, in the background on the
@@ -328,6 +328,29 @@ impl LockGuard {
     /// multi-key acquisition undone).
     pub(crate) async fn give_back_unused(self) -> Result<(), LockError> {
         self.give_back(None).await
+    }
+
+    /// Gives back a guard that no caller received (its `lock()` call was dropped, or gave up
+    /// while the attempt settled an unknown outcome), under the owner's serialisation of the key
+    /// that the attempt still holds: no other statement of the owner on the key runs first, so
+    /// a new call of the same owner never builds on this hold. Nothing ran under it: no outcome
+    /// is recorded.
+    pub(crate) async fn give_back_unreceived(mut self, serial: &mut Serial) {
+        self.armed = false;
+        self.end();
+        if self.hold.is_revoked() {
+            return; // Locker::shutdown released it already
+        }
+        drop(self.renewal.take());
+        let until = self.hold.deadline().max(Instant::now()) + self.shared.statement_timeout;
+        if let Err(e) = self
+            .shared
+            .release_serialised(&self.hold, serial, None, until)
+            .await
+        {
+            tracing::warn!(key = %self.hold.key, error = %e,
+                "giving back an unreceived grant failed; the lease will expire on its own");
+        }
     }
 
     async fn give_back(mut self, outcome: Option<Outcome>) -> Result<(), LockError> {

@@ -21,8 +21,8 @@ use crate::hold::{Caller, Hold};
 use crate::info::time_from_micros;
 use crate::meter;
 use crate::owner::{Context, Owner};
-use crate::retry::{self, Policy};
-use crate::shared::Shared;
+use crate::retry::{self, LastFailure, Policy};
+use crate::shared::{Serial, Shared};
 use crate::validate;
 
 /// The lease length when none is given.
@@ -315,6 +315,7 @@ pub(crate) async fn try_all(
                 per_send: shared.statement_timeout,
                 send_until: call_until,
                 resolve_until: sent + longest + shared.statement_timeout,
+                report: None,
             };
             // One id per key of this attempt, the same in each resend (see `try_once`).
             let statements: Vec<Acquire<'_>> = resolved
@@ -357,8 +358,7 @@ pub(crate) async fn try_all(
                 hold.caller = req.caller;
                 let margin = (lease / MARGIN_DIVISOR).min(MAX_MARGIN);
                 if !gap && Instant::now() + margin < hold.deadline() {
-                    drop(serial);
-                    kept.push(hold);
+                    kept.push((hold, serial));
                 } else {
                     gap = true;
                     give_back.push((hold, serial));
@@ -374,17 +374,27 @@ pub(crate) async fn try_all(
             }
             // Every hold becomes a guard first, so that on a refusal (shut down meanwhile)
             // dropping them gives every one back.
-            let guards: Result<Vec<LockGuard>, LockError> = kept
+            let (holds, mut serials): (Vec<Hold>, Vec<Serial>) = kept.into_iter().unzip();
+            let guards: Result<Vec<LockGuard>, LockError> = holds
                 .into_iter()
                 .map(|h| LockGuard::new(h, shared.clone()))
                 .collect::<Vec<_>>()
                 .into_iter()
                 .collect();
-            // If the receiver is gone, the guards inside are dropped here: released.
-            let _ = tx.send(match guards {
-                Ok(guards) => AllTry::Prefix(guards),
-                Err(e) => AllTry::Failed(e),
-            });
+            let guards = match guards {
+                Ok(guards) => guards,
+                Err(e) => {
+                    let _ = tx.send(AllTry::Failed(e));
+                    return;
+                }
+            };
+            // Handed over under the owner's serialisations (see `try_once`): if nobody receives
+            // them, they are given back before any other statement of the owner on their keys.
+            if let Err(AllTry::Prefix(guards)) = tx.send(AllTry::Prefix(guards)) {
+                for (guard, serial) in guards.into_iter().zip(&mut serials) {
+                    guard.give_back_unreceived(serial).await;
+                }
+            }
         }
         .in_current_span(),
     );
@@ -482,20 +492,22 @@ impl Request {
         let mut backoff = FIRST_BACKOFF;
         let mut attempts = 0u32;
         let mut seen = Seen::Nothing;
+        // The latest failure of an attempt, for an error at the deadline that names the cause.
+        let report = LastFailure::default();
         // Set once this call waits where the backend can wake it (PostgreSQL LISTEN/NOTIFY).
         let mut interest: Option<Interest> = None;
         loop {
             // A locker shut down while this call waits: no further attempt.
             shared.check_open()?;
             attempts += 1;
-            let attempt = self.try_once(&shared, interest.is_some(), call_until);
+            let attempt = self.try_once(&shared, interest.is_some(), call_until, &report);
             // The attempt stops sending at `call_until`; a moment more lets it say why.
             let outcome = match tokio::time::timeout_at(call_until + ANSWER_GRACE, attempt).await {
                 Ok(outcome) => outcome,
                 Err(_) => {
                     let waited = started.elapsed();
                     tracing::debug!(?waited, attempts, "no answer within the call's time");
-                    return Err(self.gave_up(seen, waited));
+                    return Err(self.gave_up_unanswered(seen, waited, &report));
                 }
             };
             match outcome {
@@ -578,6 +590,23 @@ impl Request {
         }
     }
 
+    /// The error for a call whose time ran out while an attempt was still settling: as
+    /// [`gave_up`](Self::gave_up), naming the attempt's latest failure when nothing else was
+    /// heard (a refused or broken connection, not just "no answer").
+    fn gave_up_unanswered(&self, seen: Seen, waited: Duration, report: &LastFailure) -> LockError {
+        match (seen, report.get()) {
+            (Seen::Nothing, Some((kind, cause))) => LockError::database(
+                sqlx::Error::Io(std::io::Error::new(
+                    kind,
+                    format!("no answer from the database within {waited:?}; last failure: {cause}"),
+                )),
+                true,
+                &format!("acquire of `{}`", self.key),
+            ),
+            _ => self.gave_up(seen, waited),
+        }
+    }
+
     /// The error for a call whose time ran out: busy if that is what the database last said, the
     /// lease ended before its grant arrived, or no answer at all (outcome unknown).
     fn gave_up(&self, seen: Seen, waited: Duration) -> LockError {
@@ -607,9 +636,15 @@ impl Request {
     /// to run whenever that connection is next used), an unknown outcome is still resolved, and
     /// a lock it took comes back as a guard nobody receives: dropping it releases it at once.
     /// So a cancelled `lock()` never orphans a hold.
-    async fn try_once(&self, shared: &Arc<Shared>, waiting: bool, call_until: Instant) -> Try {
+    async fn try_once(
+        &self,
+        shared: &Arc<Shared>,
+        waiting: bool,
+        call_until: Instant,
+        report: &LastFailure,
+    ) -> Try {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (shared, req) = (shared.clone(), self.clone());
+        let (shared, req, report) = (shared.clone(), self.clone(), report.clone());
         tokio::spawn(
             async move {
                 let sent = Instant::now();
@@ -626,6 +661,7 @@ impl Request {
                     // An unknown outcome: resolved until the lease it may have written has
                     // surely ended (the process no longer counts it by then either).
                     resolve_until: sent + req.lease() + shared.statement_timeout,
+                    report: Some(report),
                 };
                 let (tried, serial) = shared
                     .acquire(&req.owner, req.statement(waiting, attempt), policy)
@@ -637,11 +673,26 @@ impl Request {
                         hold.caller = req.caller;
                         let margin = (lease / MARGIN_DIVISOR).min(MAX_MARGIN);
                         if Instant::now() + margin < hold.deadline() {
-                            drop(serial);
-                            match LockGuard::new(hold, shared) {
-                                Ok(guard) => Try::Got(guard),
-                                Err(e) => Try::Failed(e),
+                            let guard = match LockGuard::new(hold, shared) {
+                                Ok(guard) => guard,
+                                Err(e) => {
+                                    let _ = tx.send(Try::Failed(e));
+                                    return;
+                                }
+                            };
+                            // Handed over under the owner's serialisation: if nobody receives it
+                            // (the call was dropped, or gave up while this attempt was settling
+                            // an unknown outcome), it is given back before any other statement
+                            // of the owner on the key, so a new call of the same owner never
+                            // builds on it.
+                            if let Err(Try::Got(guard)) = tx.send(Try::Got(guard)) {
+                                tracing::debug!(key = %guard.key(), "granted to a call that is gone; given back");
+                                match serial {
+                                    Some(mut serial) => guard.give_back_unreceived(&mut serial).await,
+                                    None => drop(guard),
+                                }
                             }
+                            return;
                         } else {
                             // Its lease could be over by the time the caller used it. The caller
                             // hears at once; the grant is given back under the owner's
@@ -669,7 +720,6 @@ impl Request {
                         &format!("acquire of `{}`", req.key),
                     )),
                 };
-                // If the receiver is gone, a guard inside is dropped here: released.
                 let _ = tx.send(outcome);
             }
             .in_current_span(),

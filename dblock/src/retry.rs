@@ -17,6 +17,7 @@
 //! gets may describe its own earlier, unacknowledged success.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -51,7 +52,7 @@ pub(crate) enum Failure {
 }
 
 /// How long, and how often, a statement is sent again.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Policy {
     /// Sends after rollbacks, at most.
     pub(crate) rolled_back: u32,
@@ -64,6 +65,28 @@ pub(crate) struct Policy {
     /// outcome is known or this instant: when what it may have done no longer matters (for a
     /// lock statement, when the lease it may have written has surely ended).
     pub(crate) resolve_until: Instant,
+    /// Where each failed send is noted as it happens, for a caller that stops waiting before
+    /// the outcome is settled: its error can then name the real cause.
+    pub(crate) report: Option<LastFailure>,
+}
+
+/// The latest failure of a statement still being sent: its I/O kind (if an I/O error) and text.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LastFailure(Arc<Mutex<Option<(std::io::ErrorKind, String)>>>);
+
+impl LastFailure {
+    fn note(&self, failed: &Failed) {
+        let kind = match &failed.error {
+            sqlx::Error::Io(io) => io.kind(),
+            _ => std::io::ErrorKind::Other,
+        };
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((kind, failed.error.to_string()));
+    }
+
+    /// The latest failure noted, if any.
+    pub(crate) fn get(&self) -> Option<(std::io::ErrorKind, String)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 impl Policy {
@@ -76,6 +99,7 @@ impl Policy {
             per_send,
             send_until: until,
             resolve_until: until,
+            report: None,
         }
     }
 }
@@ -150,6 +174,9 @@ where
             Err(failed) => failed,
         };
         let failure = classify(&failed);
+        if let Some(report) = &policy.report {
+            report.note(&failed);
+        }
         let pause = match failure {
             Failure::NotCommitted if rolled_back < policy.rolled_back => {
                 rolled_back += 1;
@@ -218,6 +245,7 @@ mod tests {
             per_send: Duration::from_millis(500),
             send_until: now + Duration::from_millis(send_for),
             resolve_until: now + Duration::from_millis(resolve_for),
+            report: None,
         }
     }
 

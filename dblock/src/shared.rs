@@ -347,6 +347,7 @@ impl Shared {
             per_send: self.statement_timeout / 2,
             send_until: until,
             resolve_until: until,
+            report: None,
         };
         let tried = retry::run(
             policy,

@@ -103,21 +103,28 @@ async fn connection<DB: Database>(
 }
 
 /// Why no connection came: an exhausted pool (every connection in use), or a server that cannot
-/// be reached, which one direct connect attempt (bounded by `deadline`) names.
+/// be reached, which one direct connect attempt (bounded by `deadline`) names. Asked even when
+/// the pool is at its size: its slots may be held by connect attempts of its own that a server
+/// gone away keeps failing (as while an earlier statement's unknown outcome is being settled).
 async fn why_no_connection<DB: Database>(pool: &Pool<DB>, deadline: Instant) -> sqlx::Error {
-    let max = pool.options().get_max_connections();
-    if pool.size() >= max && pool.num_idle() == 0 {
-        return sqlx::Error::PoolTimedOut;
-    }
     let options = pool.connect_options();
     let limit = deadline.max(Instant::now() + Duration::from_millis(10));
     match tokio::time::timeout_at(limit, sqlx::ConnectOptions::connect(&*options)).await {
         Ok(Ok(conn)) => {
-            // The server answers: the pool was just slow to hand out a connection.
             tokio::spawn(async move {
                 let _ = conn.close().await;
             });
-            sqlx::Error::PoolTimedOut
+            // The server answers now. With every connection of the pool out, it was exhausted;
+            // otherwise its own connect attempts were what took too long (a slow or briefly
+            // unreachable server), which is not "the pool timed out".
+            if pool.size() >= pool.options().get_max_connections() && pool.num_idle() == 0 {
+                sqlx::Error::PoolTimedOut
+            } else {
+                sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connecting to the database took too long (it answers again now)",
+                ))
+            }
         }
         Ok(Err(e)) => e,
         Err(_) => sqlx::Error::Io(std::io::Error::new(
