@@ -217,6 +217,11 @@ async fn main() {
             .table("dblock_bench");
         // MySQL/MariaDB have no per-session durability; the pooler cells show the pooler's cost.
         let lazy_differs = name == "sqlite" || name == "postgres";
+        // pgbench on dblock's own statements, as the library prepares and binds them.
+        let own_scripts = (
+            dblock::test_util::pgbench_script(&locker),
+            dblock::test_util::pgbench_script(&durable),
+        );
         let dblock: Arc<dyn Cycle> = Arc::new(Dblock(locker.clone()));
         let dblock_durable: Arc<dyn Cycle> = Arc::new(Dblock(durable));
         let raw: Arc<dyn Cycle> = Arc::new(raw_for(url, options, locker.table_name()).await);
@@ -293,7 +298,22 @@ async fn main() {
                 });
             }
             if name == "postgres" {
-                match pgbench(url, owners, Duration::from_secs_f64(secs)).await {
+                // The gap to pgbench, taken apart: pgbench (a C client) on the design's minimal
+                // statements, and on dblock's own statements, lazily and durably released. The
+                // second over the first is what dblock's SQL costs the server; dblock over the
+                // second is what its client (sqlx, tokio, dblock) costs.
+                let pgb =
+                    |script: String| pgbench(url, owners, Duration::from_secs_f64(secs), script);
+                let minimal = pgb(PGBENCH_SCRIPT.into()).await;
+                let own = match &own_scripts.0 {
+                    Some(s) => pgb(s.clone()).await,
+                    None => Err("no script".into()),
+                };
+                let own_durable = match &own_scripts.1 {
+                    Some(s) => pgb(s.clone()).await,
+                    None => Err("no script".into()),
+                };
+                match &minimal {
                     Ok(tps) => {
                         println!(
                             "| {name} | {owners} | pgbench, minimal statements | {tps:.0} | | | dblock is {:.2} of it |",
@@ -303,10 +323,25 @@ async fn main() {
                             backend: name,
                             owners,
                             imp: "pgbench".into(),
-                            rate: tps,
+                            rate: *tps,
                         });
                     }
                     Err(e) => println!("| {name} | {owners} | pgbench: {e} | | | | |"),
+                }
+                match (&own, &minimal) {
+                    (Ok(tps), Ok(min)) => println!(
+                        "| {name} | {owners} | pgbench, dblock's statements | {tps:.0} | | | dblock is {:.2} of it; it is {:.2} of minimal |",
+                        d.rate() / tps,
+                        tps / min
+                    ),
+                    (Err(e), _) | (_, Err(e)) => println!("| {name} | {owners} | pgbench, dblock's statements: {e} | | | | |"),
+                }
+                match (&own_durable, &own) {
+                    (Ok(tps), Ok(lazy)) => println!(
+                        "| {name} | {owners} | pgbench, dblock's statements, durable release | {tps:.0} | | | lazy is {:.2}× |",
+                        lazy / tps
+                    ),
+                    (Err(e), _) | (_, Err(e)) => println!("| {name} | {owners} | pgbench, durable: {e} | | | | |"),
                 }
             }
             // Peers for scale: the server's own session-bound lock, in memory (no row, no
@@ -389,8 +424,9 @@ async fn raw_for(url: &str, options: ConnectOptions, table: &str) -> Raw {
 // pgbench on the design's minimal statements
 
 /// The design's minimal lock cycle (research/sql-notes.md, adapted to the table's NOT NULL
-/// columns), one transaction per cycle: the acquire, then the release, which commits without
-/// waiting for its flush as dblock's does. Keys are per client, like the owners' keys above.
+/// columns), two autocommit statements per cycle as dblock sends: the acquire, then the
+/// release, which commits without waiting for its flush as dblock's does. Keys are per client,
+/// like the owners' keys above.
 const PGBENCH_SCRIPT: &str = r#"\set k random(0, 63)
 WITH upd AS (
     UPDATE dblock_bench AS l SET
@@ -423,11 +459,12 @@ WHERE lock_key = 'pgbench:' || :client_id || ':' || :k AND owner = 'pgb:' || :cl
 RETURNING hold_count, set_config('synchronous_commit', 'off', true);
 "#;
 
-/// Cycles/s of `pgbench` with `clients` clients on [`PGBENCH_SCRIPT`] (prepared statements).
-async fn pgbench(url: &str, clients: usize, secs: Duration) -> Result<f64, String> {
+/// Cycles/s of `pgbench` with `clients` clients on `script` (prepared statements).
+async fn pgbench(url: &str, clients: usize, secs: Duration, script: String) -> Result<f64, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let script = dir.path().join("cycle.sql");
-    std::fs::write(&script, PGBENCH_SCRIPT).map_err(|e| e.to_string())?;
+    let path = dir.path().join("cycle.sql");
+    std::fs::write(&path, script).map_err(|e| e.to_string())?;
+    let script = path;
     let args = move |secs: u64| {
         vec![
             "-n".to_owned(),

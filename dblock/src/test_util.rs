@@ -43,7 +43,14 @@ pub fn polling_only(locker: &Locker) -> Locker {
     with_backend(locker, Backend::without_notify)
 }
 
-/// PostgreSQL: the channel releases of the locker's table are announced on.
+/// PostgreSQL: a `pgbench` script of one lock cycle with the locker's own acquire and release
+/// statements, as prepared statements with the library's binds (the benchmark measures the
+/// server's cost of dblock's SQL with it, apart from the client's).
+pub fn pgbench_script(locker: &Locker) -> Option<String> {
+    locker.shared().backend().ok()?.pgbench_script()
+}
+
+/// PostgreSQL: the NOTIFY channel of the locker's table.
 pub fn notify_channel(locker: &Locker) -> Option<String> {
     locker.shared().backend().ok()?.notify_channel()
 }

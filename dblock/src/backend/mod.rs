@@ -551,6 +551,17 @@ impl Backend {
         }
     }
 
+    /// PostgreSQL: a `pgbench` script of one lock cycle with this backend's own statements.
+    #[cfg(feature = "_test-util")]
+    pub(crate) fn pgbench_script(&self) -> Option<String> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => Some(pg.pgbench_script()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// MySQL / MariaDB: the session value of the system variable `name` (a plain identifier)
     /// on a connection of the pool. Others: `None`.
     #[cfg(feature = "_test-util")]

@@ -237,10 +237,10 @@ const ACQUIRE: &str = "WITH upd AS (
     SELECT false, hold_count, fencing_token, expires_at, last_outcome, finished_at FROM {table}
      WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)
 )
-SELECT acquired, hold_count, fencing_token, {us_expires},
-       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
-       NOT acquired AND $10 AND last_outcome IS NOT DISTINCT FROM 1,
-       {us_finished}
+SELECT acquired, hold_count, fencing_token, {us_expires} AS expires_us,
+       greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8 AS left_ms,
+       NOT acquired AND $10 AND last_outcome IS NOT DISTINCT FROM 1 AS done,
+       {us_finished} AS finished_us
 FROM res";
 
 /// [`TAKE`] with the one-key statement's parameters.
@@ -630,6 +630,54 @@ WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'"
         if let Some(n) = &self.notifier {
             n.stop();
         }
+    }
+
+    /// The benchmark's `pgbench` script for one lock cycle with this locker's own acquire and
+    /// release statements (prepared, one parameter per bind, as the library sends them): each
+    /// `$n` becomes a pgbench variable of the bind's type, in the order `acquire` and `release`
+    /// bind them. Keys are per client (`:client_id`) and `:k`, like the benchmark's owners.
+    #[cfg(feature = "_test-util")]
+    pub(crate) fn pgbench_script(&self) -> String {
+        let key = "('pgbench:' || :client_id || ':' || :k)";
+        let owner = "('pgb:' || :client_id)";
+        // The binds of `acquire`, in order (non-waiting: `$6` false, no tracked tenure).
+        let acquire_binds = [
+            key.to_owned(),
+            owner.to_owned(),
+            "(:ttl_us)::float8".into(),
+            "('bench/' || :client_id)".into(),
+            "(:attempt)::int8".into(),
+            "(:waiting = 1)".into(),
+            "nullif(:tenure, -1)::int8".into(),
+            "(:held)::int4".into(),
+            "(:min_hold_us)::float8".into(),
+            "(:once = 1)".into(),
+        ];
+        // The binds of `release`, in order; the token from the acquire's row (`\gset a_`).
+        let release_binds = [
+            key.to_owned(),
+            owner.to_owned(),
+            "(:a_fencing_token)::int8".into(),
+            "(:release_id)::int8".into(),
+            format!("'{}'", self.channel),
+            "(:remaining)::int4".into(),
+            "(:outcome)::int2".into(),
+            format!("({})", self.settings.lazy_release),
+        ];
+        let with_binds = |sql: &str, binds: &[String]| {
+            // From the highest number down, so `$1` never eats the start of `$10`.
+            (1..=binds.len()).rev().fold(sql.to_owned(), |text, n| {
+                text.replace(&format!("${n}"), &binds[n - 1])
+            })
+        };
+        format!(
+            "\\set k random(0, 63)\n\\set ttl_us 30000000\n\\set attempt random(1, 9000000000000000000)\n\
+             \\set release_id random(1, 9000000000000000000)\n\\set waiting 0\n\\set tenure -1\n\
+             \\set held 0\n\\set min_hold_us 0\n\\set once 0\n\\set remaining 0\n\\set outcome 1\n\
+             {};\n\\gset a_\n{};\n",
+            with_binds(self.sql.acquire.sql.as_str(), &acquire_binds),
+            with_binds(self.sql.release.sql.as_str(), &release_binds),
+        )
     }
 
     /// Interest in a release of `key` (LISTEN set up on first use); `None` when LISTEN is off
