@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::backend::fence::FenceConnection;
 use crate::backend::{Outcome, Released};
+use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
 use crate::hold::Hold;
 use crate::info::time_from_micros;
@@ -364,14 +365,12 @@ impl LockGuard {
         }
         drop(self.renewal.take()); // no renewal from here on
         let bound = self.shared.statement_timeout;
-        // In a task of its own, so that dropping this future half-way cannot leave the release
-        // unsent (or queued on a pooled connection until it is next used), and so that a
-        // release the database does not answer goes on after this call has returned.
-        let task = tokio::spawn(release(self.hold.clone(), self.shared.clone(), outcome));
-        let outcome = match tokio::time::timeout(bound, task).await {
-            Ok(joined) => {
-                joined.unwrap_or_else(|_| Err(LockError::Database(sqlx::Error::WorkerCrashed)))
-            }
+        // Detached: dropping this future half-way cannot leave the release unsent (or queued on
+        // a pooled connection until it is next used), and a release the database does not
+        // answer goes on after this call has returned, in a task of its own.
+        let release = Detached::new(release(self.hold.clone(), self.shared.clone(), outcome));
+        let outcome = match tokio::time::timeout(bound, release).await {
+            Ok(released) => released,
             Err(_) => Err(LockError::database(
                 sqlx::Error::Io(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
@@ -453,5 +452,14 @@ impl fmt::Debug for LockGuard {
             .field("hold_count", &self.hold.hold_count)
             .field("expires_at", &self.expires_at())
             .finish()
+    }
+}
+
+/// A release nobody waits for any more has done all it had to: its answer is only logged.
+impl Unreceived for Result<Released, LockError> {
+    async fn unreceived(self) {
+        if let Err(e) = self {
+            tracing::warn!(error = %e, "release failed after its caller stopped waiting; the lease will expire on its own");
+        }
     }
 }

@@ -57,6 +57,7 @@ pub mod __private;
 mod backend;
 mod connect;
 mod default_locker;
+mod detach;
 mod error;
 mod guard;
 mod hold;

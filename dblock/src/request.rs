@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Acquire, Attempt, Interest};
+use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::{Caller, Hold};
@@ -503,7 +504,7 @@ impl Request {
             let attempt = self.try_once(&shared, interest.is_some(), call_until, &report);
             // The attempt stops sending at `call_until`; a moment more lets it say why.
             let outcome = match tokio::time::timeout_at(call_until + ANSWER_GRACE, attempt).await {
-                Ok(outcome) => outcome,
+                Ok(attempted) => attempted.received(),
                 Err(_) => {
                     let waited = started.elapsed();
                     tracing::debug!(?waited, attempts, "no answer within the call's time");
@@ -629,104 +630,145 @@ impl Request {
         }
     }
 
-    /// One acquire attempt, run to completion in a task of its own.
+    /// One acquire attempt, polled by the caller and run to completion even if the caller goes
+    /// away ([`Detached`]).
     ///
     /// If the caller's future is dropped (or its time runs out) while the statement is in
     /// flight, the statement still finishes (it is not left half-sent on a pooled connection,
     /// to run whenever that connection is next used), an unknown outcome is still resolved, and
-    /// a lock it took comes back as a guard nobody receives: dropping it releases it at once.
-    /// So a cancelled `lock()` never orphans a hold.
-    async fn try_once(
+    /// a lock it took is given back at once, under the owner's serialisation of the key (so a
+    /// new call of the same owner never builds on it). So a cancelled `lock()` never orphans a
+    /// hold.
+    fn try_once(
         &self,
         shared: &Arc<Shared>,
         waiting: bool,
         call_until: Instant,
         report: &LastFailure,
-    ) -> Try {
-        let (tx, rx) = tokio::sync::oneshot::channel();
+    ) -> Detached<impl Future<Output = Attempted> + Send + 'static> {
         let (shared, req, report) = (shared.clone(), self.clone(), report.clone());
-        tokio::spawn(
-            async move {
-                let sent = Instant::now();
-                // One id per attempt, the same in each of its resends: a resend after an unknown
-                // outcome recognises its own earlier success instead of counting the hold twice.
-                // A later attempt of the call is a new statement with a new id, so it can never
-                // be mistaken for a grant this attempt gave back.
-                let attempt = fastrand::i64(1..i64::MAX);
-                let policy = Policy {
-                    rolled_back: retry::ROLLBACK_RESENDS,
-                    per_send: shared.statement_timeout,
-                    // Nothing in doubt: worth trying while the caller waits.
-                    send_until: call_until,
-                    // An unknown outcome: resolved until the lease it may have written has
-                    // surely ended (the process no longer counts it by then either).
-                    resolve_until: sent + req.lease() + shared.statement_timeout,
-                    report: Some(report),
-                };
-                let (tried, serial) = shared
-                    .acquire(&req.owner, req.statement(waiting, attempt), policy)
-                    .await;
-                let lease = req.lease();
-                let outcome = match tried.result {
-                    Ok(Attempt::Acquired(grant)) => {
-                        let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter);
-                        hold.caller = req.caller;
-                        let margin = (lease / MARGIN_DIVISOR).min(MAX_MARGIN);
-                        if Instant::now() + margin < hold.deadline() {
-                            let guard = match LockGuard::new(hold, shared) {
-                                Ok(guard) => guard,
-                                Err(e) => {
-                                    let _ = tx.send(Try::Failed(e));
-                                    return;
-                                }
-                            };
-                            // Handed over under the owner's serialisation: if nobody receives it
-                            // (the call was dropped, or gave up while this attempt was settling
-                            // an unknown outcome), it is given back before any other statement
-                            // of the owner on the key, so a new call of the same owner never
-                            // builds on it.
-                            if let Err(Try::Got(guard)) = tx.send(Try::Got(guard)) {
-                                tracing::debug!(key = %guard.key(), "granted to a call that is gone; given back");
-                                match serial {
-                                    Some(mut serial) => guard.give_back_unreceived(&mut serial).await,
-                                    None => drop(guard),
-                                }
-                            }
-                            return;
-                        } else {
-                            // Its lease could be over by the time the caller used it. The caller
-                            // hears at once; the grant is given back under the owner's
-                            // serialisation, before any next attempt can reach the row.
-                            tracing::warn!(key = %hold.key, "grant arrived when its lease could have ended; given back");
-                            let _ = tx.send(Try::Stale);
-                            if let Some(mut serial) = serial {
-                                let until = hold.deadline().max(Instant::now())
-                                    + shared.statement_timeout;
-                                let _ = shared
-                                    .release_serialised(&hold, &mut serial, None, until)
-                                    .await;
-                            }
-                            return;
+        Detached::new(async move {
+            let sent = Instant::now();
+            // One id per attempt, the same in each of its resends: a resend after an unknown
+            // outcome recognises its own earlier success instead of counting the hold twice.
+            // A later attempt of the call is a new statement with a new id, so it can never
+            // be mistaken for a grant this attempt gave back.
+            let attempt = fastrand::i64(1..i64::MAX);
+            let policy = Policy {
+                rolled_back: retry::ROLLBACK_RESENDS,
+                per_send: shared.statement_timeout,
+                // Nothing in doubt: worth trying while the caller waits.
+                send_until: call_until,
+                // An unknown outcome: resolved until the lease it may have written has
+                // surely ended (the process no longer counts it by then either).
+                resolve_until: sent + req.lease() + shared.statement_timeout,
+                report: Some(report),
+            };
+            let (tried, serial) = shared
+                .acquire(&req.owner, req.statement(waiting, attempt), policy)
+                .await;
+            let lease = req.lease();
+            let outcome = match tried.result {
+                Ok(Attempt::Acquired(grant)) => {
+                    let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter);
+                    hold.caller = req.caller;
+                    let margin = (lease / MARGIN_DIVISOR).min(MAX_MARGIN);
+                    if Instant::now() + margin < hold.deadline() {
+                        match LockGuard::new(hold, shared) {
+                            // Handed over with the owner's serialisation still held: see
+                            // `Attempted`.
+                            Ok(guard) => return Attempted::got(guard, serial),
+                            Err(e) => Try::Failed(e),
                         }
+                    } else {
+                        // Its lease could be over by the time the caller used it: given back
+                        // under the owner's serialisation, before any next attempt can reach
+                        // the row (the caller hears at once; see `Attempted`).
+                        tracing::warn!(key = %hold.key, "grant arrived when its lease could have ended; given back");
+                        return Attempted {
+                            outcome: Try::Stale,
+                            serial,
+                            stale: Some((hold, shared)),
+                        };
                     }
-                    Ok(Attempt::Busy { retry_after }) => Try::Busy(retry_after),
-                    Ok(Attempt::Done { finished_at_us }) => Try::Failed(LockError::AlreadyDone {
-                        key: req.key.clone(),
-                        finished_at: finished_at_us.map(time_from_micros),
-                    }),
-                    Err(failed) => Try::Failed(LockError::database(
-                        failed.error,
-                        tried.after_unknown,
-                        &format!("acquire of `{}`", req.key),
-                    )),
-                };
-                let _ = tx.send(outcome);
+                }
+                Ok(Attempt::Busy { retry_after }) => Try::Busy(retry_after),
+                Ok(Attempt::Done { finished_at_us }) => Try::Failed(LockError::AlreadyDone {
+                    key: req.key.clone(),
+                    finished_at: finished_at_us.map(time_from_micros),
+                }),
+                Err(failed) => Try::Failed(LockError::database(
+                    failed.error,
+                    tried.after_unknown,
+                    &format!("acquire of `{}`", req.key),
+                )),
+            };
+            Attempted {
+                outcome,
+                serial: None,
+                stale: None,
             }
-            .in_current_span(),
-        );
-        rx.await
-            .unwrap_or_else(|_| Try::Failed(LockError::Database(sqlx::Error::WorkerCrashed)))
+        })
     }
+}
+
+/// What one attempt came to. A grant comes with the owner's serialisation of the key, which the
+/// receiver drops at once; if nobody receives it (the call was dropped, or gave up while the
+/// attempt settled an unknown outcome), the grant is given back under it, before any other
+/// statement of the owner on the key, so a new call of the same owner never builds on it.
+/// A grant that came too late to be used ([`Try::Stale`]) is given back the same way.
+struct Attempted {
+    outcome: Try,
+    serial: Option<Serial>,
+    /// A stale grant, to give back under `serial`.
+    stale: Option<(Hold, Arc<Shared>)>,
+}
+
+impl Attempted {
+    fn got(guard: LockGuard, serial: Option<Serial>) -> Self {
+        Attempted {
+            outcome: Try::Got(guard),
+            serial,
+            stale: None,
+        }
+    }
+
+    /// The outcome for the caller, who received it: a grant's serialisation is no longer
+    /// needed; a stale grant is given back in a task of its own under it, so the caller hears
+    /// at once (and its next attempt, serialised behind it, reaches the row after it).
+    fn received(self) -> Try {
+        if let Some((hold, shared)) = self.stale {
+            if let Some(serial) = self.serial {
+                tokio::spawn(give_back_stale(hold, shared, serial));
+            }
+        }
+        self.outcome
+    }
+}
+
+impl Unreceived for Attempted {
+    async fn unreceived(self) {
+        if let Some((hold, shared)) = self.stale {
+            if let Some(serial) = self.serial {
+                give_back_stale(hold, shared, serial).await;
+            }
+        } else if let Try::Got(guard) = self.outcome {
+            tracing::debug!(key = %guard.key(), "granted to a call that is gone; given back");
+            match self.serial {
+                Some(mut serial) => guard.give_back_unreceived(&mut serial).await,
+                None => drop(guard),
+            }
+        }
+    }
+}
+
+/// Gives back a grant that arrived when its lease could have ended, under the owner's
+/// serialisation of the key (no outcome: nothing ran under it).
+async fn give_back_stale(hold: Hold, shared: Arc<Shared>, mut serial: Serial) {
+    let until = hold.deadline().max(Instant::now()) + shared.statement_timeout;
+    let _ = shared
+        .release_serialised(&hold, &mut serial, None, until)
+        .await;
 }
 
 #[cfg(test)]
