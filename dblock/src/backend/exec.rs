@@ -107,6 +107,7 @@ async fn connection<DB: Database>(
 /// the pool is at its size: its slots may be held by connect attempts of its own that a server
 /// gone away keeps failing (as while an earlier statement's unknown outcome is being settled).
 async fn why_no_connection<DB: Database>(pool: &Pool<DB>, deadline: Instant) -> sqlx::Error {
+    let full = pool.size() >= pool.options().get_max_connections() && pool.num_idle() == 0;
     let options = pool.connect_options();
     let limit = deadline.max(Instant::now() + Duration::from_millis(10));
     match tokio::time::timeout_at(limit, sqlx::ConnectOptions::connect(&*options)).await {
@@ -117,7 +118,7 @@ async fn why_no_connection<DB: Database>(pool: &Pool<DB>, deadline: Instant) -> 
             // The server answers now. With every connection of the pool out, it was exhausted;
             // otherwise its own connect attempts were what took too long (a slow or briefly
             // unreachable server), which is not "the pool timed out".
-            if pool.size() >= pool.options().get_max_connections() && pool.num_idle() == 0 {
+            if full {
                 sqlx::Error::PoolTimedOut
             } else {
                 sqlx::Error::Io(std::io::Error::new(
@@ -126,6 +127,10 @@ async fn why_no_connection<DB: Database>(pool: &Pool<DB>, deadline: Instant) -> 
                 ))
             }
         }
+        // The server answers but takes no more connections (PostgreSQL 53300, MySQL 1040) while
+        // the pool holds all it may: exhausted, and worth waiting for as such (a server error
+        // here would read as final).
+        Ok(Err(sqlx::Error::Database(_))) if full => sqlx::Error::PoolTimedOut,
         Ok(Err(e)) => e,
         Err(_) => sqlx::Error::Io(std::io::Error::new(
             std::io::ErrorKind::TimedOut,

@@ -425,7 +425,8 @@ RETURNING owner <=> :owner, hold_count, fencing_token,
             ),
             // After a busy `once` attempt on the MySQL 8 path (which learns nothing else): done?
             done: sql(
-                "SELECT last_outcome <=> 1, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', finished_at)
+                "SELECT last_outcome <=> 1 AND NOT {ran_out},
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', finished_at)
 FROM {table} WHERE lock_key = ?",
                 &t,
             ),

@@ -195,7 +195,8 @@ impl Lite {
             has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
             // After a busy `once` attempt (SQLite returns no row then): was it done?
             done: sql(
-                "SELECT last_outcome IS 1, finished_at * 1000 FROM {table} WHERE lock_key = $1",
+                "SELECT last_outcome IS 1 AND NOT (owner IS NOT NULL AND expires_at <= {now}),
+       finished_at * 1000 FROM {table} WHERE lock_key = $1",
                 &t,
             ),
             clock_check: sql("SELECT max(acquired_at) - {now} FROM {table}", &t),
@@ -319,10 +320,15 @@ impl Dialect for Lite {
         // The same file by any path is one database (an in-memory database's name is unique
         // to its pool).
         let file = self.pool.connect_options().get_filename().to_owned();
-        std::fs::canonicalize(&file)
-            .unwrap_or(file)
-            .display()
-            .to_string()
+        let canonical = std::fs::canonicalize(&file).or_else(|_| {
+            // Not created yet (a lazy pool): its directory, which exists, and its name.
+            let dir = file.parent().filter(|d| !d.as_os_str().is_empty());
+            let dir = std::fs::canonicalize(dir.unwrap_or(std::path::Path::new(".")))?;
+            file.file_name()
+                .map(|name| dir.join(name))
+                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+        });
+        canonical.unwrap_or(file).display().to_string()
     }
 
     fn release_pool(&self) -> &Pool<Sqlite> {

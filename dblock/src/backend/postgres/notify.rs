@@ -46,8 +46,8 @@ pub(crate) struct Notifier {
     source: Source,
     channel: String,
     waiters: Mutex<HashMap<String, Waiter>>,
-    /// Whether LISTEN is in place; its set-up is serialised by this lock.
-    listening: tokio::sync::Mutex<Listening>,
+    /// Whether LISTEN is in place, or being set up.
+    listening: Mutex<Listening>,
     /// Set by `stop`: no LISTEN from then on.
     stopped: AtomicBool,
     /// The task reading notifications, so that `stop` ends it (and its connection) at once.
@@ -55,10 +55,12 @@ pub(crate) struct Notifier {
 }
 
 enum Listening {
-    /// Not yet, or failed: the first waiter from `retry_at` on tries (again).
+    /// Not yet, or failed: the first waiter from `retry_at` on starts it (again).
     No {
         retry_at: Option<Instant>,
     },
+    /// Being set up, in a task of its own: waiters poll meanwhile.
+    Connecting,
     Yes,
 }
 
@@ -92,47 +94,56 @@ impl Notifier {
             source,
             channel,
             waiters: Mutex::default(),
-            listening: tokio::sync::Mutex::new(Listening::No { retry_at: None }),
+            listening: Mutex::new(Listening::No { retry_at: None }),
             stopped: AtomicBool::new(false),
             task: Mutex::default(),
         })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiter>> {
-        self.waiters
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.waiters)
     }
 
-    /// Starts the listener (on first need) and registers interest in `key`. `None` when LISTEN
-    /// is not in place: the caller then just polls. A LISTEN that could not be set up (server
-    /// unreachable, at most [`LISTEN_CONNECT_TIMEOUT`]) is tried again by a waiter
-    /// [`LISTEN_RETRY_AFTER`] later; callers bound the wait for this with their own deadline.
+    /// Registers interest in `key` if LISTEN is in place. Otherwise `None` (the caller polls),
+    /// and the first waiter starts setting LISTEN up in a task of its own, so no waiter ever
+    /// waits for it: one that could not be set up (server unreachable: at most
+    /// [`LISTEN_CONNECT_TIMEOUT`]) is started again by a waiter [`LISTEN_RETRY_AFTER`] later.
     pub(crate) async fn interest(self: &Arc<Self>, key: &str) -> Option<Interest> {
         if self.stopped.load(Ordering::SeqCst) {
             return None;
         }
         {
-            let mut listening = self.listening.lock().await;
-            if let Listening::No { retry_at } = *listening {
-                if retry_at.is_some_and(|at| Instant::now() < at) {
+            let mut listening = lock(&self.listening);
+            match *listening {
+                Listening::Yes => {}
+                Listening::Connecting => return None,
+                Listening::No { retry_at } => {
+                    if retry_at.is_some_and(|at| Instant::now() < at) {
+                        return None;
+                    }
+                    *listening = Listening::Connecting;
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        let listened =
+                            tokio::time::timeout(2 * LISTEN_CONNECT_TIMEOUT, me.listen()).await;
+                        let state = match listened {
+                            Ok(Ok(())) => Listening::Yes,
+                            failed => {
+                                let error = match failed {
+                                    Ok(Err(e)) => e.to_string(),
+                                    _ => "LISTEN timed out".to_owned(),
+                                };
+                                tracing::warn!(%error, retry_in = ?LISTEN_RETRY_AFTER,
+                                    "LISTEN failed; waiters fall back to polling");
+                                Listening::No {
+                                    retry_at: Some(Instant::now() + LISTEN_RETRY_AFTER),
+                                }
+                            }
+                        };
+                        *lock(&me.listening) = state;
+                    });
                     return None;
                 }
-                // Boxed: connecting is a large future, needed rarely, and a waiter's own future
-                // should not carry its size.
-                *listening = match Box::pin(self.listen()).await {
-                    Ok(()) => Listening::Yes,
-                    Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?LISTEN_RETRY_AFTER,
-                            "LISTEN failed; waiters fall back to polling");
-                        Listening::No {
-                            retry_at: Some(Instant::now() + LISTEN_RETRY_AFTER),
-                        }
-                    }
-                };
-            }
-            if !matches!(*listening, Listening::Yes) || self.stopped.load(Ordering::SeqCst) {
-                return None;
             }
         }
         let mut waiters = self.lock();
@@ -213,4 +224,9 @@ impl std::fmt::Debug for Notifier {
             .field("channel", &self.channel)
             .finish_non_exhaustive()
     }
+}
+
+/// A std mutex's guard (a panic elsewhere while it was held leaves nothing half-done here).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
