@@ -73,6 +73,7 @@ where
 /// `limit`, and when none comes names the real cause (a refused or unreachable server, bad
 /// credentials), never the pool's time-out. The connection goes back to the pool for the first
 /// statement.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn first_connection<DB: Database>(
     pool: &Pool<DB>,
     limit: Duration,
