@@ -17,6 +17,7 @@ use crate::backend::{Grant, HoldRef};
 use crate::info::time_from_micros;
 use crate::meter;
 use crate::owner::{HeldLock, Owner};
+use crate::sync::lock;
 
 /// One hold of one key by one owner (one `lock()` call that succeeded).
 pub(crate) struct Hold {
@@ -103,9 +104,7 @@ impl Hold {
     }
 
     fn lease(&self) -> MutexGuard<'_, Lease> {
-        self.lease
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.lease)
     }
 
     /// The parameters of an owner-checked statement on this hold.

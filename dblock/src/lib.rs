@@ -70,6 +70,7 @@ mod renew;
 mod request;
 mod retry;
 mod shared;
+mod sync;
 #[cfg(feature = "_test-util")]
 pub mod test_util;
 mod validate;

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::backend::{Backend, RenewItem};
 use crate::hold::Hold;
 use crate::retry::Failure;
+use crate::sync::lock;
 
 /// Leases due within this margin of now are sent with the one that woke the task: a twelfth of
 /// their ttl (so a lease is renewed at most a quarter of its renewal interval early), between
@@ -71,9 +72,7 @@ impl Drop for Registration {
 
 impl Renewer {
     fn holds(&self) -> MutexGuard<'_, HashMap<u64, Arc<Hold>>> {
-        self.holds
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.holds)
     }
 
     /// Stops renewing for good (`Locker::shutdown`): the task ends at once.

@@ -22,6 +22,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::sync::lock;
+
 /// A failed statement, and whether it was sent at all (if not, it certainly did not commit).
 #[derive(Debug)]
 pub(crate) struct Failed {
@@ -80,12 +82,12 @@ impl LastFailure {
             sqlx::Error::Io(io) => io.kind(),
             _ => std::io::ErrorKind::Other,
         };
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((kind, failed.error.to_string()));
+        *lock(&self.0) = Some((kind, failed.error.to_string()));
     }
 
     /// The latest failure noted, if any.
     pub(crate) fn get(&self) -> Option<(std::io::ErrorKind, String)> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock(&self.0).clone()
     }
 }
 

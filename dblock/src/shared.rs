@@ -20,6 +20,7 @@ use crate::hold::{Caller, Hold};
 use crate::owner::Owner;
 use crate::renew::Renewer;
 use crate::retry::{self, Policy, Tried};
+use crate::sync::lock;
 use crate::validate;
 
 pub(crate) struct Shared {
@@ -529,11 +530,6 @@ impl Registry {
 pub(crate) async fn serialise(space: &Arc<str>, owner: &Owner, key: &str) -> Serial {
     let tracked = lock(&REGISTRY).entry(space, owner, key);
     tracked.lock_owned().await
-}
-
-/// A std mutex's guard; a panic elsewhere while it was held leaves nothing half-done here.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// `host/pid`, for the `holder` column.

@@ -15,6 +15,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::sync::lock;
+
 /// The longest a LISTEN connection may take to open; waiters poll meanwhile.
 const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// After a LISTEN that could not be set up, the next waiter tries again this much later.
@@ -190,10 +192,7 @@ impl Notifier {
                 }
             }
         });
-        *self
-            .task
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
+        *lock(&self.task) = Some(task);
         if self.stopped.load(Ordering::SeqCst) {
             self.abort_task(); // stopped while this was connecting
         }
@@ -207,12 +206,7 @@ impl Notifier {
     }
 
     fn abort_task(&self) {
-        if let Some(task) = self
-            .task
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take()
-        {
+        if let Some(task) = lock(&self.task).take() {
             task.abort();
         }
     }
@@ -224,9 +218,4 @@ impl std::fmt::Debug for Notifier {
             .field("channel", &self.channel)
             .finish_non_exhaustive()
     }
-}
-
-/// A std mutex's guard (a panic elsewhere while it was held leaves nothing half-done here).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
