@@ -228,14 +228,7 @@ async fn run(name: &str, direct: &str, observer: &Locker) {
         }
         cycle += 1;
     }
-    let mut statuses = Vec::new();
-    for mut c in children {
-        let status = tokio::task::spawn_blocking(move || c.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        statuses.push(status);
-    }
+    let statuses = history::wait_all(children).await;
     let exited = Instant::now();
     let history = std::fs::read_to_string(&log).unwrap();
     let (holds, counts) = parse(&history);
@@ -244,12 +237,7 @@ async fn run(name: &str, direct: &str, observer: &Locker) {
     let rows = history::check_no_orphans(name, &history, &holds, observer, &[]).await;
     let looked_after = exited.elapsed();
     // No untyped error: the workers that met one say which.
-    let bad: Vec<&str> = history.lines().filter(|l| l.contains(" BAD ")).collect();
-    assert!(
-        bad.is_empty(),
-        "{name}: untyped errors:\n  {}",
-        bad.join("\n  ")
-    );
+    history::assert_no_untyped_errors(name, &history);
     for (i, status) in statuses.iter().enumerate() {
         if i == killed {
             assert_eq!(

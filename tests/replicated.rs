@@ -299,23 +299,11 @@ async fn finish(
     observer: &Locker,
     allowed: &[(String, u64)],
 ) -> (history::Tally, Vec<i64>, history::Figures) {
-    let mut statuses = Vec::new();
-    for mut c in children {
-        let status = tokio::task::spawn_blocking(move || c.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        statuses.push(status);
-    }
+    let statuses = history::wait_all(children).await;
     let history = std::fs::read_to_string(log).unwrap();
     let (holds, _) = parse(&history);
     history::check_no_orphans(name, &history, &holds, observer, allowed).await;
-    let bad: Vec<&str> = history.lines().filter(|l| l.contains(" BAD ")).collect();
-    assert!(
-        bad.is_empty(),
-        "{name}: untyped errors:\n  {}",
-        bad.join("\n  ")
-    );
+    history::assert_no_untyped_errors(name, &history);
     for (i, status) in statuses.iter().enumerate() {
         assert!(status.success(), "{name}: worker {i} failed: {status}");
     }

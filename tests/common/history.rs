@@ -264,6 +264,29 @@ pub fn signal(child: &Child, sig: &str) {
     assert!(status.success(), "kill {sig}");
 }
 
+/// Waits for every worker to exit; their exit statuses, in order.
+pub async fn wait_all(children: Vec<Child>) -> Vec<std::process::ExitStatus> {
+    let mut statuses = Vec::new();
+    for mut c in children {
+        let status = tokio::task::spawn_blocking(move || c.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        statuses.push(status);
+    }
+    statuses
+}
+
+/// No untyped error: fails naming every `BAD` line the workers logged.
+pub fn assert_no_untyped_errors(name: &str, history: &str) {
+    let bad: Vec<&str> = history.lines().filter(|l| l.contains(" BAD ")).collect();
+    assert!(
+        bad.is_empty(),
+        "{name}: untyped errors:\n  {}",
+        bad.join("\n  ")
+    );
+}
+
 #[derive(Debug, Clone)]
 pub struct Hold {
     pub pid: u32,
