@@ -50,10 +50,10 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    /// The guard of a fresh grant; `Err(ShutDown)` if the locker was shut down while the grant
-    /// was on its way: the hold is then given back at once (as the guard's drop does,
-    /// recording a failure), as `shutdown` gives back the holds it found.
-    pub(crate) fn new(hold: Hold, shared: Arc<Shared>) -> Result<Self, LockError> {
+    /// The guard of a fresh grant; `Err(Refused)` if the locker was shut down while the grant
+    /// was on its way: the caller gives the hold back ([`Refused::give_back`]) before it
+    /// reports `ShutDown`, as `shutdown` gives back the holds it found.
+    pub(crate) fn new(hold: Hold, shared: Arc<Shared>) -> Result<Self, Refused> {
         let hold = Arc::new(hold);
         let open = shared.track(&hold);
         meter::held(&hold.meter);
@@ -67,9 +67,15 @@ impl LockGuard {
         if open {
             Ok(guard)
         } else {
-            tracing::debug!(key = %guard.hold.key, "granted after shutdown: given back");
-            drop(guard);
-            Err(LockError::ShutDown)
+            Err(Refused(guard))
+        }
+    }
+
+    /// Resolves once a hold that `Locker::shutdown` took away has been released by it (at
+    /// once for any other hold).
+    pub(crate) async fn shutdown_settled(&self) {
+        if self.hold.is_revoked() {
+            self.hold.settled().await;
         }
     }
 
@@ -278,6 +284,53 @@ impl LockGuard {
     /// keep it in a `BIGINT` column: accept a write only with a token not smaller than the
     /// stored one.
     pub async fn fence<C: FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
+        self.fence_row(conn, false).await
+    }
+
+    /// Records this hold's success **inside the caller's transaction** on the lock's own
+    /// database, so it commits or rolls back with the work: everything [`fence`](Self::fence)
+    /// does, and the outcome `Succeeded`. Once committed it stands, whatever happens next: the
+    /// process crashing before its release, or [`release_failed`](Self::release_failed) — the
+    /// row keeps `Succeeded`, and a [`once`](crate::LockRequest::once) key is done. So `once`
+    /// work in the lock's own database runs exactly once. `Err(Lost)` if the lease is no longer
+    /// ours and live: roll back.
+    ///
+    /// Work outside the lock's database cannot commit with the outcome: there `once` stays
+    /// at-least-once (a crash between the work and the release runs it again); hand the
+    /// [`fencing_token`](Self::fencing_token) to that resource so it can refuse a stale holder.
+    ///
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("dblock-succeed-{}.db", std::process::id()));
+    /// # let url = format!("sqlite://{}?mode=rwc", path.display());
+    /// let db = sqlx::SqlitePool::connect(&url).await?;
+    /// let locker = dblock::Locker::sqlite(db.clone());
+    /// locker.migrate().await?;
+    ///
+    /// let guard = locker.lock("migration:7").once().await?;
+    /// let mut tx = db.begin().await?;
+    /// sqlx::query("CREATE TABLE invoices (id INTEGER PRIMARY KEY)").execute(&mut *tx).await?;
+    /// guard.succeed_in(&mut *tx).await?; // the work and its success commit together
+    /// tx.commit().await?;
+    /// drop(guard); // even a release that records a failure keeps the committed success
+    /// # tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    /// assert!(matches!(
+    ///     locker.lock("migration:7").once().await,
+    ///     Err(dblock::LockError::AlreadyDone { .. })
+    /// ));
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn succeed_in<C: FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
+        self.fence_row(conn, true).await
+    }
+
+    async fn fence_row<C: FenceConnection>(
+        &self,
+        conn: &mut C,
+        succeed: bool,
+    ) -> Result<(), LockError> {
         let matched = conn
             .fence_row(
                 &self.shared.table,
@@ -285,6 +338,7 @@ impl LockGuard {
                 self.hold.owner.id(),
                 self.hold.fencing_token,
                 self.shared.simple_statements(),
+                succeed,
             )
             .await?;
         if matched == 0 {
@@ -360,7 +414,8 @@ impl LockGuard {
         self.armed = false;
         self.end();
         if self.hold.is_revoked() {
-            // Locker::shutdown released it already.
+            // Locker::shutdown releases it: the caller hears once that is over.
+            self.hold.settled().await;
             return Err(LockError::ShutDown);
         }
         drop(self.renewal.take()); // no renewal from here on
@@ -391,6 +446,37 @@ impl LockGuard {
                 Ok(())
             }
         }
+    }
+}
+
+/// A grant that arrived after `Locker::shutdown`: not handed out, to be given back.
+pub(crate) struct Refused(LockGuard);
+
+impl Refused {
+    /// Gives the hold back (recording a failure, as a dropped guard does) under the owner's
+    /// serialisation of the key when the caller holds it, for at most one statement time-out,
+    /// and returns the error for the call: `ShutDown`, heard only once the release is over.
+    pub(crate) async fn give_back(self, serial: Option<&mut Serial>) -> LockError {
+        let mut guard = self.0;
+        guard.armed = false;
+        guard.end();
+        drop(guard.renewal.take());
+        let (hold, shared) = (&guard.hold, &guard.shared);
+        let until = Instant::now() + shared.statement_timeout;
+        let released = match serial {
+            Some(serial) => {
+                shared
+                    .release_serialised(hold, serial, Some(Outcome::Failed), until)
+                    .await
+            }
+            None => shared.release(hold, Some(Outcome::Failed), until).await,
+        };
+        match released {
+            Ok(_) => tracing::debug!(key = %hold.key, "granted after shutdown: given back"),
+            Err(e) => tracing::warn!(key = %hold.key, error = %e,
+                "giving back a grant that arrived after shutdown failed; the lease will expire on its own"),
+        }
+        LockError::ShutDown
     }
 }
 

@@ -83,7 +83,7 @@ pub use guard::LockGuard;
 pub use info::{LockInfo, Outcome};
 pub use locker::Locker;
 pub use multi::LockAllRequest;
-pub use owner::{current, current_all, fence, HeldLock, Owner};
+pub use owner::{current, current_all, fence, succeed_in, HeldLock, Owner};
 pub use request::{LockRequest, DEFAULT_TTL};
 pub use validate::MAX_KEY_LEN;
 

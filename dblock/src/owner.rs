@@ -227,13 +227,58 @@ pub fn current_all() -> Vec<HeldLock> {
 /// }
 /// ```
 pub async fn fence<C: FenceConnection>(conn: &mut C) -> Result<(), crate::LockError> {
+    fence_all(conn, false).await
+}
+
+/// Records the success of every lock of the running locked body (and of the bodies it is nested
+/// in) **inside the caller's transaction**, so that it commits or rolls back with the work: all
+/// that [`fence`] does, and each hold's outcome `Succeeded`. A committed success stands whatever
+/// happens after it — the process crashing before its release, the body returning `Err` later —
+/// so with `once` the work is done exactly once when it lives in the lock's own database.
+/// `Err(Lost)` if any lease is not ours and live any more: roll back. Outside a locked body it
+/// is an error ([`LockError::Config`](crate::LockError::Config)); for a lock taken with
+/// [`Locker::lock`](crate::Locker::lock) use
+/// [`LockGuard::succeed_in`](crate::LockGuard::succeed_in).
+///
+/// Work outside the lock's database (an HTTP call, another database) cannot commit with the
+/// outcome: there `once` is at-least-once (a crash after the work and before the release runs
+/// it again); hand the fencing token to that resource so it can refuse a stale holder.
+///
+#[cfg_attr(all(feature = "macros", feature = "sqlite"), doc = "```")]
+#[cfg_attr(not(all(feature = "macros", feature = "sqlite")), doc = "```ignore")]
+/// # #[derive(Debug)] struct AppError;
+/// # impl From<dblock::LockError> for AppError { fn from(_: dblock::LockError) -> Self { AppError } }
+/// # impl From<sqlx::Error> for AppError { fn from(_: sqlx::Error) -> Self { AppError } }
+/// #[dblock::distributed_lock(key = "migration:{version}", once = true)]
+/// async fn migrate(db: &sqlx::SqlitePool, version: u32) -> Result<(), AppError> {
+///     let mut tx = db.begin().await?;
+///     sqlx::query("CREATE TABLE IF NOT EXISTS invoices (id INTEGER PRIMARY KEY)")
+///         .execute(&mut *tx).await?;
+///     dblock::succeed_in(&mut *tx).await?; // done, and recorded as done, in one commit
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// ```
+pub async fn succeed_in<C: FenceConnection>(conn: &mut C) -> Result<(), crate::LockError> {
+    fence_all(conn, true).await
+}
+
+/// [`fence`] (and with `succeed`, [`succeed_in`]) for every lock of the running locked body.
+async fn fence_all<C: FenceConnection>(
+    conn: &mut C,
+    succeed: bool,
+) -> Result<(), crate::LockError> {
     let held = CONTEXT.try_with(|c| c.held.to_vec()).unwrap_or_default();
     if held.is_empty() {
-        return Err(crate::LockError::Config(
-            "dblock::fence outside a locked body: there is no lock to fence \
-             (for a lock taken with Locker::lock, use LockGuard::fence)"
-                .into(),
-        ));
+        let (what, instead) = if succeed {
+            ("dblock::succeed_in", "LockGuard::succeed_in")
+        } else {
+            ("dblock::fence", "LockGuard::fence")
+        };
+        return Err(crate::LockError::Config(format!(
+            "{what} outside a locked body: there is no lock to record \
+             (for a lock taken with Locker::lock, use {instead})"
+        )));
     }
     for lock in held {
         let matched = conn
@@ -243,6 +288,7 @@ pub async fn fence<C: FenceConnection>(conn: &mut C) -> Result<(), crate::LockEr
                 &lock.owner,
                 lock.fencing_token,
                 lock.simple,
+                succeed,
             )
             .await?;
         if matched == 0 {

@@ -198,7 +198,7 @@ pub(crate) async fn last_write<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
     key: &str,
-) -> Result<Option<(Option<i64>, i64)>, sqlx::Error>
+) -> Result<Option<super::LastWrite>, sqlx::Error>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -212,7 +212,15 @@ where
         .bind(key.to_owned())
         .fetch_optional(&mut *conn)
         .await?;
-    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+    row.map(|r| {
+        Ok(super::LastWrite {
+            writer: r.try_get(0)?,
+            fencing_token: r.try_get(1)?,
+            release_id: r.try_get(2)?,
+            release_token: r.try_get(3)?,
+        })
+    })
+    .transpose()
 }
 
 /// The operator methods of [`Dialect`](super::Dialect) through the shared code above, for a
@@ -224,7 +232,7 @@ macro_rules! shared_admin {
             &self,
             conn: &mut super::Conn<Self>,
             key: &str,
-        ) -> Result<Option<(Option<i64>, i64)>, sqlx::Error> {
+        ) -> Result<Option<super::LastWrite>, sqlx::Error> {
             super::admin::last_write::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, key)
                 .await
         }

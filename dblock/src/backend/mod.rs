@@ -107,6 +107,18 @@ pub(crate) struct RenewItem<'a> {
     pub ttl_us: i64,
 }
 
+/// What the row of a key says about its last writers (see `Dialect::last_write`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LastWrite {
+    /// The last acquire's attempt id or release's id.
+    pub writer: Option<i64>,
+    /// The row's tenure.
+    pub fencing_token: i64,
+    /// The last release's id, and the tenure it released: no acquire overwrites them.
+    pub release_id: Option<i64>,
+    pub release_token: Option<i64>,
+}
+
 /// The holds a batched extension found live and extended: (key, owner, fencing token).
 pub(crate) type Extended = Vec<(String, String, u64)>;
 
@@ -195,12 +207,12 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     // shared code in `admin.rs` (`admin::shared_admin!`); PostgreSQL through its own runner,
     // which knows the form a pooler needs.
 
-    /// The row's last writer id (attempt or release id) and fencing token.
+    /// The row's last writer id (attempt or release id), fencing token, and last release.
     fn last_write(
         &self,
         conn: &mut Conn<Self>,
         key: &str,
-    ) -> impl Future<Output = Result<Option<(Option<i64>, i64)>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<LastWrite>, sqlx::Error>> + Send;
 
     /// The row of `key`.
     fn inspect(
@@ -392,19 +404,18 @@ impl Backend {
         })
     }
 
-    /// The row's last writer id and tenure: `Some((id, token))`, `None` if no row or no id.
+    /// What the row of `key` says about its last writers; `None` if there is no row.
     pub(crate) async fn last_write(
         &self,
         key: &str,
         deadline: Instant,
-    ) -> Result<Option<(i64, u64)>, Failed> {
-        let row = dispatch!(self, b, D => {
+    ) -> Result<Option<LastWrite>, Failed> {
+        dispatch!(self, b, D => {
             exec::run(b.pool(), deadline, async |c| {
                 b.last_write(c, key).await
             })
             .await
-        })?;
-        Ok(row.and_then(|(id, token)| Some((id?, token as u64))))
+        })
     }
 
     pub(crate) async fn extend(
@@ -664,6 +675,26 @@ mod tests {
         assert!(
             include_str!("../../../migrations/sqlite/0001_dblock_locks.sql")
                 .ends_with(&sqlite::DDL.replace("{table}", "\"dblock_locks\""))
+        );
+    }
+
+    /// Migration 0003's files hold the statements `migrate()` runs, for the default table.
+    #[test]
+    fn migration_0003_files_match_what_migrate_runs() {
+        #[cfg(feature = "postgres")]
+        assert!(
+            include_str!("../../../migrations/postgres/0003_exactly_once.sql")
+                .ends_with(&postgres::EXACTLY_ONCE.replace("{table}", "\"dblock_locks\""))
+        );
+        #[cfg(feature = "mysql")]
+        assert!(
+            include_str!("../../../migrations/mysql/0003_exactly_once.sql")
+                .ends_with(&mysql::EXACTLY_ONCE.replace("{table}", "`dblock_locks`"))
+        );
+        #[cfg(feature = "sqlite")]
+        assert!(
+            include_str!("../../../migrations/sqlite/0003_exactly_once.sql")
+                .ends_with(&sqlite::EXACTLY_ONCE.replace("{table}", "\"dblock_locks\""))
         );
     }
 

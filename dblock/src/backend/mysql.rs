@@ -71,6 +71,16 @@ pub(crate) const OUTCOMES: &str = "ALTER TABLE {table}
     ADD COLUMN available_at DATETIME(6) NULL;
 ";
 
+/// Migration 0003: a success committed in the caller's transaction (`succeed_in`: the tenure it
+/// belongs to), keys taken with `once` (kept by `purge`), and the last release (its id and
+/// tenure: a resend after a lost reply tells its own earlier effect from a lease that ran out).
+pub(crate) const EXACTLY_ONCE: &str = "ALTER TABLE {table}
+    ADD COLUMN success_token BIGINT  NULL,
+    ADD COLUMN once_key      BOOLEAN NOT NULL DEFAULT 0,
+    ADD COLUMN release_id    BIGINT  NULL,
+    ADD COLUMN release_token BIGINT  NULL;
+";
+
 /// `hold_count` travels in the bits above this in `LAST_INSERT_ID` on the MySQL 8 path (fencing
 /// tokens are seeded from the clock in µs and stay below 2^52 until the year 2112).
 const COUNT_SHIFT: u32 = 52;
@@ -94,7 +104,8 @@ struct Statements {
     acquire_last_insert_id: (SqlStr, Vec<Param>),
     done: SqlStr,
     outcomes: SqlStr,
-    has_outcomes: SqlStr,
+    exactly_once: SqlStr,
+    has_exactly_once: SqlStr,
     release: SqlStr,
     extend: SqlStr,
     admin: AdminSql,
@@ -118,8 +129,8 @@ fn expand(template: &str) -> String {
         .replace("{take}", TAKE)
         .replace("{acquirable}", ACQUIRABLE)
         .replace("{same}", SAME)
-        .replace("{ran_out}", RAN_OUT)
         .replace("{info}", INFO_COLUMNS)
+        .replace("{ran_out}", RAN_OUT)
         .replace("{us_now}", US_NOW)
 }
 
@@ -131,9 +142,8 @@ const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
        (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)),
        GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000),
-       CAST(IF(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6), 2, last_outcome) AS SIGNED),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01',
-                     IF(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6), expires_at, finished_at))";
+       CAST(IF({ran_out}, 2, last_outcome) AS SIGNED),
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', IF({ran_out}, expires_at, finished_at))";
 
 /// Acquire, re-entry and takeover as one INSERT ... ON DUPLICATE KEY UPDATE on the primary key.
 ///
@@ -150,19 +160,24 @@ const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
 ///   attempt (its earlier send succeeded, the reply was lost: returned as it is). Re-entry
 ///   counts from the process's holds; a live row of ours that the process does not track is
 ///   taken over as a new tenure ({take}: acquirable and not same), never built upon;
-/// - {ran_out}: the hold being taken over ended without a release: recorded as failed.
+/// - {ran_out}: the hold being taken over ended without a release (and without a success
+///   committed with its work, `success_token`): recorded as failed.
 ///
 /// Order of assignments (left to right, each sees those before it; all conditions must read old
 /// values or values whose change cannot flip them):
-/// 1. `hold_count`, `holder`, `acquired_at`, `available_at`, `finished_at`: read only old columns.
+/// 1. `hold_count`, `holder`, `acquired_at`, `available_at`, `finished_at`, `once_key`: read only
+///    old columns.
 /// 2. `last_outcome`: reads its own old value; a change (to "failed") cannot flip {acquirable}.
-/// 3. `fencing_token`: reads its own old value and the old `attempt_id`.
+/// 3. `fencing_token`: reads its own old value and the old `attempt_id`. From here on {ran_out}
+///    (which compares `success_token` with the token) may read the new token: only where
+///    `{take}` held, and then it can only turn from false to true (the new token is above any
+///    `success_token`), which cannot turn {acquirable} false: the later assignments agree.
 /// 4. `attempt_id`, `owner`: read the old owner / expires_at.
 /// 5. `expires_at` last: reads the NEW owner on purpose (`owner = VALUES(owner)` is then true
 ///    exactly when this call holds the key).
 const UPSERT: &str = "INSERT INTO {table}
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
-     available_at)
+     available_at, once_key)
 {rows}
 ON DUPLICATE KEY UPDATE
     hold_count    = IF({same}, IF(attempt_id <=> VALUES(attempt_id), hold_count, :held + 1),
@@ -171,6 +186,7 @@ ON DUPLICATE KEY UPDATE
     acquired_at   = IF({take}, UTC_TIMESTAMP(6), acquired_at),
     available_at  = IF({take}, VALUES(available_at), available_at),
     finished_at   = IF({take} AND {ran_out}, expires_at, finished_at),
+    once_key      = IF({acquirable} AND :once, 1, once_key),
     last_outcome  = IF({take} AND {ran_out}, 2, last_outcome),
     fencing_token = IF({take}, fencing_token + 1, fencing_token),
     attempt_id    = IF({acquirable}, VALUES(attempt_id), attempt_id),
@@ -181,7 +197,7 @@ ON DUPLICATE KEY UPDATE
 const NEW_ROW: &str =
     ":owner, 1, {token}, UTC_TIMESTAMP(6) + INTERVAL :lease MICROSECOND, UTC_TIMESTAMP(6),
         :holder, {attempt},
-        IF(:min_hold > 0, UTC_TIMESTAMP(6) + INTERVAL :min_hold MICROSECOND, NULL)";
+        IF(:min_hold > 0, UTC_TIMESTAMP(6) + INTERVAL :min_hold MICROSECOND, NULL), :once";
 
 /// [`UPSERT`] for one key.
 fn upsert_one() -> String {
@@ -210,7 +226,8 @@ WHERE NOT EXISTS (
     SELECT 1 FROM {{table}} AS b WHERE b.lock_key IN ({gate})
       AND ((b.expires_at > UTC_TIMESTAMP(6) AND NOT (b.owner <=> :owner))
            OR (:once AND b.last_outcome <=> 1
-               AND NOT (b.owner IS NOT NULL AND b.expires_at <= UTC_TIMESTAMP(6)))))
+               AND NOT (b.owner IS NOT NULL AND b.expires_at <= UTC_TIMESTAMP(6)
+                        AND NOT (b.success_token <=> b.fencing_token)))))
 ORDER BY CAST(r.k AS BINARY)"
     )
     .replace("{attempt}", "r.attempt");
@@ -224,7 +241,8 @@ const SAME: &str = "(owner <=> VALUES(owner) AND expires_at > UTC_TIMESTAMP(6)
            AND (attempt_id <=> VALUES(attempt_id) OR fencing_token <=> :tenure))";
 const ACQUIRABLE: &str = "((expires_at <= UTC_TIMESTAMP(6) OR owner <=> VALUES(owner))
            AND NOT (:once AND last_outcome <=> 1 AND NOT {ran_out}))";
-const RAN_OUT: &str = "(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6))";
+const RAN_OUT: &str = "(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6)
+           AND NOT (success_token <=> fencing_token))";
 
 /// A named parameter of the acquire statement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -386,7 +404,8 @@ impl My {
         let statements = Statements {
             ddl: sql(DDL, &t),
             outcomes: sql(OUTCOMES, &t),
-            has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
+            exactly_once: sql(EXACTLY_ONCE, &t),
+            has_exactly_once: sql("SELECT release_token FROM {table} LIMIT 0", &t),
             // MariaDB: the row as it is after the statement comes back with RETURNING.
             acquire_returning: acquire_sql(
                 &(upsert_one()
@@ -438,12 +457,18 @@ FROM {table} WHERE lock_key = ?",
                 "UPDATE {table} SET
     hold_count   = LAST_INSERT_ID(?),
     owner        = IF(hold_count = 0, NULL, owner),
-    last_outcome = IF(hold_count = 0, COALESCE(?, last_outcome), last_outcome),
+    -- A success committed with the work (`success_token`) stands, whatever the release says.
+    last_outcome = IF(hold_count = 0,
+                      IF(success_token <=> fencing_token, 1, COALESCE(?, last_outcome)),
+                      last_outcome),
     finished_at  = IF(hold_count = 0 AND ? IS NOT NULL, UTC_TIMESTAMP(6), finished_at),
     -- Free once released, or once min_hold has passed (available_at), whichever is later.
     expires_at   = IF(hold_count = 0, GREATEST(UTC_TIMESTAMP(6), COALESCE(available_at, UTC_TIMESTAMP(6))),
                       expires_at),
-    attempt_id   = ?
+    attempt_id   = ?,
+    -- The release id just assigned, and this tenure: kept by every acquire (see `last_write`).
+    release_id   = attempt_id,
+    release_token = fencing_token
 WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND NOT (attempt_id <=> ?)
   AND expires_at > UTC_TIMESTAMP(6)",
                 &t,
@@ -460,7 +485,8 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIME
             ),
             admin: AdminSql {
                 last_write: sql(
-                    "SELECT attempt_id, fencing_token FROM {table} WHERE lock_key = ?",
+                    "SELECT attempt_id, fencing_token, release_id, release_token FROM {table}
+WHERE lock_key = ?",
                     &t,
                 ),
                 inspect: sql("SELECT {info} FROM {table} WHERE lock_key = ?", &t),
@@ -471,19 +497,21 @@ WHERE owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key",
                 ),
                 force_release: sql(
                     "UPDATE {table} SET hold_count = 0, owner = NULL, expires_at = UTC_TIMESTAMP(6),
-    last_outcome = 2, finished_at = UTC_TIMESTAMP(6)
+    last_outcome = IF(success_token <=> fencing_token, 1, 2), finished_at = UTC_TIMESTAMP(6)
 WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
                     &t,
                 ),
                 reset: sql(
                     "UPDATE {table} SET last_outcome = NULL, finished_at = NULL,
-    expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
+    success_token = NULL, once_key = 0, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
 WHERE lock_key = ? AND NOT (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6))",
                     &t,
                 ),
-                // In batches (admin::PURGE_BATCH), so a big purge never holds many row locks.
+                // In batches (admin::PURGE_BATCH), so a big purge never holds many row locks. A
+                // `once` key whose last hold succeeded is kept (`reset` forgets it on purpose).
                 purge: sql(
-                    "DELETE FROM {table} WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND LIMIT 1000",
+                    "DELETE FROM {table} WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+  AND NOT (once_key AND last_outcome <=> 1 AND NOT {ran_out}) LIMIT 1000",
                     &t,
                 ),
             },
@@ -560,7 +588,7 @@ impl Dialect for My {
 
     async fn migrate(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
         // The usual case: table and newest columns there. One read, nothing written.
-        if sqlx::query(self.sql.has_outcomes.clone())
+        if sqlx::query(self.sql.has_exactly_once.clone())
             .execute(&mut *conn)
             .await
             .is_ok()
@@ -571,20 +599,20 @@ impl Dialect for My {
         sqlx::raw_sql(self.sql.ddl.clone())
             .execute(&mut *conn)
             .await?;
-        // Migration 0002 (MySQL 8 has no ADD COLUMN IF NOT EXISTS): a racing process may have
-        // added the columns meanwhile, which is fine (1060, duplicate column).
-        match sqlx::raw_sql(self.sql.outcomes.clone())
-            .execute(&mut *conn)
-            .await
-        {
-            Err(sqlx::Error::Database(e))
-                if e.try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|e| e.number() == code::ER_DUP_FIELDNAME) =>
-            {
-                Ok(())
+        // Migrations 0002 and 0003 (MySQL 8 has no ADD COLUMN IF NOT EXISTS; each ALTER adds
+        // all its columns or none): a column already there, added before or by a racing
+        // process, is fine (1060, duplicate column).
+        for add in [&self.sql.outcomes, &self.sql.exactly_once] {
+            match sqlx::raw_sql(add.clone()).execute(&mut *conn).await {
+                Err(sqlx::Error::Database(e))
+                    if e.try_downcast_ref::<MySqlDatabaseError>()
+                        .is_some_and(|e| e.number() == code::ER_DUP_FIELDNAME) => {}
+                other => {
+                    other?;
+                }
             }
-            other => other.map(|_| ()),
         }
+        Ok(())
     }
 
     async fn acquire(

@@ -59,6 +59,24 @@ ALTER TABLE {table} ADD COLUMN finished_at INTEGER;
 ALTER TABLE {table} ADD COLUMN available_at INTEGER;
 ";
 
+/// Migration 0003: a success committed in the caller's transaction (`succeed_in`: the tenure it
+/// belongs to), keys taken with `once` (kept by `purge`), and the last release (its id and
+/// tenure: a resend after a lost reply tells its own earlier effect from a lease that ran out).
+pub(crate) const EXACTLY_ONCE: &str = "ALTER TABLE {table} ADD COLUMN success_token INTEGER;
+ALTER TABLE {table} ADD COLUMN once_key INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE {table} ADD COLUMN release_id INTEGER;
+ALTER TABLE {table} ADD COLUMN release_token INTEGER;
+";
+
+/// A hold that ran out without a release: it ended in failure, unless its success committed
+/// with the work (`succeed_in`: `success_token` is its tenure). `{l}` is the row's alias.
+const RAN_OUT: &str = "({l}owner IS NOT NULL AND {l}expires_at <= {now}
+                AND {l}success_token IS NOT {l}fencing_token)";
+
+fn ran_out(alias: &str) -> String {
+    RAN_OUT.replace("{l}", alias)
+}
+
 /// Now, in whole milliseconds. `ROUND`, not a plain cast, which truncates a millisecond early.
 const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
@@ -77,7 +95,9 @@ pub(crate) struct Lite {
 struct Statements {
     ddl: SqlStr,
     outcomes: SqlStr,
+    exactly_once: SqlStr,
     has_outcomes: SqlStr,
+    has_exactly_once: SqlStr,
     done: SqlStr,
     clock_check: SqlStr,
     acquire: SqlStr,
@@ -104,19 +124,20 @@ const TAKE_OVER: &str = "ON CONFLICT (lock_key) DO UPDATE SET
     expires_at    = CASE WHEN {same} AND l.expires_at > excluded.expires_at
                          THEN l.expires_at ELSE excluded.expires_at END,
     available_at  = CASE WHEN {same} THEN l.available_at ELSE excluded.available_at END,
-    last_outcome  = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= {now}
-                         THEN 2 ELSE l.last_outcome END,
-    finished_at   = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= {now}
-                         THEN l.expires_at ELSE l.finished_at END,
+    last_outcome  = CASE WHEN NOT {same} AND {ran_out_l} THEN 2 ELSE l.last_outcome END,
+    finished_at   = CASE WHEN NOT {same} AND {ran_out_l} THEN l.expires_at ELSE l.finished_at END,
+    once_key      = l.once_key OR excluded.once_key,
     attempt_id    = excluded.attempt_id,
     owner         = excluded.owner
 WHERE (l.expires_at <= {now} OR l.owner = excluded.owner)
-  AND NOT ({once} AND l.last_outcome IS 1 AND NOT (l.owner IS NOT NULL AND l.expires_at <= {now}))";
+  AND NOT ({once} AND l.last_outcome IS 1 AND NOT {ran_out_l})";
 
 fn sql(template: &str, table: &str) -> SqlStr {
     let text = template
-        .replace("{same}", SAME)
         .replace("{info}", INFO_COLUMNS)
+        .replace("{same}", SAME)
+        .replace("{ran_out_l}", &ran_out("l."))
+        .replace("{ran_out}", &ran_out(""))
         .replace("{now}", NOW)
         .replace("{table}", table);
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
@@ -127,8 +148,8 @@ const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
        expires_at * 1000, acquired_at * 1000,
        (owner IS NOT NULL AND expires_at > {now}),
        max(0, expires_at - {now}),
-       CASE WHEN owner IS NOT NULL AND expires_at <= {now} THEN 2 ELSE last_outcome END,
-       CASE WHEN owner IS NOT NULL AND expires_at <= {now} THEN expires_at ELSE finished_at END * 1000";
+       CASE WHEN {ran_out} THEN 2 ELSE last_outcome END,
+       CASE WHEN {ran_out} THEN expires_at ELSE finished_at END * 1000";
 
 /// Microseconds to whole milliseconds, rounding up so a lease is never shorter than asked.
 fn ms_ceil(us: i64) -> i64 {
@@ -192,10 +213,12 @@ impl Lite {
         let statements = Statements {
             ddl: sql(DDL, &t),
             outcomes: sql(OUTCOMES, &t),
+            exactly_once: sql(EXACTLY_ONCE, &t),
             has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
+            has_exactly_once: sql("SELECT release_token FROM {table} LIMIT 0", &t),
             // After a busy `once` attempt (SQLite returns no row then): was it done?
             done: sql(
-                "SELECT last_outcome IS 1 AND NOT (owner IS NOT NULL AND expires_at <= {now}),
+                "SELECT last_outcome IS 1 AND NOT {ran_out},
        finished_at * 1000 FROM {table} WHERE lock_key = $1",
                 &t,
             ),
@@ -215,9 +238,9 @@ impl Lite {
             acquire: sql(
                 &"INSERT INTO {table} AS l
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
-     available_at)
+     available_at, once_key)
 VALUES ($1, $2, 1, {now} * 1000, {now} + max($3, $8), {now}, $4, $5,
-        CASE WHEN $8 > 0 THEN {now} + $8 END)
+        CASE WHEN $8 > 0 THEN {now} + $8 END, $9)
 {take_over}
 RETURNING hold_count, fencing_token, expires_at * 1000"
                     .replace("{take_over}", TAKE_OVER)
@@ -236,9 +259,13 @@ RETURNING hold_count, fencing_token, expires_at * 1000"
     hold_count   = $5,
     owner        = CASE WHEN $5 > 0 THEN owner END,
     expires_at   = CASE WHEN $5 > 0 THEN expires_at ELSE max({now}, coalesce(available_at, 0)) END,
-    last_outcome = CASE WHEN $5 > 0 THEN last_outcome ELSE coalesce($6, last_outcome) END,
+    last_outcome = CASE WHEN $5 > 0 THEN last_outcome
+                        WHEN success_token IS fencing_token THEN 1
+                        ELSE coalesce($6, last_outcome) END,
     finished_at  = CASE WHEN $5 > 0 OR $6 IS NULL THEN finished_at ELSE {now} END,
-    attempt_id   = $4
+    attempt_id   = $4,
+    release_id   = $4,
+    release_token = fencing_token
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS NOT $4
   AND expires_at > {now}
 RETURNING hold_count",
@@ -252,7 +279,8 @@ RETURNING expires_at * 1000",
             ),
             admin: AdminSql {
                 last_write: sql(
-                    "SELECT attempt_id, fencing_token FROM {table} WHERE lock_key = $1",
+                    "SELECT attempt_id, fencing_token, release_id, release_token FROM {table}
+WHERE lock_key = $1",
                     &t,
                 ),
                 inspect: sql("SELECT {info} FROM {table} WHERE lock_key = $1", &t),
@@ -263,19 +291,22 @@ WHERE owner IS NOT NULL AND expires_at > {now} ORDER BY lock_key",
                 ),
                 force_release: sql(
                     "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = {now},
-    last_outcome = 2, finished_at = {now}
+    last_outcome = CASE WHEN success_token IS fencing_token THEN 1 ELSE 2 END,
+    finished_at = {now}
 WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
                     &t,
                 ),
                 reset: sql(
                     "UPDATE {table} SET last_outcome = NULL, finished_at = NULL,
-    expires_at = min(expires_at, {now})
+    success_token = NULL, once_key = 0, expires_at = min(expires_at, {now})
 WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
                     &t,
                 ),
-                // $1 is in µs; times here are in ms.
+                // $1 is in µs; times here are in ms. A `once` key whose last hold succeeded is
+                // kept (`reset` forgets it on purpose).
                 purge: sql(
-                    "DELETE FROM {table} WHERE expires_at <= {now} - $1 / 1000",
+                    "DELETE FROM {table} WHERE expires_at <= {now} - $1 / 1000
+  AND NOT (once_key AND last_outcome IS 1 AND NOT {ran_out})",
                     &t,
                 ),
             },
@@ -342,22 +373,19 @@ impl Dialect for Lite {
         sqlx::raw_sql(self.sql.ddl.clone())
             .execute(&mut *conn)
             .await?;
-        // Migration 0002, unless its columns are there: checked again and applied under the
-        // database's write lock (BEGIN IMMEDIATE), so racing processes add them once.
-        if sqlx::query(self.sql.has_outcomes.clone())
-            .execute(&mut *conn)
-            .await
-            .is_err()
-        {
+        // Migrations 0002 and 0003, each unless its columns are there: checked again and
+        // applied under the database's write lock (BEGIN IMMEDIATE), so racing processes add
+        // them once.
+        for (has, add) in [
+            (&self.sql.has_outcomes, &self.sql.outcomes),
+            (&self.sql.has_exactly_once, &self.sql.exactly_once),
+        ] {
+            if sqlx::query(has.clone()).execute(&mut *conn).await.is_ok() {
+                continue;
+            }
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-            if sqlx::query(self.sql.has_outcomes.clone())
-                .execute(&mut *tx)
-                .await
-                .is_err()
-            {
-                sqlx::raw_sql(self.sql.outcomes.clone())
-                    .execute(&mut *tx)
-                    .await?;
+            if sqlx::query(has.clone()).execute(&mut *tx).await.is_err() {
+                sqlx::raw_sql(add.clone()).execute(&mut *tx).await?;
             }
             tx.commit().await?;
         }
@@ -443,17 +471,19 @@ impl Dialect for Lite {
             "WITH req(k, attempt, tenure, held) AS (VALUES {rows})
 INSERT INTO {table} AS l
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
-     available_at)
+     available_at, once_key)
 SELECT k, ?1, 1, {{now}} * 1000, {{now}} + max(?2, ?4), {{now}}, ?3, attempt,
-       CASE WHEN ?4 > 0 THEN {{now}} + ?4 END
+       CASE WHEN ?4 > 0 THEN {{now}} + ?4 END, ?5
 FROM req
 WHERE NOT EXISTS (
     SELECT 1 FROM {table} AS b JOIN req AS q ON b.lock_key = q.k
     WHERE (b.expires_at > {{now}} AND b.owner IS NOT ?1)
-       OR (?5 AND b.last_outcome IS 1 AND NOT (b.owner IS NOT NULL AND b.expires_at <= {{now}})))
+       OR (?5 AND b.last_outcome IS 1 AND NOT {ran_out_b}))
 {take_over}
 RETURNING lock_key, hold_count, fencing_token, expires_at * 1000",
+            ran_out_b = ran_out("b."),
             take_over = TAKE_OVER
+                .replace("{ran_out_l}", &ran_out("l."))
                 .replace("{same}", SAME)
                 .replace("{tenure}", &of_key("tenure"))
                 .replace("{held}", &of_key("held"))

@@ -164,9 +164,11 @@ async fn a_repeated_attempt_is_recognised_not_counted_twice() {
         );
         assert_eq!(release(&b, &h, 0, 102).await, Released::Free, "{name}");
         assert_eq!(release(&b, &h, 0, 103).await, Released::NotHeld, "{name}");
+        let last = b.last_write("idem", soon()).await.unwrap().unwrap();
         assert_eq!(
-            b.last_write("idem", soon()).await.unwrap(),
-            Some((102, first.fencing_token))
+            (last.writer, last.release_id, last.release_token),
+            (Some(102), Some(102), Some(first.fencing_token as i64)),
+            "{name}"
         );
     }
 }

@@ -20,7 +20,8 @@ use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 
 use super::admin::{self, PURGE_BATCH};
 use super::{
-    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, Released, RenewItem,
+    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, LastWrite, Outcome, Released,
+    RenewItem,
 };
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -80,6 +81,26 @@ pub(crate) const OUTCOMES: &str = "ALTER TABLE {table}
     ADD COLUMN IF NOT EXISTS finished_at  TIMESTAMPTZ,
     ADD COLUMN IF NOT EXISTS available_at TIMESTAMPTZ;
 ";
+
+/// Migration 0003: a success committed in the caller's transaction (`succeed_in`: the tenure
+/// it belongs to), keys taken with `once` (kept by `purge`), and the last release (its id and
+/// tenure: a resend after a lost reply tells its own earlier effect from a lease that ran out).
+pub(crate) const EXACTLY_ONCE: &str = "ALTER TABLE {table}
+    ADD COLUMN IF NOT EXISTS success_token BIGINT,
+    ADD COLUMN IF NOT EXISTS once_key      BOOLEAN NOT NULL DEFAULT false,
+    ADD COLUMN IF NOT EXISTS release_id    BIGINT,
+    ADD COLUMN IF NOT EXISTS release_token BIGINT;
+";
+
+/// A hold that ran out without a release: it ended in failure, unless its success committed
+/// with the work (`succeed_in`: `success_token` is its tenure). `{l}` is the row's alias.
+const RAN_OUT: &str = "({l}owner IS NOT NULL AND {l}expires_at <= statement_timestamp()
+                AND {l}success_token IS DISTINCT FROM {l}fencing_token)";
+
+/// [`RAN_OUT`] for the row aliased `l`, and unaliased.
+fn ran_out(alias: &str) -> String {
+    RAN_OUT.replace("{l}", alias)
+}
 
 #[derive(Clone, Debug)]
 pub(crate) struct Pg {
@@ -152,6 +173,7 @@ struct Statements {
     table: String,
     ddl: SqlStr,
     outcomes: SqlStr,
+    exactly_once: SqlStr,
     /// `$1` = the quoted table name: does it have the newest migration's columns?
     exists: Stmt,
     acquire: Stmt,
@@ -186,11 +208,12 @@ const TAKE: &str = "hold_count = CASE WHEN {same}
                               statement_timestamp() + greatest({ttl}, {min_hold})::float8 * interval '1 microsecond'),
         available_at = CASE WHEN {same} THEN l.available_at
                             WHEN {min_hold} > 0 THEN statement_timestamp() + {min_hold}::float8 * interval '1 microsecond' END,
-        -- The hold being taken over ran out without a release: it ended in failure.
-        last_outcome = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()
-                            THEN 2 ELSE l.last_outcome END,
-        finished_at = CASE WHEN NOT {same} AND l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()
-                           THEN l.expires_at ELSE l.finished_at END,
+        -- The hold being taken over ran out without a release (and without a success committed
+        -- with its work): it ended in failure.
+        last_outcome = CASE WHEN NOT {same} AND {ran_out} THEN 2 ELSE l.last_outcome END,
+        finished_at = CASE WHEN NOT {same} AND {ran_out} THEN l.expires_at ELSE l.finished_at END,
+        -- A key once taken with `once` stays one (purge keeps its success).
+        once_key = l.once_key OR {once},
         attempt_id = {attempt},
         contended = (l.contended AND {same}),
         owner = {owner}";
@@ -198,7 +221,10 @@ const TAKE: &str = "hold_count = CASE WHEN {same}
 /// The one-key acquire statement; `{flag}` is [`FLAG`] for a waiter whose LISTEN is in place,
 /// nothing otherwise (the usual first attempt: one CTE less to plan and run).
 fn acquire_one(flag: &str) -> String {
-    ACQUIRE.replace("{flag}", flag)
+    ACQUIRE
+        .replace("{flag}", flag)
+        .replace("{ran_out_res}", &ran_out(""))
+        .replace("{ran_out}", &ran_out("l."))
 }
 
 /// A waiter ($6) whose LISTEN is in place asks the holder's release to NOTIFY. Written once per
@@ -216,30 +242,35 @@ const ACQUIRE: &str = "WITH upd AS (
         {take}
     WHERE l.lock_key = $1
       AND (l.expires_at <= statement_timestamp() OR l.owner = $2)
-      AND NOT ($10 AND l.last_outcome IS NOT DISTINCT FROM 1
-               AND NOT (l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()))
-    RETURNING l.hold_count, l.fencing_token, l.expires_at, l.last_outcome, l.finished_at
+      AND NOT ($10 AND l.last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})
+    RETURNING l.hold_count, l.fencing_token, l.expires_at, l.last_outcome, l.finished_at,
+              l.success_token, l.owner
 ){flag}, ins AS (
     INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
-                         holder, attempt_id, available_at)
+                         holder, attempt_id, available_at, once_key)
     SELECT $1, $2, 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8,
            statement_timestamp() + greatest($3, $9)::float8 * interval '1 microsecond',
            statement_timestamp(), $4, $5,
-           CASE WHEN $9 > 0 THEN statement_timestamp() + $9::float8 * interval '1 microsecond' END
+           CASE WHEN $9 > 0 THEN statement_timestamp() + $9::float8 * interval '1 microsecond' END,
+           $10
     WHERE NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1)
     ON CONFLICT (lock_key) DO NOTHING
-    RETURNING hold_count, fencing_token, expires_at, last_outcome, finished_at
+    RETURNING hold_count, fencing_token, expires_at, last_outcome, finished_at, success_token,
+              owner
 ), res AS (
-    SELECT true AS acquired, hold_count, fencing_token, expires_at, last_outcome, finished_at FROM upd
+    SELECT true AS acquired, hold_count, fencing_token, expires_at, last_outcome, finished_at,
+           success_token, owner FROM upd
     UNION ALL
-    SELECT true, hold_count, fencing_token, expires_at, last_outcome, finished_at FROM ins
+    SELECT true, hold_count, fencing_token, expires_at, last_outcome, finished_at, success_token,
+           owner FROM ins
     UNION ALL
-    SELECT false, hold_count, fencing_token, expires_at, last_outcome, finished_at FROM {table}
+    SELECT false, hold_count, fencing_token, expires_at, last_outcome, finished_at, success_token,
+           owner FROM {table}
      WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)
 )
 SELECT acquired, hold_count, fencing_token, {us_expires} AS expires_us,
        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8 AS left_ms,
-       NOT acquired AND $10 AND last_outcome IS NOT DISTINCT FROM 1 AS done,
+       NOT acquired AND $10 AND last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out_res} AS done,
        {us_finished} AS finished_us
 FROM res";
 
@@ -253,6 +284,8 @@ fn take_one() -> String {
         .replace("{holder}", "$4")
         .replace("{ttl}", "$3")
         .replace("{min_hold}", "$9")
+        .replace("{once}", "$10")
+        .replace("{ran_out}", &ran_out("l."))
 }
 
 fn sql(template: &str, table: &str) -> SqlStr {
@@ -260,6 +293,7 @@ fn sql(template: &str, table: &str) -> SqlStr {
         .replace("{us_expires}", &US.replace("{c}", "expires_at"))
         .replace("{us_acquired}", &US.replace("{c}", "acquired_at"))
         .replace("{us_finished}", &US.replace("{c}", "finished_at"))
+        .replace("{ran_out}", &ran_out(""))
         .replace("{table}", table);
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
@@ -286,10 +320,8 @@ const INFO_COLUMNS: &str =
     "lock_key, owner, holder, hold_count::int8, fencing_token, {us_expires}, {us_acquired},
        (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,
        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
-       CASE WHEN owner IS NOT NULL AND expires_at <= statement_timestamp() THEN 2
-            ELSE last_outcome END::int8,
-       CASE WHEN owner IS NOT NULL AND expires_at <= statement_timestamp() THEN {us_expires}
-            ELSE {us_finished} END";
+       CASE WHEN {ran_out} THEN 2 ELSE last_outcome END::int8,
+       CASE WHEN {ran_out} THEN {us_expires} ELSE {us_finished} END";
 
 /// A pool configured for locking: autocommit connections at READ COMMITTED, statement and lock
 /// time-outs and server keepalives (all set at start-up, no extra round trip), no ping before
@@ -350,9 +382,10 @@ impl Pg {
             table: t.clone(),
             ddl: sql(DDL, &t),
             outcomes: sql(OUTCOMES, &t),
+            exactly_once: sql(EXACTLY_ONCE, &t),
             exists: stmt(
                 "SELECT EXISTS (SELECT 1 FROM pg_attribute
-             WHERE attrelid = to_regclass($1) AND attname = 'available_at' AND NOT attisdropped)",
+             WHERE attrelid = to_regclass($1) AND attname = 'release_token' AND NOT attisdropped)",
                 &t,
             ),
 
@@ -405,8 +438,7 @@ impl Pg {
     SELECT NOT EXISTS (
         SELECT 1 FROM {table} AS b JOIN req ON b.lock_key = req.k
         WHERE (b.expires_at > statement_timestamp() AND b.owner IS DISTINCT FROM $5)
-           OR ($9 AND b.last_outcome IS NOT DISTINCT FROM 1
-               AND NOT (b.owner IS NOT NULL AND b.expires_at <= statement_timestamp()))) AS ok
+           OR ($9 AND b.last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out_b})) AS ok
 ), locked AS MATERIALIZED (
     SELECT b.lock_key FROM {table} AS b
     WHERE b.lock_key = ANY($1) AND (SELECT ok FROM go)
@@ -418,16 +450,16 @@ impl Pg {
     FROM req AS r
     WHERE l.lock_key = r.k AND l.lock_key IN (SELECT lock_key FROM locked)
       AND (l.expires_at <= statement_timestamp() OR l.owner = $5)
-      AND NOT ($9 AND l.last_outcome IS NOT DISTINCT FROM 1
-               AND NOT (l.owner IS NOT NULL AND l.expires_at <= statement_timestamp()))
+      AND NOT ($9 AND l.last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})
     RETURNING l.lock_key, l.hold_count, l.fencing_token, l.expires_at
 ), ins AS (
     INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
-                         holder, attempt_id, available_at)
+                         holder, attempt_id, available_at, once_key)
     SELECT r.k, $5, 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8,
            statement_timestamp() + greatest($6, $8)::float8 * interval '1 microsecond',
            statement_timestamp(), $7, r.attempt,
-           CASE WHEN $8 > 0 THEN statement_timestamp() + $8::float8 * interval '1 microsecond' END
+           CASE WHEN $8 > 0 THEN statement_timestamp() + $8::float8 * interval '1 microsecond' END,
+           $9
     FROM req AS r
     WHERE (SELECT ok FROM go) AND r.k NOT IN (SELECT lock_key FROM upd)
       AND NOT EXISTS (SELECT 1 FROM {table} WHERE lock_key = r.k)
@@ -438,6 +470,8 @@ impl Pg {
 SELECT lock_key, hold_count, fencing_token, {us_expires} FROM upd
 UNION ALL
 SELECT lock_key, hold_count, fencing_token, {us_expires} FROM ins"
+                    .replace("{ran_out_b}", &ran_out("b."))
+                    .replace("{ran_out}", &ran_out("l."))
                     .replace(
                         "{take}",
                         &TAKE
@@ -448,7 +482,9 @@ SELECT lock_key, hold_count, fencing_token, {us_expires} FROM ins"
                             .replace("{held}", "r.held")
                             .replace("{holder}", "$7")
                             .replace("{ttl}", "$6")
-                            .replace("{min_hold}", "$8"),
+                            .replace("{min_hold}", "$8")
+                            .replace("{once}", "$9")
+                            .replace("{ran_out}", &ran_out("l.")),
                     ),
                 &t,
             ),
@@ -463,6 +499,10 @@ SELECT lock_key, hold_count, fencing_token, {us_expires} FROM ins"
             // the locker's channel ($5); NOTIFY is delivered at commit, i.e. once it is free.
             // The last release of a tenure records how it ended ($7) and when; a hold given
             // back unused ($7 NULL: a grant too late, a partial multi-key take) records nothing.
+            // A success committed with the work (`success_token`, see `succeed`) stands,
+            // whatever this release says. Every release leaves its id and tenure in
+            // `release_id` / `release_token`, which no acquire overwrites: a resend after a lost
+            // reply can tell its own earlier effect from a lease that ran out (`last_write`).
             release: stmt(
                 "WITH r AS (
     UPDATE {table} SET
@@ -471,10 +511,14 @@ SELECT lock_key, hold_count, fencing_token, {us_expires} FROM ins"
         -- Free once released, or once min_hold has passed (available_at), whichever is later.
         expires_at   = CASE WHEN $6 > 0 THEN expires_at
                             ELSE greatest(statement_timestamp(), available_at) END,
-        last_outcome = CASE WHEN $6 > 0 THEN last_outcome ELSE coalesce($7, last_outcome) END,
+        last_outcome = CASE WHEN $6 > 0 THEN last_outcome
+                            WHEN success_token = fencing_token THEN 1
+                            ELSE coalesce($7, last_outcome) END,
         finished_at  = CASE WHEN $6 > 0 OR $7 IS NULL THEN finished_at
                             ELSE statement_timestamp() END,
-        attempt_id   = $4
+        attempt_id   = $4,
+        release_id   = $4,
+        release_token = fencing_token
     WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND attempt_id IS DISTINCT FROM $4
       AND expires_at > statement_timestamp()
     RETURNING hold_count, contended, lock_key
@@ -511,7 +555,8 @@ RETURNING l.lock_key, l.owner, l.fencing_token",
                 &t,
             ),
             last_write: stmt(
-                "SELECT attempt_id, fencing_token FROM {table} WHERE lock_key = $1",
+                "SELECT attempt_id, fencing_token, release_id, release_token FROM {table}
+WHERE lock_key = $1",
                 &t,
             ),
             inspect: stmt(
@@ -530,25 +575,30 @@ WHERE owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key
             // the next owner still gets a larger one.
             force_release: stmt(
                 "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = statement_timestamp(),
-    last_outcome = 2, finished_at = statement_timestamp()
+    last_outcome = CASE WHEN success_token = fencing_token THEN 1 ELSE 2 END,
+    finished_at = statement_timestamp()
 WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > statement_timestamp()",
                 &t,
             ),
 
-            // A key not held: its outcome forgotten (a `once` key runs again), its min_hold
-            // wait ended.
+            // A key not held: its outcome forgotten (a `once` key runs again, and `purge` may
+            // delete it), its min_hold wait ended.
             reset: stmt(
-                "UPDATE {table} SET last_outcome = NULL, finished_at = NULL,
-    expires_at = least(expires_at, statement_timestamp())
+                "UPDATE {table} SET last_outcome = NULL, finished_at = NULL, success_token = NULL,
+    once_key = false, expires_at = least(expires_at, statement_timestamp())
 WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > statement_timestamp())",
                 &t,
             ),
 
             // Deletes free rows (expires_at = when freed) and expired ones, older than $1 µs.
-            // A held row has expires_at in the future, so it never matches.
+            // A held row has expires_at in the future, so it never matches. A `once` key whose
+            // last hold succeeded is kept: deleting it would run the work again (`reset` forgets
+            // it on purpose).
             purge: stmt(
-                "DELETE FROM {table}
-WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'",
+                &"DELETE FROM {table}
+WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'
+  AND NOT (once_key AND last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})"
+                    .replace("{ran_out}", &ran_out("")),
                 &t,
             ),
         };
@@ -748,10 +798,11 @@ impl Dialect for Pg {
             // transaction (no explicit one to leave open on a shared server connection, and
             // fine in statement pooling mode too).
             let script = format!(
-                "{}{MIGRATE_LOCK};\nSET LOCAL client_min_messages = warning;\n{}{}",
+                "{}{MIGRATE_LOCK};\nSET LOCAL client_min_messages = warning;\n{}{}{}",
                 p.prefix(),
                 self.sql.ddl.as_str(),
-                self.sql.outcomes.as_str()
+                self.sql.outcomes.as_str(),
+                self.sql.exactly_once.as_str()
             );
             sqlx::raw_sql(AssertSqlSafe(script)).execute(conn).await?;
             return Ok(());
@@ -765,6 +816,9 @@ impl Dialect for Pg {
             .execute(&mut *tx)
             .await?;
         sqlx::raw_sql(self.sql.outcomes.clone())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(self.sql.exactly_once.clone())
             .execute(&mut *tx)
             .await?;
         tx.commit().await
@@ -944,11 +998,19 @@ impl Dialect for Pg {
         &self,
         conn: &mut PgConnection,
         key: &str,
-    ) -> Result<Option<(Option<i64>, i64)>, sqlx::Error> {
+    ) -> Result<Option<LastWrite>, sqlx::Error> {
         let row = self
             .fetch_optional(conn, &self.sql.last_write, &[Arg::Text(key)])
             .await?;
-        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+        row.map(|r| {
+            Ok(LastWrite {
+                writer: r.try_get(0)?,
+                fencing_token: r.try_get(1)?,
+                release_id: r.try_get(2)?,
+                release_token: r.try_get(3)?,
+            })
+        })
+        .transpose()
     }
 
     async fn inspect(

@@ -1,0 +1,10 @@
+-- dblock 0003 for MySQL 8 / MariaDB, after 0002: a success committed in the caller's transaction
+-- (success_token: the tenure whose success committed with the work, `succeed_in`), keys taken
+-- with `once` (once_key: `purge` keeps their success), and the last release (release_id,
+-- release_token), which no acquire overwrites. The same DDL Locker::migrate() runs (once: MySQL
+-- 8 has no ADD COLUMN IF NOT EXISTS).
+ALTER TABLE `dblock_locks`
+    ADD COLUMN success_token BIGINT  NULL,
+    ADD COLUMN once_key      BOOLEAN NOT NULL DEFAULT 0,
+    ADD COLUMN release_id    BIGINT  NULL,
+    ADD COLUMN release_token BIGINT  NULL;
