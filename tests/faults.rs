@@ -306,7 +306,85 @@ async fn a_release_after_a_lost_send_is_checked_before_it_counts() {
             "{}: the release was resolved without being sent again",
             s.name
         );
+
+        // The release commits, its reply is lost, and another owner takes the key before the
+        // resend: the resend finds someone else's hold, but the row's last release is ours, so
+        // the release is reported as done, not as "not held".
+        let (g, thief) = lost_release_reply(&s, "taken", |s| async move {
+            Some(
+                s.observer
+                    .lock("taken")
+                    .await
+                    .expect("free: our release committed"),
+            )
+        })
+        .await;
+        let outcome = g.await.unwrap();
+        assert!(
+            outcome.is_ok(),
+            "{}: a release that took effect before another owner took the key was reported {outcome:?}",
+            s.name
+        );
+        thief.unwrap().release().await.unwrap();
+
+        // The same, but the other owner also released it before the resend: the row no longer
+        // says whose release freed our tenure. That is said, as an unknown outcome, never
+        // guessed either way.
+        let (g, _) = lost_release_reply(&s, "turned", |s| async move {
+            let thief = s
+                .observer
+                .lock("turned")
+                .await
+                .expect("free: our release committed");
+            thief.release().await.unwrap();
+            None
+        })
+        .await;
+        let outcome = g.await.unwrap();
+        assert!(
+            outcome.as_ref().is_err_and(LockError::is_outcome_unknown),
+            "{}: a release whose effect cannot be told was reported {outcome:?}",
+            s.name
+        );
     }
+}
+
+/// Takes `key`, releases it with the reply held back, resets the connection and refuses new
+/// ones, runs `meanwhile` (the release has committed by then), then lets traffic pass: the
+/// release's task, and what `meanwhile` returned.
+async fn lost_release_reply<'a, F, Fut>(
+    s: &'a Faulty,
+    key: &str,
+    meanwhile: F,
+) -> (
+    tokio::task::JoinHandle<Result<(), LockError>>,
+    Option<dblock::LockGuard>,
+)
+where
+    F: FnOnce(&'a Faulty) -> Fut,
+    Fut: std::future::Future<Output = Option<dblock::LockGuard>>,
+{
+    let g = s.locker.lock(key).await.unwrap();
+    settle().await;
+    s.proxy.set(Mode::HoldReplies);
+    let release = tokio::spawn(async move { g.release().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !s.observer.inspect(key).await.unwrap().unwrap().held,
+        "{}: the release did not commit",
+        s.name
+    );
+    s.proxy.set(Mode::Refuse);
+    s.proxy.reset_all();
+    let kept = meanwhile(s).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !release.is_finished(),
+        "{}: the release returned while the server could not be reached",
+        s.name
+    );
+    s.proxy.set(Mode::Pass);
+    (release, kept)
 }
 
 /// 3. Replies slower than the ttl: a grant that arrives when its lease could have ended is

@@ -34,6 +34,8 @@ pub(crate) struct Hold {
     lost_signal: Notify,
     /// Taken away by `Locker::shutdown`, which released it: nothing left for the guard to do.
     revoked: AtomicBool,
+    /// The shutdown's release of a revoked hold is over (done, or failed and logged).
+    settled: AtomicBool,
     /// Who asked for it (to tell a task that is about to wait for itself).
     pub(crate) caller: Caller,
     /// What its metrics are labelled with.
@@ -97,6 +99,7 @@ impl Hold {
             lost: AtomicBool::new(false),
             lost_signal: Notify::new(),
             revoked: AtomicBool::new(false),
+            settled: AtomicBool::new(false),
             caller: Caller::current(),
             meter,
             granted: Instant::now(),
@@ -189,11 +192,29 @@ impl Hold {
         self.revoked.load(Ordering::SeqCst)
     }
 
-    /// Resolves when `Locker::shutdown` takes the hold away (never otherwise).
+    /// Resolves when `Locker::shutdown` has taken the hold away and its release is over (never
+    /// otherwise): whoever hears of it may exit the process at once.
     pub(crate) async fn revoked(&self) {
         loop {
             let signal = self.lost_signal.notified();
             if self.is_revoked() {
+                return self.settled().await;
+            }
+            signal.await;
+        }
+    }
+
+    /// The shutdown's release of this (revoked) hold is over: done, or failed and logged.
+    pub(crate) fn settle(&self) {
+        self.settled.store(true, Ordering::SeqCst);
+        self.lost_signal.notify_waiters();
+    }
+
+    /// Resolves once [`settle`](Self::settle) was called.
+    pub(crate) async fn settled(&self) {
+        loop {
+            let signal = self.lost_signal.notified();
+            if self.settled.load(Ordering::SeqCst) {
                 return;
             }
             signal.await;
@@ -214,11 +235,14 @@ impl Hold {
     }
 
     /// Resolves when the lock is lost: renewal finds it gone, or the deadline (which renewal
-    /// and `extend` keep moving) passes.
+    /// and `extend` keep moving) passes, or a shutdown took it (once its release is over).
     pub(crate) async fn lost(&self) {
         loop {
             let signal = self.lost_signal.notified();
             if self.lost.load(Ordering::SeqCst) {
+                if self.is_revoked() {
+                    self.settled().await;
+                }
                 return;
             }
             let deadline = self.deadline();

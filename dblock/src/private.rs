@@ -171,6 +171,11 @@ where
         biased;
         lost = any_lost(&guards, renew) => {
             tracing::warn!(function, error = %lost, "lock lost while the body ran; body cancelled");
+            // A shutdown releases every hold of the body itself: the caller hears once all of
+            // them are back, so a process may exit as soon as this returns.
+            for guard in &guards {
+                guard.shutdown_settled().await;
+            }
             drop(guards);
             return on_error(lost);
         }

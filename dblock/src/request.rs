@@ -1,9 +1,10 @@
 //! [`LockRequest`], one `locker.lock(key)` call: the builder, and the wait loop behind its
 //! `.await` (attempts, backoff, wake-ups, the deadline).
 //!
-//! Cancellation safety lives here: each acquire statement runs in a task of its own and its
-//! result comes back as a guard, so a `lock()` future dropped while a statement is in flight
-//! never orphans a hold (the unreceived guard is dropped, which releases it).
+//! Cancellation safety lives here: each acquire statement runs inline, in the caller's own
+//! task (a [`Detached`] future). Only if the `lock()` future is dropped while a statement is in
+//! flight does the rest of that statement finish in a task of its own, which then gives back a
+//! grant nobody received; so a dropped `lock()` future never orphans a hold.
 
 use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
@@ -373,22 +374,30 @@ pub(crate) async fn try_all(
                     .release_serialised(&hold, &mut serial, None, until)
                     .await;
             }
-            // Every hold becomes a guard first, so that on a refusal (shut down meanwhile)
-            // dropping them gives every one back.
+            // Every hold becomes a guard. Shut down meanwhile: the holds refused are given back
+            // here, those taken before it are `shutdown`'s to release (it waits for their
+            // serialisations, so those go first); the call hears `ShutDown` once all are back.
             let (holds, mut serials): (Vec<Hold>, Vec<Serial>) = kept.into_iter().unzip();
-            let guards: Result<Vec<LockGuard>, LockError> = holds
-                .into_iter()
-                .map(|h| LockGuard::new(h, shared.clone()))
-                .collect::<Vec<_>>()
-                .into_iter()
-                .collect();
-            let guards = match guards {
-                Ok(guards) => guards,
-                Err(e) => {
-                    let _ = tx.send(AllTry::Failed(e));
-                    return;
+            let mut guards = Vec::with_capacity(holds.len());
+            let mut refused = false;
+            for (hold, serial) in holds.into_iter().zip(serials.iter_mut()) {
+                match LockGuard::new(hold, shared.clone()) {
+                    Ok(guard) => guards.push(guard),
+                    Err(r) => {
+                        refused = true;
+                        r.give_back(Some(serial)).await;
+                    }
                 }
-            };
+            }
+            if refused {
+                drop(serials);
+                for guard in &guards {
+                    guard.shutdown_settled().await;
+                }
+                drop(guards);
+                let _ = tx.send(AllTry::Failed(LockError::ShutDown));
+                return;
+            }
             // Handed over under the owner's serialisations (see `try_once`): if nobody receives
             // them, they are given back before any other statement of the owner on their keys.
             if let Err(AllTry::Prefix(guards)) = tx.send(AllTry::Prefix(guards)) {
@@ -674,11 +683,13 @@ impl Request {
                     hold.caller = req.caller;
                     let margin = (lease / MARGIN_DIVISOR).min(MAX_MARGIN);
                     if Instant::now() + margin < hold.deadline() {
+                        let mut serial = serial;
                         match LockGuard::new(hold, shared) {
                             // Handed over with the owner's serialisation still held: see
                             // `Attempted`.
                             Ok(guard) => return Attempted::got(guard, serial),
-                            Err(e) => Try::Failed(e),
+                            // Shut down meanwhile: given back before the caller hears it.
+                            Err(refused) => Try::Failed(refused.give_back(serial.as_mut()).await),
                         }
                     } else {
                         // Its lease could be over by the time the caller used it: given back
@@ -857,10 +868,10 @@ mod tests {
             sent,
             req.meter.clone(),
         );
-        assert!(matches!(
-            LockGuard::new(hold, shared),
-            Err(LockError::ShutDown)
-        ));
+        let Err(refused) = LockGuard::new(hold, shared) else {
+            panic!("a grant after shutdown was handed out")
+        };
+        assert!(matches!(refused.give_back(None).await, LockError::ShutDown));
         let other = crate::Locker::connect(&url).await.unwrap();
         let free = tokio::time::timeout(Duration::from_secs(2), async {
             loop {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
-use crate::backend::{Acquire, Attempt, Backend, Failed, Outcome, Released};
+use crate::backend::{Acquire, Attempt, Backend, Failed, LastWrite, Outcome, Released};
 use crate::connect::DEFAULT_STATEMENT_TIMEOUT;
 use crate::error::LockError;
 use crate::hold::{Caller, Hold};
@@ -164,13 +164,20 @@ impl Shared {
             }
         }
         tracing::info!(holds = holds.len(), table = %self.table, "shutting down: releasing every hold");
+        // Every hold is revoked before any release starts, so a body that hears one of its
+        // holds settled finds all the others revoked too (and waits for them).
+        let revoked: Vec<_> = holds.into_iter().filter(|(h, _)| h.revoke()).collect();
         let mut releases = tokio::task::JoinSet::new();
-        for (h, shared) in holds.into_iter().filter(|(h, _)| h.revoke()) {
+        for (h, shared) in revoked {
             releases.spawn(async move {
+                // Whoever waits on the hold (its locked body, `lost()`) hears only once this
+                // release is over, even if it is cut short by dropping `shutdown()`.
+                let settle = Settle(h.clone());
                 let until = Instant::now() + shared.statement_timeout;
                 if let Err(e) = shared.release(&h, Some(Outcome::Failed), until).await {
                     tracing::warn!(key = %h.key, error = %e, "release at shutdown failed; the lease will expire on its own");
                 }
+                drop(settle);
             });
         }
         while releases.join_next().await.is_some() {}
@@ -366,18 +373,28 @@ impl Shared {
         match tried.result {
             Ok(Released::NotHeld) if tried.after_unknown => {
                 let limit = Instant::now() + self.statement_timeout;
-                let ours = backend
+                let row = backend
                     .last_write(&hold.key, limit)
                     .await
                     .map_err(|f| LockError::database(f.error, true, "release"))?;
-                if ours == Some((release_id, hold.fencing_token)) {
-                    tracing::debug!(key = %hold.key, "release after a lost reply: the earlier send took effect");
-                    Ok(match remaining {
-                        0 => Released::Free,
-                        n => Released::StillHeld(n),
-                    })
-                } else {
-                    Ok(Released::NotHeld)
+                match earlier_send(row, release_id, hold.fencing_token) {
+                    EarlierSend::TookEffect => {
+                        tracing::debug!(key = %hold.key, "release after a lost reply: the earlier send took effect");
+                        Ok(match remaining {
+                            0 => Released::Free,
+                            n => Released::StillHeld(n),
+                        })
+                    }
+                    EarlierSend::DidNot => Ok(Released::NotHeld),
+                    EarlierSend::CannotTell => Err(LockError::database(
+                        sqlx::Error::Io(std::io::Error::other(
+                            "the reply to the release was lost, and the key has since been taken \
+                             and released again by others: whether this release took effect \
+                             cannot be told (the lease has ended either way)",
+                        )),
+                        true,
+                        &format!("release of `{}`", hold.key),
+                    )),
                 }
             }
             Ok(Released::NotHeld) => {
@@ -417,6 +434,42 @@ impl Shared {
                 })
             }
         }
+    }
+}
+
+/// Settles a revoked hold when dropped: when its shutdown release is over, however it ends.
+struct Settle(Arc<Hold>);
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        self.0.settle();
+    }
+}
+
+/// Whether a release whose reply was lost (and whose resend found nothing to release) took
+/// effect, by the row's last release (id and tenure), which no acquire overwrites.
+#[derive(Debug, PartialEq, Eq)]
+enum EarlierSend {
+    /// The row's last release is ours: it took effect (someone may have taken the key since).
+    TookEffect,
+    /// The last release recorded is of our tenure or an earlier one, and not ours: ours never
+    /// applied; the tenure ended otherwise (its lease ran out, or it was force-released).
+    DidNot,
+    /// A later tenure was released since: the record of ours, if any, is overwritten.
+    CannotTell,
+}
+
+fn earlier_send(row: Option<LastWrite>, release_id: i64, tenure: u64) -> EarlierSend {
+    let Some(row) = row else {
+        // Purged: the key was free for the purge's age, whoever freed it.
+        return EarlierSend::CannotTell;
+    };
+    if row.release_id == Some(release_id) && row.release_token == Some(tenure as i64) {
+        EarlierSend::TookEffect
+    } else if row.release_token.is_none_or(|t| t <= tenure as i64) {
+        EarlierSend::DidNot
+    } else {
+        EarlierSend::CannotTell
     }
 }
 
