@@ -388,7 +388,8 @@ impl Locker {
     }
 
     /// Makes a key that is not held runnable again: forgets how its last hold ended (a
-    /// [`once`](crate::LockRequest::once) key whose work succeeded runs again) and ends a
+    /// [`once`](crate::LockRequest::once) key whose work succeeded runs again, and
+    /// [`purge`](Locker::purge) may then delete its row) and ends a
     /// [`min_hold`](crate::LockRequest::min_hold) wait. Returns `false` if the key is held (or has
     /// no row). For operators (`dblock-admin reset KEY`).
     ///
@@ -419,6 +420,10 @@ impl Locker {
     /// [`LockError::ShutDown`], and so does every later call on it (or on a clone). Another
     /// instance can take the keys at once. Idempotent.
     ///
+    /// When a locked body or a call ends because of the shutdown, its own release is already
+    /// over (done, or failed and logged): a `main` that returns as soon as its work ends with
+    /// `Lost` or `ShutDown` loses nothing, and the next instance does not wait for the ttl.
+    ///
     /// It covers the lockers made from this one with [`table`](Locker::table) (and the one it
     /// was made from): they share its connections, and a deploy that shuts one down means all
     /// of them. A locker connected separately is shut down on its own.
@@ -444,6 +449,11 @@ impl Locker {
     /// `Duration::ZERO` deletes every row that is not held. Returns how many were deleted.
     /// Fencing tokens of purged keys still never go backwards (new rows are seeded from the
     /// database clock in microseconds).
+    ///
+    /// The record of a [`once`](crate::LockRequest::once) key whose last hold succeeded is never
+    /// deleted, whatever its age: without it the work would run again. An operator forgets one
+    /// on purpose with [`reset`](Locker::reset) (`dblock-admin reset KEY`), after which `purge`
+    /// deletes it like any other free row.
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
