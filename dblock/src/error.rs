@@ -56,7 +56,7 @@ pub enum LockError {
 
     /// A `once` lock (attribute `once = true`, [`LockRequest::once`](crate::LockRequest::once))
     /// whose last hold succeeded: the work is done, the body does not run again.
-    #[error("lock `{key}` is done: its work already succeeded{}", finished_at.map(|t| format!(" (at {:?})", t)).unwrap_or_default())]
+    #[error("lock `{key}` is done: its work already succeeded{}", finished_at.map(|t| format!(" (at {})", Rfc3339(t))).unwrap_or_default())]
     AlreadyDone {
         /// The key.
         key: String,
@@ -186,5 +186,105 @@ impl LockError {
     }
 }
 
+/// A time as an RFC 3339 UTC timestamp with microseconds, `2026-11-25T10:04:05.123456Z`:
+/// readable in an error message, where `SystemTime`'s `Debug` shows raw epoch fields.
+struct Rfc3339(std::time::SystemTime);
+
+impl std::fmt::Display for Rfc3339 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Whole seconds and microseconds since the epoch, floored (a time before 1970 too).
+        let (secs, micros) = match self.0.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => (d.as_secs() as i64, i64::from(d.subsec_micros())),
+            Err(e) => {
+                let d = e.duration();
+                let micros = i64::from(d.subsec_nanos().div_ceil(1_000));
+                let secs = -(d.as_secs() as i64);
+                if micros == 0 {
+                    (secs, 0)
+                } else {
+                    (secs - 1, 1_000_000 - micros)
+                }
+            }
+        };
+        let (days, of_day) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+        let (year, month, day) = civil_from_days(days);
+        write!(
+            f,
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+            of_day / 3_600,
+            of_day % 3_600 / 60,
+            of_day % 60
+        )
+    }
+}
+
+/// The proleptic Gregorian date (year, month 1-12, day 1-31) `days` days after 1970-01-01
+/// (Howard Hinnant's `civil_from_days`: eras of 400 years, years starting on 1 March).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468; // days since 0000-03-01
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // day of the era, 0..=146_096
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365; // year of the era, 0..=399
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // day of the year from 1 March, 0..=365
+    let mp = (5 * doy + 2) / 153; // month from March, 0..=11
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
 /// Shorthand for `Result<T, LockError>`.
 pub type Result<T, E = LockError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    fn at(secs: u64, micros: u32) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(u64::from(micros))
+    }
+
+    #[test]
+    fn already_done_shows_a_readable_utc_time() {
+        let e = LockError::AlreadyDone {
+            key: "payout:9".into(),
+            // 2026-11-25T10:04:05Z
+            finished_at: Some(at(1_795_601_045, 123_456)),
+        };
+        assert_eq!(
+            e.to_string(),
+            "lock `payout:9` is done: its work already succeeded (at 2026-11-25T10:04:05.123456Z)"
+        );
+        let e = LockError::AlreadyDone {
+            key: "payout:9".into(),
+            finished_at: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "lock `payout:9` is done: its work already succeeded"
+        );
+    }
+
+    #[test]
+    fn timestamps_across_the_calendar() {
+        let cases = [
+            (at(0, 0), "1970-01-01T00:00:00.000000Z"),
+            (at(951_782_400, 1), "2000-02-29T00:00:00.000001Z"), // leap day of a 400-year leap
+            (at(4_107_542_399, 999_999), "2100-02-28T23:59:59.999999Z"), // 2100 is no leap year
+            (at(4_107_542_400, 0), "2100-03-01T00:00:00.000000Z"),
+            (at(1_735_689_599, 0), "2024-12-31T23:59:59.000000Z"),
+            (
+                UNIX_EPOCH - Duration::from_micros(1),
+                "1969-12-31T23:59:59.999999Z",
+            ),
+            (
+                UNIX_EPOCH - Duration::from_secs(86_400 * 365),
+                "1969-01-01T00:00:00.000000Z",
+            ),
+        ];
+        for (time, want) in cases {
+            assert_eq!(Rfc3339(time).to_string(), want);
+        }
+    }
+}
