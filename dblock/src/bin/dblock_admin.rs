@@ -8,12 +8,14 @@
 //! dblock-admin <URL> [--table NAME] [--pooler] purge [OLDER_THAN]     (default 1d; 0s = every row not held)
 //! ```
 //! `--pooler`: the PostgreSQL URL is PgBouncer (or another pooler) in transaction pooling mode.
+//! Exit status 1, with the reason on stderr, when a command fails, when `show` finds no row for
+//! the key, and when the lock table is not there (the message says how to create it).
 //! Build: `cargo run -p dblock --features admin --bin dblock-admin -- sqlite://locks.db list`.
 
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use dblock::{LockInfo, Locker};
+use dblock::{LockError, LockInfo, Locker};
 
 const USAGE: &str =
     "usage: dblock-admin <URL> [--table NAME] [--pooler] list | show KEY | release KEY | reset KEY | purge [OLDER_THAN]
@@ -63,21 +65,31 @@ async fn run(args: &[String]) -> Result<(), String> {
     let mut locker = Locker::connect_with(url, options)
         .await
         .map_err(|e| e.to_string())?;
+    // What a locker uses unless told otherwise: the table `migrate()` makes, the name in
+    // migrations/*.sql.
+    let default_table = locker.table_name().to_owned();
     if let Some(t) = table {
         locker = locker.table(t);
     }
+    let failed = |e: LockError| explain(e, &locker, &default_table, url);
     match rest.as_slice() {
         ["list"] | [] => {
-            let held = locker.held().await.map_err(|e| e.to_string())?;
+            let held = locker.held().await.map_err(failed)?;
             print_table(&held);
             println!("{} held", held.len());
         }
-        ["show", key] => match locker.inspect(key).await.map_err(|e| e.to_string())? {
+        ["show", key] => match locker.inspect(key).await.map_err(failed)? {
             Some(info) => print_table(&[info]),
-            None => println!("no row for {key:?}"),
+            // Nothing matched: a failure, so that scripts can tell.
+            None => {
+                return Err(format!(
+                    "no lock row for key {key:?} in table {:?}",
+                    locker.table_name()
+                ))
+            }
         },
         ["release", key] => {
-            let freed = locker.force_release(key).await.map_err(|e| e.to_string())?;
+            let freed = locker.force_release(key).await.map_err(failed)?;
             println!(
                 "{}",
                 if freed {
@@ -88,7 +100,7 @@ async fn run(args: &[String]) -> Result<(), String> {
             );
         }
         ["reset", key] => {
-            let reset = locker.reset(key).await.map_err(|e| e.to_string())?;
+            let reset = locker.reset(key).await.map_err(failed)?;
             println!(
                 "{}",
                 if reset {
@@ -98,17 +110,96 @@ async fn run(args: &[String]) -> Result<(), String> {
                 }
             );
         }
-        ["purge"] => purge(&locker, Duration::from_secs(24 * 3600)).await?,
-        ["purge", age] => purge(&locker, parse_age(age)?).await?,
+        ["purge"] => purge(&locker, Duration::from_secs(24 * 3600))
+            .await
+            .map_err(failed)?,
+        ["purge", age] => purge(&locker, parse_age(age)?).await.map_err(failed)?,
         other => return Err(format!("unknown command {other:?}\n{USAGE}")),
     }
     Ok(())
 }
 
-async fn purge(locker: &Locker, older_than: Duration) -> Result<(), String> {
-    let n = locker.purge(older_than).await.map_err(|e| e.to_string())?;
+async fn purge(locker: &Locker, older_than: Duration) -> Result<(), LockError> {
+    let n = locker.purge(older_than).await?;
     println!("purged {n} rows free for longer than {older_than:?}");
     Ok(())
+}
+
+/// The message for a failed command: for a lock table that is not there (never migrated, or a
+/// wrong `--table`), which table, where, and how to create it, instead of the database's bare
+/// "relation does not exist".
+fn explain(e: LockError, locker: &Locker, default_table: &str, url: &str) -> String {
+    let LockError::Database(sqlx::Error::Database(db)) = &e else {
+        return e.to_string();
+    };
+    // PostgreSQL: undefined_table; MySQL/MariaDB: 1146 ER_NO_SUCH_TABLE (SQLSTATE 42S02);
+    // SQLite: a plain SQLITE_ERROR, told by its message.
+    let missing = matches!(db.code().as_deref(), Some("42P01" | "42S02"))
+        || db.message().starts_with("no such table");
+    if !missing {
+        return e.to_string();
+    }
+    let table = locker.table_name();
+    let backend = locker.backend_name();
+    let (migrate, files) = if table == default_table {
+        (
+            "Locker::migrate()".to_owned(),
+            format!("migrations/{backend}/*.sql"),
+        )
+    } else {
+        (
+            format!("locker.table({table:?}).migrate()"),
+            format!("migrations/{backend}/*.sql with {default_table} replaced by {table}"),
+        )
+    };
+    format!(
+        "no lock table {table:?} in {} (the database says: {})\n  \
+         create it: run {migrate} once from the application (or apply {files})\n  \
+         or, if the locks live in another table, pass --table NAME",
+        without_password(url),
+        db.message()
+    )
+}
+
+/// `url` for a message: without the password of its user part, or of a `password=` parameter.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    if scheme == "sqlite" {
+        // A file path: no user, no password.
+        return url.to_owned();
+    }
+    let (before_query, query) = match rest.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match before_query.find('/') {
+        Some(at) => before_query.split_at(at),
+        None => (before_query, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split_once(':').map_or(user_info, |(u, _)| u);
+            format!("{user}@{host}")
+        }
+        None => authority.to_owned(),
+    };
+    let mut out = format!("{scheme}://{authority}{path}");
+    if let Some(query) = query {
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|p| {
+                let name = p.split('=').next().unwrap_or_default();
+                !name.eq_ignore_ascii_case("password")
+            })
+            .collect();
+        if !kept.is_empty() {
+            out.push('?');
+            out.push_str(&kept.join("&"));
+        }
+    }
+    out
 }
 
 fn parse_age(s: &str) -> Result<Duration, String> {
@@ -126,44 +217,124 @@ fn parse_age(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(n.saturating_mul(unit)))
 }
 
+/// The columns of `list` and `show`: name, and the width a value usually fits in. A column
+/// whose values are wider (a long key, a long host name) grows to the widest, header and rows
+/// alike, so every row lines up with the header.
+const COLUMNS: [(&str, usize, Align); 9] = [
+    ("KEY", 40, Align::Left),
+    ("HELD", 4, Align::Left),
+    ("OWNER", 36, Align::Left),
+    ("HOLDER", 30, Align::Left),
+    ("COUNT", 5, Align::Right),
+    ("FENCING TOKEN", 20, Align::Right),
+    ("TIME LEFT", 9, Align::Right),
+    ("LAST", 20, Align::Left),
+    ("ACQUIRED", 8, Align::Left),
+];
+
+#[derive(Clone, Copy, PartialEq)]
+enum Align {
+    Left,
+    Right,
+}
+
 fn print_table(rows: &[LockInfo]) {
-    println!(
-        "{:<40} {:<5} {:<36} {:<30} {:>5} {:>20} {:>10} {:<10}",
-        "KEY", "HELD", "OWNER", "HOLDER", "COUNT", "FENCING TOKEN", "TIME LEFT", "LAST"
-    );
-    for r in rows {
-        let left = if r.held {
-            format!("{:.1}s", r.time_left.as_secs_f64())
+    let now = SystemTime::now();
+    let ago = |at: SystemTime| {
+        let secs = now.duration_since(at).map(|d| d.as_secs()).unwrap_or(0);
+        format!("{secs}s ago")
+    };
+    let cells: Vec<[String; COLUMNS.len()]> = rows
+        .iter()
+        .map(|r| {
+            let left = if r.held {
+                format!("{:.1}s", r.time_left.as_secs_f64())
+            } else {
+                "-".into()
+            };
+            let last = match (r.last_outcome, r.finished_at) {
+                (Some(o), Some(at)) => format!(
+                    "{} {}",
+                    match o {
+                        dblock::Outcome::Succeeded => "succeeded",
+                        _ => "failed",
+                    },
+                    ago(at)
+                ),
+                _ => "-".into(),
+            };
+            [
+                r.key.clone(),
+                if r.held { "yes" } else { "no" }.into(),
+                r.owner.as_deref().unwrap_or("-").into(),
+                r.holder.as_deref().unwrap_or("-").into(),
+                r.hold_count.to_string(),
+                r.fencing_token.to_string(),
+                left,
+                last,
+                ago(r.acquired_at),
+            ]
+        })
+        .collect();
+    let mut widths = COLUMNS.map(|(name, width, _)| width.max(name.chars().count()));
+    for row in &cells {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    print_row(&COLUMNS.map(|(name, _, _)| name.to_owned()), &widths);
+    for row in &cells {
+        print_row(row, &widths);
+    }
+}
+
+/// One line of the table: each cell padded to its column's width, one space between columns.
+fn print_row(cells: &[String; COLUMNS.len()], widths: &[usize; COLUMNS.len()]) {
+    let mut line = String::new();
+    for ((cell, width), (_, _, align)) in cells.iter().zip(widths).zip(COLUMNS) {
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        let pad = " ".repeat(width.saturating_sub(cell.chars().count()));
+        if align == Align::Right {
+            line.push_str(&pad);
+            line.push_str(cell);
         } else {
-            "-".into()
-        };
-        let age = SystemTime::now()
-            .duration_since(r.acquired_at)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let last = match (r.last_outcome, r.finished_at) {
-            (Some(o), Some(at)) => format!(
-                "{} {}s ago",
-                match o {
-                    dblock::Outcome::Succeeded => "succeeded",
-                    _ => "failed",
-                },
-                SystemTime::now()
-                    .duration_since(at)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0)
+            line.push_str(cell);
+            line.push_str(&pad);
+        }
+    }
+    println!("{}", line.trim_end());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn urls_in_messages_have_no_password() {
+        for (url, shown) in [
+            (
+                "postgres://app:s3cret@db.internal:5432/orders?sslmode=require",
+                "postgres://app@db.internal:5432/orders?sslmode=require",
             ),
-            _ => "-".into(),
-        };
-        println!(
-            "{:<40} {:<5} {:<36} {:<30} {:>5} {:>20} {:>10} {last:<10}   (acquired {age}s ago)",
-            r.key,
-            if r.held { "yes" } else { "no" },
-            r.owner.as_deref().unwrap_or("-"),
-            r.holder.as_deref().unwrap_or("-"),
-            r.hold_count,
-            r.fencing_token,
-            left
-        );
+            (
+                "mysql://root:p@ss@127.0.0.1:3306/test",
+                "mysql://root@127.0.0.1:3306/test",
+            ),
+            (
+                "postgres://postgres@127.0.0.1:5432/test",
+                "postgres://postgres@127.0.0.1:5432/test",
+            ),
+            (
+                "postgres://localhost/app?user=app&password=s3cret&sslmode=disable",
+                "postgres://localhost/app?user=app&sslmode=disable",
+            ),
+            ("postgres://h/db?password=x", "postgres://h/db"),
+            ("sqlite://locks.db?mode=rw", "sqlite://locks.db?mode=rw"),
+            ("sqlite::memory:", "sqlite::memory:"),
+        ] {
+            assert_eq!(without_password(url), shown);
+        }
     }
 }
