@@ -187,3 +187,78 @@ async fn lock_all_takes_free_keys_in_one_statement() {
         }
     }
 }
+
+/// Span names, through the attribute (on SQLite, no server needed).
+#[cfg(all(feature = "macros", feature = "sqlite"))]
+mod span_names {
+    use super::Captured;
+
+    /// Every span opened on this thread from now on, one `new` line each (with its parents).
+    fn capture_spans() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::NEW)
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        (out, tracing::subscriber::set_default(subscriber))
+    }
+
+    #[dblock::distributed_lock(key = "span-one:{id}", locker = locker)]
+    async fn one_key(locker: &dblock::Locker, id: u32) -> Result<(), dblock::LockError> {
+        let _ = (locker, id);
+        Ok(())
+    }
+
+    #[dblock::distributed_lock(key = ["span-a:{id}", "span-b:{id}"], locker = locker)]
+    async fn two_keys(locker: &dblock::Locker, id: u32) -> Result<(), dblock::LockError> {
+        let _ = (locker, id);
+        Ok(())
+    }
+
+    /// Spans are named after what the caller wrote: a one-key attribute (like `locker.lock(key)`)
+    /// is a `dblock.lock` with its key, not a `dblock.lock_all` of one; several keys are a
+    /// `dblock.lock_all`.
+    #[tokio::test]
+    async fn spans_are_named_after_the_call() {
+        let locker = dblock::Locker::connect("sqlite::memory:").await.unwrap();
+        locker.migrate().await.unwrap();
+
+        let (out, default) = capture_spans();
+        one_key(&locker, 1).await.unwrap();
+        drop(default);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            text.contains("dblock.lock{key=span-one:1"),
+            "no `dblock.lock` span for the one-key attribute:\n{text}"
+        );
+        assert!(
+            !text.contains("dblock.lock_all"),
+            "a one-key attribute traced as `dblock.lock_all`:\n{text}"
+        );
+
+        let (out, default) = capture_spans();
+        locker
+            .lock("span-plain")
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        drop(default);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("dblock.lock{key=span-plain"), "{text}");
+        assert!(!text.contains("dblock.lock_all"), "{text}");
+
+        let (out, default) = capture_spans();
+        two_keys(&locker, 2).await.unwrap();
+        drop(default);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            text.contains("dblock.lock_all{keys="),
+            "no `dblock.lock_all` span for the two-key attribute:\n{text}"
+        );
+    }
+}

@@ -178,12 +178,19 @@ impl IntoFuture for LockAllRequest {
                 .unwrap_or_default();
             self.keys.sort();
             self.keys.dedup();
-            let span = tracing::debug_span!(
-                "dblock.lock_all",
-                keys = ?self.keys,
-                backend = self.shared.backend_name(),
-                owner = %owner,
-            );
+            // The span is named after the call: several keys are a `dblock.lock_all`; one key
+            // (a one-key attribute, which comes through here too) is that key's request, whose
+            // own `dblock.lock` span (key, backend, owner, ttl_ms, wait_ms) is the call's.
+            let span = if self.keys.len() == 1 {
+                tracing::Span::none()
+            } else {
+                tracing::debug_span!(
+                    "dblock.lock_all",
+                    keys = ?self.keys,
+                    backend = self.shared.backend_name(),
+                    owner = %owner,
+                )
+            };
             let started = Instant::now();
             let meter = meter::Label::new(self.metrics_key.as_ref(), self.shared.backend_name());
             // One key: that key's request reports the call, with its own wait.
