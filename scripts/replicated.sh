@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Replicated set-ups on loopback, for tests/replicated.rs: a 3-node MariaDB Galera cluster and a
 # PostgreSQL primary with a synchronous standby. Each has its own data directories (under
-# $DBLOCK_REPLICATED_DIR, default target/replicated) and its own ports; the shared servers on 3306
-# and 5432 are never touched. The servers run as their service users (mysql, postgres). Needs root.
+# $DBLOCK_REPLICATED_DIR, default /tmp/dblock-replicated) and its own ports; the shared servers on
+# 3306 and 5432 are never touched. The servers run as their service users (mysql, postgres), so
+# their data, sockets and logs live outside the checkout, which those users may not be able to
+# enter (a clone under `mktemp -d` is 0700 root's). Needs root.
 #
 #   scripts/replicated.sh test [ARGS]     the one command: install what is missing, build the test,
 #                                         bring both set-ups up, run tests/replicated.rs (ARGS go
@@ -28,7 +30,9 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SELF="$REPO/scripts/replicated.sh"
-DIR=${DBLOCK_REPLICATED_DIR:-$REPO/target/replicated}
+# Outside the checkout, wherever it is; absolute, since `ours` finds the servers by it.
+DIR=${DBLOCK_REPLICATED_DIR:-/tmp/dblock-replicated}
+case $DIR in /*) ;; *) DIR=$PWD/$DIR ;; esac
 PGBIN=/usr/lib/postgresql/15/bin
 MARIADBD=/usr/sbin/mariadbd
 GALERA_PROVIDER=/usr/lib/galera/libgalera_smm.so
@@ -100,6 +104,30 @@ sweep() {
 }
 
 pid_in() { [ -s "$1" ] && head -n1 "$1" | tr -dc '0-9' || true; }
+
+# $DIR, if there: a directory of root's. In a world-writable /tmp, a path someone else made first
+# (or a symlink) is refused before anything is created or deleted in it, teardown included.
+check_dir() {
+    if [ -L "$DIR" ] || { [ -e "$DIR" ] && [ ! -d "$DIR" ]; }; then
+        die "$DIR exists and is not a directory: remove it or set DBLOCK_REPLICATED_DIR"
+    fi
+    if [ -e "$DIR" ] && [ "$(stat -c %u "$DIR")" != 0 ]; then
+        die "$DIR belongs to $(stat -c %U "$DIR"), not root: remove it or set DBLOCK_REPLICATED_DIR"
+    fi
+}
+
+# $DIR itself: root's, mode 0755 (each set-up's directory below it is its server user's).
+make_dir() {
+    install -d -m 0755 "$DIR"
+    check_dir
+    chmod 0755 "$DIR"
+}
+
+# The server user must be able to enter $DIR: every directory above it must let others through.
+require_reachable() { # require_reachable <user>
+    (cd / && runuser -u "$1" -- test -x "$DIR") ||
+        die "the $1 user cannot enter $DIR (a directory above it is closed to others): set DBLOCK_REPLICATED_DIR to a directory outside it"
+}
 
 # ---------------------------------------------------------------------------------------------
 # Packages
@@ -193,11 +221,13 @@ up_galera() {
     # Whatever an earlier run left behind (killed before its teardown) goes first.
     down_galera
     require_ports_free 3311 3312 3313 4571 4572 4573 4581 4582 4583 4591 4592 4593
+    require_reachable mysql
+    install -d -m 0755 "$DIR/galera"
     for i in "${NODES[@]}"; do
-        mkdir -p "$(node_dir "$i")/tmp"
+        install -d -o mysql -g mysql -m 0750 "$(node_dir "$i")" "$(node_dir "$i")/tmp"
         write_node_cnf "$i"
+        chown mysql:mysql "$DIR/galera/n$i.cnf"
     done
-    chown -R mysql:mysql "$DIR/galera"
     log "Galera: mariadb-install-db x3"
     local installs=()
     for i in "${NODES[@]}"; do
@@ -263,6 +293,7 @@ up_postgres() {
     t0=$(now_ms)
     down_postgres
     require_ports_free $PG_PRIMARY_PORT $PG_STANDBY_PORT
+    require_reachable postgres
     install -d -o postgres -g postgres -m 700 "$pg"
     log "PostgreSQL: initdb, primary on $PG_PRIMARY_PORT"
     as_postgres "$PGBIN/initdb" -D "$pg/primary" -A trust -U postgres --no-sync >"$pg/initdb.log" 2>&1
@@ -326,7 +357,7 @@ cmd_failover() {
 # Up, down, env
 
 bring_up() {
-    mkdir -p "$DIR"
+    make_dir
     case $1 in
     galera) up_galera ;;
     postgres) up_postgres ;;
@@ -370,6 +401,8 @@ cmd_down() {
     down_galera
     t1=$(now_ms)
     down_postgres
+    # Gone when empty (nothing else was put there).
+    rmdir "$DIR" 2>/dev/null || true
     log "down: done (Galera $((t1 - t0)) ms, PostgreSQL $(($(now_ms) - t1)) ms)"
 }
 
@@ -427,6 +460,7 @@ cmd_test() {
 }
 
 [ "$(id -u)" = 0 ] || die "run as root (the servers are started as the mysql and postgres users)"
+check_dir
 command=${1:-}
 [ $# -gt 0 ] && shift
 case $command in
