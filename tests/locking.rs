@@ -1130,3 +1130,39 @@ async fn a_statement_timed_out_on_a_row_lock_is_sent_again() {
 #[test]
 #[ignore = "row-lock time-outs are server errors: needs --features postgres or mysql"]
 fn a_statement_timed_out_on_a_row_lock_is_sent_again() {}
+
+/// Waiters of one key in one process get it in the order they arrived (the process's line: only
+/// the head asks the database, and a release by the process wakes it), not in whatever order
+/// their backoff happens to bring them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_process_get_the_key_in_arrival_order() {
+    let (dbs, _dir) = common::all("arrival_order").await;
+    for db in &dbs {
+        let holder = db.locker.lock("hot").await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..8 {
+            let (l, order) = (db.locker.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let g = l.lock("hot").wait(Duration::from_secs(20)).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                g.release().await.unwrap();
+            }));
+            // Arrive one after another, each past its first (busy) attempt.
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        // Long enough for every waiter's backoff to have grown apart.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.release().await.unwrap();
+        for w in waiters {
+            w.await.unwrap();
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            (0..8).collect::<Vec<_>>(),
+            "{}: not in arrival order",
+            db.name
+        );
+    }
+}

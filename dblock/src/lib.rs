@@ -62,6 +62,7 @@ mod error;
 mod guard;
 mod hold;
 mod info;
+mod line;
 mod locker;
 mod meter;
 mod multi;

@@ -21,6 +21,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::{Caller, Hold};
 use crate::info::time_from_micros;
+use crate::line::{self, Line};
 use crate::meter;
 use crate::owner::{Context, Owner};
 use crate::retry::{self, LastFailure, Policy};
@@ -506,6 +507,9 @@ impl Request {
         let report = LastFailure::default();
         // Set once this call waits where the backend can wake it (PostgreSQL LISTEN/NOTIFY).
         let mut interest: Option<Interest> = None;
+        // This call's place at the head of the process's line for the key (`line.rs`), taken
+        // once the key was found busy: only the head asks the database.
+        let mut turn: Option<(Arc<Line>, line::Turn)> = None;
         loop {
             // A locker shut down while this call waits: no further attempt.
             shared.check_open()?;
@@ -563,6 +567,23 @@ impl Request {
                         tracing::debug!(?waited, attempts, "busy: giving up");
                         return Err(self.gave_up(seen, waited));
                     }
+                    if turn.is_none() {
+                        let line = line::of(shared.space(), &self.key);
+                        if let Some(head) = line.try_turn() {
+                            turn = Some((line, head));
+                        } else {
+                            // Earlier waiters of this process go first, in arrival order.
+                            tracing::trace!("busy: in line behind earlier waiters");
+                            match tokio::time::timeout_at(wait_until, line.turn()).await {
+                                Ok(head) => {
+                                    turn = Some((line, head));
+                                    backoff = FIRST_BACKOFF;
+                                    continue; // at the head: ask at once
+                                }
+                                Err(_) => return Err(self.gave_up(seen, started.elapsed())),
+                            }
+                        }
+                    }
                     if interest.is_none() {
                         // Setting LISTEN up may take a connect: never past the call's deadline.
                         interest = tokio::time::timeout_at(
@@ -584,15 +605,28 @@ impl Request {
                         pause = pause.min(left + Duration::from_millis(1));
                     }
                     tracing::trace!(?pause, "busy: waiting");
+                    // A release by this process wakes the head of its line at once.
+                    let freed = async {
+                        match &turn {
+                            Some((line, _)) => line.freed().await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     match &interest {
                         // Polling stays the fallback: a lost notification costs one pause.
                         Some(i) => {
                             tokio::select! {
                                 () = i.notified() => tracing::trace!("woken by release"),
+                                () = freed => tracing::trace!("woken by a release of this process"),
                                 () = tokio::time::sleep(pause) => {}
                             }
                         }
-                        None => tokio::time::sleep(pause).await,
+                        None => {
+                            tokio::select! {
+                                () = freed => tracing::trace!("woken by a release of this process"),
+                                () = tokio::time::sleep(pause) => {}
+                            }
+                        }
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }

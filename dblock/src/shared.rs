@@ -103,6 +103,12 @@ impl Shared {
         }
     }
 
+    /// The database and table: where one owner's holds of a key are tracked, and where the
+    /// waiters of a key line up (`line.rs`).
+    pub(crate) fn space(&self) -> &Arc<str> {
+        &self.space
+    }
+
     fn live(&self) -> std::sync::MutexGuard<'_, Live> {
         lock(&self.lifecycle.live)
     }
@@ -405,6 +411,10 @@ impl Shared {
                     tracked.tenure = None;
                 }
                 Ok(Released::NotHeld)
+            }
+            Ok(Released::Free) => {
+                crate::line::freed(&self.space, &hold.key);
+                Ok(Released::Free)
             }
             Ok(outcome) => Ok(outcome),
             Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),
