@@ -10,6 +10,32 @@ use std::time::{Duration, Instant};
 
 use dblock::{LockError, Locker, Outcome};
 
+/// Runs `$body` with `$pool` bound to the sqlx pool type of the backend called `$name` (work in
+/// the lock's own database needs the backend's own connection type).
+macro_rules! with_pool {
+    ($name:expr, $pool:ident => $body:expr) => {
+        match $name {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => {
+                type $pool = sqlx::SqlitePool;
+                $body
+            }
+            #[cfg(feature = "postgres")]
+            b if common::is_postgres(b) => {
+                type $pool = sqlx::PgPool;
+                $body
+            }
+            #[cfg(feature = "mysql")]
+            _ => {
+                type $pool = sqlx::MySqlPool;
+                $body
+            }
+            #[allow(unreachable_patterns)]
+            other => panic!("no backend {other} in this build"),
+        }
+    };
+}
+
 /// The lease of the child's `once` hold: the parent waits past it before trying again.
 const TTL_MS: u64 = 1500;
 
@@ -85,62 +111,38 @@ fn work_table(table: &str) -> String {
 /// recorded in it when `record`; committed.
 async fn work(backend: &str, url: &str, table: &str, record: bool) -> Result<(), sqlx::Error> {
     let insert = format!("INSERT INTO {table} (id) VALUES (1)");
-    macro_rules! in_tx {
-        ($pool:ty) => {{
-            let pool = <$pool>::connect(url).await?;
-            let mut tx = pool.begin().await?;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(insert.as_str()))
-                .execute(&mut *tx)
-                .await?;
-            if record {
-                dblock::succeed_in(&mut *tx)
-                    .await
-                    .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
-            }
-            tx.commit().await
-        }};
-    }
-    match backend {
-        #[cfg(feature = "sqlite")]
-        "sqlite" => in_tx!(sqlx::SqlitePool),
-        #[cfg(feature = "postgres")]
-        b if common::is_postgres(b) => in_tx!(sqlx::PgPool),
-        #[cfg(feature = "mysql")]
-        _ => in_tx!(sqlx::MySqlPool),
-        #[allow(unreachable_patterns)]
-        other => panic!("no backend {other} in this build"),
-    }
+    with_pool!(backend, Pool => {
+        let pool = Pool::connect(url).await?;
+        let mut tx = pool.begin().await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(insert.as_str()))
+            .execute(&mut *tx)
+            .await?;
+        if record {
+            dblock::succeed_in(&mut *tx)
+                .await
+                .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+        }
+        tx.commit().await
+    })
 }
 
 /// Runs `sql` on the work database of `backend`; the count of rows for a `SELECT COUNT(*)`.
 async fn on_work_db(backend: &str, url: &str, sql: &str) -> i64 {
-    macro_rules! run {
-        ($pool:ty) => {{
-            let pool = <$pool>::connect(url).await.unwrap();
-            if sql.starts_with("SELECT") {
-                sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap()
-            } else {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                    .execute(&pool)
-                    .await
-                    .unwrap();
-                0
-            }
-        }};
-    }
-    match backend {
-        #[cfg(feature = "sqlite")]
-        "sqlite" => run!(sqlx::SqlitePool),
-        #[cfg(feature = "postgres")]
-        b if common::is_postgres(b) => run!(sqlx::PgPool),
-        #[cfg(feature = "mysql")]
-        _ => run!(sqlx::MySqlPool),
-        #[allow(unreachable_patterns)]
-        other => panic!("no backend {other} in this build"),
-    }
+    with_pool!(backend, Pool => {
+        let pool = Pool::connect(url).await.unwrap();
+        if sql.starts_with("SELECT") {
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        } else {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&pool)
+                .await
+                .unwrap();
+            0
+        }
+    })
 }
 
 fn child(db: &common::Db, role: &str) -> Command {
@@ -253,78 +255,66 @@ async fn succeed_in_commits_and_rolls_back_with_the_work() {
             url: db.url.clone(),
             locker,
         };
-        macro_rules! check {
-            ($pool:ty) => {{
-                let pool = <$pool>::connect(&work_url).await.unwrap();
-                // Committed, then the hold released as failed: the success stands.
-                let g = db.locker.lock("a").once().await.unwrap();
-                let mut tx = pool.begin().await.unwrap();
-                g.succeed_in(&mut *tx).await.unwrap();
-                tx.commit().await.unwrap();
-                g.release_failed().await.unwrap();
-                let info = db.locker.inspect("a").await.unwrap().unwrap();
-                assert_eq!(info.last_outcome, Some(Outcome::Succeeded), "{}", db.name);
-                assert!(
-                    matches!(
-                        db.locker.lock("a").once().await,
-                        Err(LockError::AlreadyDone { .. })
-                    ),
-                    "{}",
-                    db.name
-                );
-                // Rolled back: nothing recorded; the release says how the hold ended.
-                let g = db.locker.lock("b").once().await.unwrap();
-                let mut tx = pool.begin().await.unwrap();
-                g.succeed_in(&mut *tx).await.unwrap();
-                tx.rollback().await.unwrap();
-                g.release_failed().await.unwrap();
-                let info = db.locker.inspect("b").await.unwrap().unwrap();
-                assert_eq!(info.last_outcome, Some(Outcome::Failed), "{}", db.name);
-                db.locker
-                    .lock("b")
-                    .once()
-                    .await
-                    .unwrap()
-                    .release()
-                    .await
-                    .unwrap();
-                // A lease that ran out: refused, nothing recorded.
-                let g = db
-                    .locker
-                    .lock("c")
-                    .ttl(Duration::from_millis(200))
-                    .await
-                    .unwrap();
-                tokio::time::sleep(Duration::from_millis(400)).await;
-                let mut tx = pool.begin().await.unwrap();
-                let refused = g.succeed_in(&mut *tx).await;
-                assert!(
-                    matches!(refused, Err(LockError::Lost { .. })),
-                    "{}: {refused:?}",
-                    db.name
-                );
-                tx.rollback().await.unwrap();
-                let mut conn = pool.acquire().await.unwrap();
-                assert!(
-                    matches!(
-                        dblock::succeed_in(&mut *conn).await,
-                        Err(LockError::Config(_))
-                    ),
-                    "{}: succeed_in outside a locked body",
-                    db.name
-                );
-            }};
-        }
-        match db.name {
-            #[cfg(feature = "sqlite")]
-            "sqlite" => check!(sqlx::SqlitePool),
-            #[cfg(feature = "postgres")]
-            b if common::is_postgres(b) => check!(sqlx::PgPool),
-            #[cfg(feature = "mysql")]
-            _ => check!(sqlx::MySqlPool),
-            #[allow(unreachable_patterns)]
-            _ => {}
-        }
+        with_pool!(db.name, Pool => {
+            let pool = Pool::connect(&work_url).await.unwrap();
+            // Committed, then the hold released as failed: the success stands.
+            let g = db.locker.lock("a").once().await.unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            g.succeed_in(&mut *tx).await.unwrap();
+            tx.commit().await.unwrap();
+            g.release_failed().await.unwrap();
+            let info = db.locker.inspect("a").await.unwrap().unwrap();
+            assert_eq!(info.last_outcome, Some(Outcome::Succeeded), "{}", db.name);
+            assert!(
+                matches!(
+                    db.locker.lock("a").once().await,
+                    Err(LockError::AlreadyDone { .. })
+                ),
+                "{}",
+                db.name
+            );
+            // Rolled back: nothing recorded; the release says how the hold ended.
+            let g = db.locker.lock("b").once().await.unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            g.succeed_in(&mut *tx).await.unwrap();
+            tx.rollback().await.unwrap();
+            g.release_failed().await.unwrap();
+            let info = db.locker.inspect("b").await.unwrap().unwrap();
+            assert_eq!(info.last_outcome, Some(Outcome::Failed), "{}", db.name);
+            db.locker
+                .lock("b")
+                .once()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            // A lease that ran out: refused, nothing recorded.
+            let g = db
+                .locker
+                .lock("c")
+                .ttl(Duration::from_millis(200))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let mut tx = pool.begin().await.unwrap();
+            let refused = g.succeed_in(&mut *tx).await;
+            assert!(
+                matches!(refused, Err(LockError::Lost { .. })),
+                "{}: {refused:?}",
+                db.name
+            );
+            tx.rollback().await.unwrap();
+            let mut conn = pool.acquire().await.unwrap();
+            assert!(
+                matches!(
+                    dblock::succeed_in(&mut *conn).await,
+                    Err(LockError::Config(_))
+                ),
+                "{}: succeed_in outside a locked body",
+                db.name
+            );
+        });
     }
 }
 
@@ -361,24 +351,12 @@ async fn purge_keeps_done_once_keys_until_they_are_reset() {
             .ttl(Duration::from_millis(200))
             .await
             .unwrap();
-        macro_rules! commit_success {
-            ($pool:ty) => {{
-                let pool = <$pool>::connect(&work_url).await.unwrap();
-                let mut tx = pool.begin().await.unwrap();
-                g.succeed_in(&mut *tx).await.unwrap();
-                tx.commit().await.unwrap();
-            }};
-        }
-        match db.name {
-            #[cfg(feature = "sqlite")]
-            "sqlite" => commit_success!(sqlx::SqlitePool),
-            #[cfg(feature = "postgres")]
-            b if common::is_postgres(b) => commit_success!(sqlx::PgPool),
-            #[cfg(feature = "mysql")]
-            _ => commit_success!(sqlx::MySqlPool),
-            #[allow(unreachable_patterns)]
-            _ => {}
-        }
+        with_pool!(db.name, Pool => {
+            let pool = Pool::connect(&work_url).await.unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            g.succeed_in(&mut *tx).await.unwrap();
+            tx.commit().await.unwrap();
+        });
         std::mem::forget(g); // as a SIGKILL would: no release
         tokio::time::sleep(Duration::from_millis(400)).await;
 
