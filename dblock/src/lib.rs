@@ -184,7 +184,11 @@ pub use validate::MAX_KEY_LEN;
 /// **`min_hold`** and **`once`**: a job started on every instance each period runs once a
 /// period (`min_hold` just under the period), and a payout runs until it succeeds once. Every
 /// release records how the body ended — `Ok` as [`Outcome::Succeeded`], `Err`, a panic or a
-/// cancellation as [`Outcome::Failed`] — and `once` builds on that:
+/// cancellation as [`Outcome::Failed`] — and `once` builds on that. A success recorded by the
+/// release comes after the body's own transaction committed, so for work in the lock's own
+/// database record it inside that transaction with [`succeed_in`]: then `once` is exactly-once,
+/// even if the process dies before its release. For work elsewhere `once` is at-least-once (a
+/// crash between the work and the release runs it again): pass the fencing token on.
 ///
 /// ```
 /// # use dblock::{distributed_lock, LockError};

@@ -139,7 +139,12 @@ impl LockRequest {
     /// with [`LockGuard::release`]) is not acquired again; the call returns
     /// [`LockError::AlreadyDone`]. After a failure ([`LockGuard::release_failed`], a dropped
     /// guard, a lease that ran out) it can be acquired again. [`Locker::reset`](crate::Locker::reset)
-    /// makes a done key runnable again.
+    /// makes a done key runnable again, and [`Locker::purge`](crate::Locker::purge) never deletes
+    /// a done key's record.
+    ///
+    /// The release records the success after the work: a crash in between runs the work again
+    /// (at-least-once). For work in the lock's own database, record the success in the work's
+    /// own transaction with [`LockGuard::succeed_in`]: then it is exactly-once.
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
