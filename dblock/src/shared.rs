@@ -376,7 +376,7 @@ impl Shared {
                 tracked.tenure = None;
             }
         }
-        match tried.result {
+        let released = match tried.result {
             Ok(Released::NotHeld) if tried.after_unknown => {
                 let limit = Instant::now() + self.statement_timeout;
                 let row = backend
@@ -412,13 +412,15 @@ impl Shared {
                 }
                 Ok(Released::NotHeld)
             }
-            Ok(Released::Free) => {
-                crate::line::freed(&self.space, &hold.key);
-                Ok(Released::Free)
-            }
             Ok(outcome) => Ok(outcome),
             Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),
+        };
+        // However it was learned (also after a lost reply), a freed key wakes this process's
+        // next waiter for it.
+        if matches!(released, Ok(Released::Free)) {
+            crate::line::freed(&self.space, &hold.key);
         }
+        released
     }
 
     /// Makes the lease end no earlier than `ttl` from now (database clock); `NotHeld` when it
