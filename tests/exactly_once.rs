@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -43,18 +43,10 @@ const TTL_MS: u64 = 1500;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "child process entry point, started by the other tests"]
 async fn child_entry() {
-    let role = std::env::var("DBLOCK_CHILD").expect("DBLOCK_CHILD");
-    let url = std::env::var("DBLOCK_CHILD_URL").unwrap();
+    let (role, locker) = common::child_locker().await;
     let work_url = std::env::var("DBLOCK_CHILD_WORK_URL").unwrap();
-    let table = std::env::var("DBLOCK_CHILD_TABLE").unwrap();
     let name = std::env::var("DBLOCK_CHILD_BACKEND").unwrap();
-    let locker = common::as_named(
-        &name,
-        Locker::connect_with(&url, common::options_for(&name))
-            .await
-            .unwrap()
-            .table(&table),
-    );
+    let table = locker.table_name().to_owned();
     match role.as_str() {
         // Commits the work (and, for "recorded", its success in the same transaction), says so,
         // and hangs until killed: the release never comes.
@@ -146,35 +138,10 @@ async fn on_work_db(backend: &str, url: &str, sql: &str) -> i64 {
 }
 
 fn child(db: &common::Db, role: &str) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "child_entry",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("DBLOCK_CHILD", role)
-    .env("DBLOCK_CHILD_URL", &db.url)
-    .env("DBLOCK_CHILD_WORK_URL", common::direct_url(db))
-    .env("DBLOCK_CHILD_TABLE", db.locker.table_name())
-    .env("DBLOCK_CHILD_BACKEND", db.name)
-    .stdout(Stdio::piped());
+    let mut cmd = common::child_command(db, role);
+    cmd.env("DBLOCK_CHILD_WORK_URL", common::direct_url(db))
+        .stdout(Stdio::piped());
     cmd
-}
-
-/// Waits for `marker` on the child's stdout (libtest may print on the same line).
-async fn wait_for(c: &mut std::process::Child, marker: &'static str) -> String {
-    let stdout = c.stdout.take().unwrap();
-    tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .find_map(|l| l.split_once(marker).map(|(_, rest)| rest.trim().to_owned()))
-    })
-    .await
-    .unwrap()
-    .unwrap_or_else(|| panic!("the child never said {marker}"))
 }
 
 /// A `once` body commits its work and its success in one transaction, and is SIGKILLed right
@@ -198,7 +165,7 @@ async fn once_is_exactly_once_when_the_holder_is_killed_after_its_commit() {
             on_work_db(db.name, &work_url, &format!("DELETE FROM {table}")).await;
             db.locker.reset("migration:7").await.unwrap();
             let mut c = child(db, role).spawn().unwrap();
-            wait_for(&mut c, "COMMITTED").await;
+            common::read_marker(&mut c, "COMMITTED").await;
             let killed = Instant::now();
             c.kill().unwrap(); // SIGKILL: no release, no destructor
             c.wait().unwrap();
@@ -404,7 +371,7 @@ async fn a_process_that_exits_when_shutdown_ends_its_body_leaves_the_key_free() 
     for db in &dbs {
         for run in 0..3 {
             let mut c = child(db, "exit-on-shutdown").spawn().unwrap();
-            let ended = wait_for(&mut c, "BODY ENDED").await;
+            let ended = common::read_marker(&mut c, "BODY ENDED").await;
             assert!(
                 ended.contains("Lost"),
                 "{}: the body ended with {ended}",

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,17 +27,7 @@ const ITERATIONS: u64 = 15;
 #[tokio::test]
 #[ignore = "child process entry point, started by the other tests"]
 async fn child_entry() {
-    let role = std::env::var("DBLOCK_CHILD").expect("DBLOCK_CHILD");
-    let url = std::env::var("DBLOCK_CHILD_URL").unwrap();
-    let table = std::env::var("DBLOCK_CHILD_TABLE").unwrap();
-    let name = std::env::var("DBLOCK_CHILD_BACKEND").unwrap();
-    let locker = common::as_named(
-        &name,
-        Locker::connect_with(&url, common::options_for(&name))
-            .await
-            .unwrap()
-            .table(&table),
-    );
+    let (role, locker) = common::child_locker().await;
     match role.as_str() {
         "counter" => {
             let dir = std::env::var("DBLOCK_CHILD_DIR").unwrap();
@@ -135,19 +125,8 @@ async fn bump(locker: &Locker, dir: &Path) -> Result<(), dblock::LockError> {
 }
 
 fn child(db: &common::Db, role: &str, dir: &Path) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "child_entry",
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("DBLOCK_CHILD", role)
-    .env("DBLOCK_CHILD_URL", &db.url)
-    .env("DBLOCK_CHILD_TABLE", db.locker.table_name())
-    .env("DBLOCK_CHILD_DIR", dir)
-    .env("DBLOCK_CHILD_BACKEND", db.name);
+    let mut cmd = common::child_command(db, role);
+    cmd.env("DBLOCK_CHILD_DIR", dir);
     cmd
 }
 
@@ -216,20 +195,7 @@ async fn a_killed_holder_blocks_others_only_until_its_ttl_ends() {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let stdout = c.stdout.take().unwrap();
-        let line = tokio::task::spawn_blocking(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                // libtest may have printed "test child_entry ... " on the same line.
-                .find_map(|l| {
-                    l.split_once("HELD ")
-                        .map(|(_, token)| token.trim().to_owned())
-                })
-        })
-        .await
-        .unwrap()
-        .unwrap_or_else(|| panic!("{}: holder never reported", db.name));
+        let line = common::read_marker(&mut c, "HELD ").await;
         let held_at = Instant::now();
         let dead_token: u64 = line.parse().unwrap();
 

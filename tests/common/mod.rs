@@ -353,3 +353,54 @@ pub async fn time_until_free(locker: &Locker, key: &str, limit: Duration) -> Opt
     }
     None
 }
+
+/// A child process of the running test binary that runs only its ignored `child_entry` test, as
+/// `role`, against `db` (its URL, table and backend in `DBLOCK_CHILD_*`; see [`child_locker`]).
+pub fn child_command(db: &Db, role: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "child_entry",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("DBLOCK_CHILD", role)
+    .env("DBLOCK_CHILD_URL", &db.url)
+    .env("DBLOCK_CHILD_TABLE", db.locker.table_name())
+    .env("DBLOCK_CHILD_BACKEND", db.name);
+    cmd
+}
+
+/// Inside a child started by [`child_command`]: its role, and a locker as the parent's `db`
+/// (same backend and table).
+pub async fn child_locker() -> (String, Locker) {
+    let role = std::env::var("DBLOCK_CHILD").expect("DBLOCK_CHILD");
+    let url = std::env::var("DBLOCK_CHILD_URL").unwrap();
+    let table = std::env::var("DBLOCK_CHILD_TABLE").unwrap();
+    let name = std::env::var("DBLOCK_CHILD_BACKEND").unwrap();
+    let locker = as_named(
+        &name,
+        Locker::connect_with(&url, options_for(&name))
+            .await
+            .unwrap()
+            .table(&table),
+    );
+    (role, locker)
+}
+
+/// Waits for `marker` on a child's piped stdout and returns what follows it on that line
+/// (libtest may have printed "test child_entry ... " before it).
+pub async fn read_marker(child: &mut std::process::Child, marker: &'static str) -> String {
+    let stdout = child.stdout.take().expect("the child's stdout is piped");
+    tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.split_once(marker).map(|(_, rest)| rest.trim().to_owned()))
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|| panic!("the child never said {marker}"))
+}
