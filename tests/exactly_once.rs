@@ -118,25 +118,6 @@ async fn work(backend: &str, url: &str, table: &str, record: bool) -> Result<(),
     })
 }
 
-/// Runs `sql` on the work database of `backend`; the count of rows for a `SELECT COUNT(*)`.
-async fn on_work_db(backend: &str, url: &str, sql: &str) -> i64 {
-    with_pool!(backend, Pool => {
-        let pool = Pool::connect(url).await.unwrap();
-        if sql.starts_with("SELECT") {
-            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        } else {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                .execute(&pool)
-                .await
-                .unwrap();
-            0
-        }
-    })
-}
-
 fn child(db: &common::Db, role: &str) -> Command {
     let mut cmd = common::child_command(db, role);
     cmd.env("DBLOCK_CHILD_WORK_URL", common::direct_url(db))
@@ -154,15 +135,15 @@ async fn once_is_exactly_once_when_the_holder_is_killed_after_its_commit() {
     for db in &dbs {
         let work_url = common::direct_url(db);
         let table = work_table(db.locker.table_name());
-        on_work_db(db.name, &work_url, &format!("DROP TABLE IF EXISTS {table}")).await;
-        on_work_db(
+        common::run_sql(db.name, &work_url, &format!("DROP TABLE IF EXISTS {table}")).await;
+        common::run_sql(
             db.name,
             &work_url,
             &format!("CREATE TABLE {table} (id BIGINT)"),
         )
         .await;
         for (role, key_done) in [("recorded", true), ("unrecorded", false)] {
-            on_work_db(db.name, &work_url, &format!("DELETE FROM {table}")).await;
+            common::run_sql(db.name, &work_url, &format!("DELETE FROM {table}")).await;
             db.locker.reset("migration:7").await.unwrap();
             let mut c = child(db, role).spawn().unwrap();
             common::read_marker(&mut c, "COMMITTED").await;
@@ -170,7 +151,7 @@ async fn once_is_exactly_once_when_the_holder_is_killed_after_its_commit() {
             c.kill().unwrap(); // SIGKILL: no release, no destructor
             c.wait().unwrap();
             assert_eq!(
-                on_work_db(db.name, &work_url, &format!("SELECT COUNT(*) FROM {table}")).await,
+                common::run_sql(db.name, &work_url, &format!("SELECT COUNT(*) FROM {table}")).await,
                 1,
                 "{}: the work did not commit",
                 db.name

@@ -1,5 +1,5 @@
 //! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ...,
-//! min_hold = ..., once = ..., crate = ...`.
+//! min_hold = ..., once = ..., fair = ..., crate = ...`.
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
 use crate::duration;
 use crate::errors::Errors;
 
-const VALID: &str = "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `crate`";
+const VALID: &str = "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `fair`, `crate`";
 
 pub(crate) enum Key {
     /// A string literal: a template checked against the parameters.
@@ -39,6 +39,7 @@ pub(crate) struct Args {
     pub renew: Option<Expr>,
     pub min_hold: Option<Dur>,
     pub once: Option<Expr>,
+    pub fair: Option<Expr>,
     pub krate: Option<Path>,
 }
 
@@ -96,6 +97,7 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
                 set(&mut args.min_hold, d, &name, errors)
             }
             "once" => set(&mut args.once, Some(value), &name, errors),
+            "fair" => set(&mut args.fair, Some(value), &name, errors),
             "crate" => {
                 let p = crate_path(value, errors);
                 set(&mut args.krate, p, &name, errors)

@@ -323,6 +323,13 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
             let #builder = if #o { #builder.once() } else { #builder };
         }
     });
+    let fair = args.fair.as_ref().map(|e| {
+        let f = Ident::new("__dblock_fair", Span::mixed_site());
+        quote_spanned! {e.span()=>
+            let #f: bool = #e;
+            let #builder = if #f { #builder.fair() } else { #builder };
+        }
+    });
     let renew = match &args.renew {
         None => quote!(true),
         Some(e) => {
@@ -377,6 +384,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 let #builder = #builder.ttl(#ttl).wait(#wait).metrics_key(#template);
                 #min_hold
                 #once
+                #fair
                 #builder
             });
             #krate::__private::locked(

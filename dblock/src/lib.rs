@@ -59,6 +59,7 @@ mod connect;
 mod default_locker;
 mod detach;
 mod error;
+mod fair;
 mod guard;
 mod hold;
 mod info;
@@ -125,6 +126,7 @@ pub use validate::MAX_KEY_LEN;
 /// | `renew` | keep extending the lease while the body runs | `true` |
 /// | `min_hold` | the key stays unavailable to others until this long after it was taken, however quick the body ([`LockRequest::min_hold`]) | none |
 /// | `once` | run until the work succeeds once: after an `Ok`, the call returns `Err(LockError::AlreadyDone)` without running the body ([`LockRequest::once`]) | `false` |
+/// | `fair` | wait in arrival order across processes, by a ticket in the database ([`LockRequest::fair`]) | `false` |
 /// | `crate` | path to this crate when re-exported under another name | `::dblock` |
 ///
 /// **`key`**: `{param}` is a parameter, `{param.field.sub}` a field path (`{pair.0}` for tuples),

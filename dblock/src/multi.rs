@@ -56,6 +56,7 @@ pub struct LockAllRequest {
     wait: Duration,
     min_hold: Duration,
     once: bool,
+    fair: bool,
     owner: Option<Owner>,
     label: Option<String>,
     metrics_key: Option<Cow<'static, str>>,
@@ -70,6 +71,7 @@ impl LockAllRequest {
             wait: Duration::ZERO,
             min_hold: Duration::ZERO,
             once: false,
+            fair: false,
             owner: None,
             label: None,
             metrics_key: None,
@@ -135,6 +137,20 @@ impl LockAllRequest {
     /// ```
     pub fn once(mut self) -> Self {
         self.once = true;
+        self
+    }
+
+    /// Waits for each key in arrival order across processes (see [`LockRequest::fair`]). The
+    /// keys are then taken one at a time in canonical order, each in its own queue, never all
+    /// in one statement ahead of those queues.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let guards = locker.lock_all(["a", "b"]).fair().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fair(mut self) -> Self {
+        self.fair = true;
         self
     }
 
@@ -225,6 +241,9 @@ impl LockAllRequest {
         if self.once {
             request = request.once();
         }
+        if self.fair {
+            request = request.fair();
+        }
         if let Some(label) = &self.label {
             request = request.holder(label.clone());
         }
@@ -251,7 +270,7 @@ impl LockAllRequest {
         let started = Instant::now();
         let until = started + self.wait;
         let mut guards: Vec<LockGuard> = Vec::with_capacity(self.keys.len());
-        if self.keys.len() > 1 {
+        if self.keys.len() > 1 && !self.fair {
             // First every key in one statement (one round trip when they are free); what is
             // left after the first key not taken is waited for one key at a time, in order.
             let call_until = until.max(started + ATTEMPT_FLOOR.min(self.shared.statement_timeout));

@@ -141,6 +141,16 @@ impl Shared {
             .any(|h| h.key == key && h.caller == caller && h.owner != *owner && !h.is_lost())
     }
 
+    /// Whether a live guard of this locker holds `key` as `owner`: a new call of that owner is
+    /// a re-entry, which never waits in the fair queue (it would wait for its own waiters).
+    pub(crate) fn held_by_owner(&self, key: &str, owner: &Owner) -> bool {
+        self.live()
+            .values()
+            .filter(|(_, of)| std::ptr::eq(of.as_ptr(), self))
+            .filter_map(|(h, _)| h.upgrade())
+            .any(|h| h.key == key && h.owner == *owner && !h.is_lost())
+    }
+
     /// The guard of `hold` is giving it back (or dropped).
     pub(crate) fn untrack(&self, hold: &Arc<Hold>) {
         self.live().remove(&(Arc::as_ptr(hold) as usize));

@@ -404,3 +404,35 @@ pub async fn read_marker(child: &mut std::process::Child, marker: &'static str) 
     .unwrap()
     .unwrap_or_else(|| panic!("the child never said {marker}"))
 }
+
+/// Runs `sql` on the database of the backend called `name` at `url` (a direct URL): a `SELECT`'s
+/// one `BIGINT` value, or 0 after any other statement. For checks of the tables themselves.
+pub async fn run_sql(name: &str, url: &str, sql: &str) -> i64 {
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    let select = sql.0.starts_with("SELECT");
+    macro_rules! on {
+        ($pool:ty) => {{
+            let pool = <$pool>::connect(url).await.unwrap();
+            let value = if select {
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+            } else {
+                sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+                0
+            };
+            pool.close().await;
+            value
+        }};
+    }
+    match name {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => on!(sqlx::SqlitePool),
+        #[cfg(feature = "postgres")]
+        n if is_postgres(n) => on!(sqlx::PgPool),
+        #[cfg(feature = "mysql")]
+        "mariadb" | "mysql8-path" => on!(sqlx::MySqlPool),
+        other => panic!("no backend {other} in this build"),
+    }
+}

@@ -122,6 +122,59 @@ pub(crate) struct LastWrite {
 /// The holds a batched extension found live and extended: (key, owner, fencing token).
 pub(crate) type Extended = Vec<(String, String, u64)>;
 
+/// One step of a fair waiter (`LockRequest::fair`) in the queue of its key: the rows of the
+/// lock table's queue table ([`queue_table`]), one per waiter, ordered by ticket. Each row is a
+/// short lease of its own on the database clock, renewed while its waiter polls, so a waiter
+/// that dies leaves the queue by itself. The queue only orders the attempts; who holds the key
+/// is decided by the acquire statement alone, so the queue can never break mutual exclusion.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum QueueStep<'a> {
+    /// Takes a ticket at the back of the queue: answers the ticket.
+    Join {
+        key: &'a str,
+        owner: &'a str,
+        lease_us: i64,
+    },
+    /// Whether a live waiter with a smaller ticket is queued (1) or not (0); a caller without a
+    /// ticket asks with `i64::MAX`.
+    Ahead { key: &'a str, ticket: i64 },
+    /// Renews the ticket's lease: 1, or 0 if it is gone (ran out and was cleared).
+    Touch {
+        key: &'a str,
+        owner: &'a str,
+        ticket: i64,
+        lease_us: i64,
+    },
+    /// Leaves the queue, and clears the key's tickets whose lease ran out: how many rows went.
+    Leave {
+        key: &'a str,
+        owner: &'a str,
+        ticket: i64,
+    },
+}
+
+/// The fair waiters' table of lock table `table` (validated): `<table>_queue`, in the same
+/// schema; where that would pass the 63-byte identifier limit of PostgreSQL and MySQL, the name
+/// is cut and a hash of the whole name keeps it distinct.
+pub(crate) fn queue_table(table: &str) -> String {
+    let (schema, name) = match table.rsplit_once('.') {
+        Some((schema, name)) => (Some(schema), name),
+        None => (None, table),
+    };
+    let queue = if name.len() + "_queue".len() <= 63 {
+        format!("{name}_queue")
+    } else {
+        let hash = name.bytes().fold(0x811c_9dc5_u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        });
+        format!("{}_queue_{hash:08x}", &name[..48])
+    };
+    match schema {
+        Some(schema) => format!("{schema}.{queue}"),
+        None => queue,
+    }
+}
+
 /// What every backend provides: one statement per operation, each on a connection the caller
 /// hands in (see [`exec`]), each future `Send`.
 pub(crate) trait Dialect: Clone + Send + Sync + 'static {
@@ -247,6 +300,13 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
         conn: &mut Conn<Self>,
         older_than_us: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// One step of a fair waiter in its key's queue (see [`QueueStep`]): one statement.
+    fn queue(
+        &self,
+        conn: &mut Conn<Self>,
+        step: QueueStep<'_>,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 }
 
 /// The answer to [`Dialect::acquire_many`] from the grants a statement returned (by key): one
@@ -491,6 +551,18 @@ impl Backend {
         })
     }
 
+    /// See [`Dialect::queue`]. On the release pool: a ticket needs no more durability than a
+    /// lazily durable release (a lost one only costs its place).
+    pub(crate) async fn queue(
+        &self,
+        step: QueueStep<'_>,
+        deadline: Instant,
+    ) -> Result<i64, Failed> {
+        dispatch!(self, b, D => {
+            exec::run(b.release_pool(), deadline, async |c| b.queue(c, step).await).await
+        })
+    }
+
     /// PostgreSQL behind a transaction pooler (`ConnectOptions::pooler`): statements go as
     /// simple queries with inlined values. `false` elsewhere.
     pub(crate) fn pooler(&self) -> bool {
@@ -658,7 +730,7 @@ pub(crate) fn bad_url(url: &str, e: sqlx::Error) -> LockError {
 mod tests {
     use super::*;
 
-    /// The files in `migrations/` (0001 and 0003) end with what `Locker::migrate()` runs, for
+    /// The files in `migrations/` (0001, 0003 and 0004) end with what `Locker::migrate()` runs, for
     /// the default table.
     #[test]
     fn migration_files_match_the_ddl_migrate_runs() {
@@ -676,6 +748,11 @@ mod tests {
                 postgres::EXACTLY_ONCE,
                 "\"dblock_locks\"",
             ),
+            (
+                include_str!("../../../migrations/postgres/0004_fair_queue.sql"),
+                postgres::QUEUE,
+                "\"dblock_locks_queue\"",
+            ),
         ]);
         #[cfg(feature = "mysql")]
         pairs.extend([
@@ -689,6 +766,11 @@ mod tests {
                 mysql::EXACTLY_ONCE,
                 "`dblock_locks`",
             ),
+            (
+                include_str!("../../../migrations/mysql/0004_fair_queue.sql"),
+                mysql::QUEUE,
+                "`dblock_locks_queue`",
+            ),
         ]);
         #[cfg(feature = "sqlite")]
         pairs.extend([
@@ -701,6 +783,11 @@ mod tests {
                 include_str!("../../../migrations/sqlite/0003_exactly_once.sql"),
                 sqlite::EXACTLY_ONCE,
                 "\"dblock_locks\"",
+            ),
+            (
+                include_str!("../../../migrations/sqlite/0004_fair_queue.sql"),
+                sqlite::QUEUE,
+                "\"dblock_locks_queue\"",
             ),
         ]);
         for (file, sql, table) in pairs {

@@ -18,7 +18,8 @@ use tokio::sync::OnceCell;
 
 use super::admin::AdminSql;
 use super::{
-    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, Released, RenewItem,
+    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,
+    RenewItem,
 };
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -71,6 +72,20 @@ pub(crate) const OUTCOMES: &str = "ALTER TABLE {table}
     ADD COLUMN available_at DATETIME(6) NULL;
 ";
 
+/// Migration 0004: the fair waiters' queue (`LockRequest::fair`), `{table}` being the queue
+/// table (`<lock table>_queue`). One row per waiting caller, its ticket in arrival order, its
+/// lease renewed while it waits. InnoDB wants the AUTO_INCREMENT column first in some index:
+/// the second key.
+pub(crate) const QUEUE: &str = "CREATE TABLE IF NOT EXISTS {table} (
+    lock_key   VARBINARY(255) NOT NULL,
+    ticket     BIGINT      NOT NULL AUTO_INCREMENT,
+    owner      VARCHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    expires_at DATETIME(6) NOT NULL,
+    PRIMARY KEY (lock_key, ticket),
+    KEY (ticket)
+) ENGINE = InnoDB;
+";
+
 /// Migration 0003: a success committed in the caller's transaction (`succeed_in`: the tenure it
 /// belongs to), keys taken with `once` (kept by `purge`), and the last release (its id and
 /// tenure: a resend after a lost reply tells its own earlier effect from a lease that ran out).
@@ -105,7 +120,12 @@ struct Statements {
     done: SqlStr,
     outcomes: SqlStr,
     exactly_once: SqlStr,
-    has_exactly_once: SqlStr,
+    queue: SqlStr,
+    has_queue: SqlStr,
+    queue_join: SqlStr,
+    queue_ahead: SqlStr,
+    queue_touch: SqlStr,
+    queue_leave: SqlStr,
     release: SqlStr,
     extend: SqlStr,
     admin: AdminSql,
@@ -401,11 +421,38 @@ pub(crate) async fn connect(
 impl My {
     pub(crate) fn new(pool: MySqlPool, table: &str) -> Self {
         let t = quote_ident(table, '`');
+        let q = quote_ident(&super::queue_table(table), '`');
         let statements = Statements {
             ddl: sql(DDL, &t),
             outcomes: sql(OUTCOMES, &t),
             exactly_once: sql(EXACTLY_ONCE, &t),
-            has_exactly_once: sql("SELECT release_token FROM {table} LIMIT 0", &t),
+            queue: sql(QUEUE, &q),
+            has_queue: sql("SELECT ticket FROM {table} LIMIT 0", &q),
+            // The fair waiters' queue: one statement each on one key's rows (primary key
+            // (lock_key, ticket)). Tickets are the AUTO_INCREMENT's, in the order the inserts
+            // ran (on Galera, each node's own series interleaved: arrival order per node, only
+            // roughly across nodes). The queue orders attempts only: exclusion stays the
+            // acquire's alone. sqlx sets CLIENT_FOUND_ROWS: a touch counts the matched row.
+            queue_join: sql(
+                "INSERT INTO {table} (lock_key, owner, expires_at)
+VALUES (?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
+                &q,
+            ),
+            queue_ahead: sql(
+                "SELECT EXISTS (SELECT 1 FROM {table}
+WHERE lock_key = ? AND ticket < ? AND expires_at > UTC_TIMESTAMP(6))",
+                &q,
+            ),
+            queue_touch: sql(
+                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE lock_key = ? AND owner = ? AND ticket = ?",
+                &q,
+            ),
+            queue_leave: sql(
+                "DELETE FROM {table}
+WHERE lock_key = ? AND (owner = ? AND ticket = ? OR expires_at <= UTC_TIMESTAMP(6))",
+                &q,
+            ),
             // MariaDB: the row as it is after the statement comes back with RETURNING.
             acquire_returning: acquire_sql(
                 &(upsert_one()
@@ -586,9 +633,61 @@ impl Dialect for My {
 
     super::admin::shared_admin!(sql.admin);
 
+    async fn queue(
+        &self,
+        conn: &mut MySqlConnection,
+        step: QueueStep<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        let s = &self.sql;
+        Ok(match step {
+            QueueStep::Join {
+                key,
+                owner,
+                lease_us,
+            } => {
+                let done = sqlx::query(s.queue_join.clone())
+                    .bind(key)
+                    .bind(owner)
+                    .bind(lease_us)
+                    .execute(conn)
+                    .await?;
+                done.last_insert_id() as i64
+            }
+            QueueStep::Ahead { key, ticket } => {
+                let ahead: bool = sqlx::query_scalar(s.queue_ahead.clone())
+                    .bind(key)
+                    .bind(ticket)
+                    .fetch_one(conn)
+                    .await?;
+                i64::from(ahead)
+            }
+            QueueStep::Touch {
+                key,
+                owner,
+                ticket,
+                lease_us,
+            } => sqlx::query(s.queue_touch.clone())
+                .bind(lease_us)
+                .bind(key)
+                .bind(owner)
+                .bind(ticket)
+                .execute(conn)
+                .await?
+                .rows_affected() as i64,
+            QueueStep::Leave { key, owner, ticket } => sqlx::query(s.queue_leave.clone())
+                .bind(key)
+                .bind(owner)
+                .bind(ticket)
+                .execute(conn)
+                .await?
+                .rows_affected() as i64,
+        })
+    }
+
     async fn migrate(&self, conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
-        // The usual case: table and newest columns there. One read, nothing written.
-        if sqlx::query(self.sql.has_exactly_once.clone())
+        // The usual case: table and the newest migration's queue table there. One read,
+        // nothing written.
+        if sqlx::query(self.sql.has_queue.clone())
             .execute(&mut *conn)
             .await
             .is_ok()
@@ -612,6 +711,10 @@ impl Dialect for My {
                 }
             }
         }
+        // Migration 0004, IF NOT EXISTS as the table's own.
+        sqlx::raw_sql(self.sql.queue.clone())
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 

@@ -17,7 +17,8 @@ use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 
 use super::admin::AdminSql;
 use super::{
-    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, Released, RenewItem,
+    quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,
+    RenewItem,
 };
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -68,6 +69,19 @@ ALTER TABLE {table} ADD COLUMN release_id INTEGER;
 ALTER TABLE {table} ADD COLUMN release_token INTEGER;
 ";
 
+/// Migration 0004: the fair waiters' queue (`LockRequest::fair`), `{table}` being the queue
+/// table (`<lock table>_queue`). One row per waiting caller, its ticket in arrival order
+/// (AUTOINCREMENT: never reused), its lease renewed while it waits. No index on the key: the
+/// queue holds the waiters of one machine's processes, and a key's look-up reads only the
+/// tickets before its own.
+pub(crate) const QUEUE: &str = "CREATE TABLE IF NOT EXISTS {table} (
+    ticket     INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
+    lock_key   TEXT    NOT NULL,
+    owner      TEXT    NOT NULL,
+    expires_at INTEGER NOT NULL -- ms since the Unix epoch
+);
+";
+
 /// A hold that ran out without a release: it ended in failure, unless its success committed
 /// with the work (`succeed_in`: `success_token` is its tenure). `{l}` is the row's alias.
 const RAN_OUT: &str = "({l}owner IS NOT NULL AND {l}expires_at <= {now}
@@ -98,6 +112,11 @@ struct Statements {
     exactly_once: SqlStr,
     has_outcomes: SqlStr,
     has_exactly_once: SqlStr,
+    queue: SqlStr,
+    queue_join: SqlStr,
+    queue_ahead: SqlStr,
+    queue_touch: SqlStr,
+    queue_leave: SqlStr,
     done: SqlStr,
     clock_check: SqlStr,
     acquire: SqlStr,
@@ -210,12 +229,36 @@ pub(crate) async fn connect(
 impl Lite {
     pub(crate) fn new(pool: SqlitePool, table: &str) -> Self {
         let t = quote_ident(table, '"');
+        let q = quote_ident(&super::queue_table(table), '"');
         let statements = Statements {
             ddl: sql(DDL, &t),
             outcomes: sql(OUTCOMES, &t),
             exactly_once: sql(EXACTLY_ONCE, &t),
             has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
             has_exactly_once: sql("SELECT release_token FROM {table} LIMIT 0", &t),
+            queue: sql(QUEUE, &q),
+            // The fair waiters' queue: each statement runs under SQLite's one write lock (or
+            // reads one snapshot). The queue orders attempts only: exclusion stays the
+            // acquire's alone. A leave also clears every ticket whose lease ran out.
+            queue_join: sql(
+                "INSERT INTO {table} (lock_key, owner, expires_at) VALUES ($1, $2, {now} + $3)",
+                &q,
+            ),
+            queue_ahead: sql(
+                "SELECT EXISTS (SELECT 1 FROM {table}
+WHERE ticket < $2 AND lock_key = $1 AND expires_at > {now})",
+                &q,
+            ),
+            queue_touch: sql(
+                "UPDATE {table} SET expires_at = {now} + $4
+WHERE ticket = $3 AND lock_key = $1 AND owner = $2",
+                &q,
+            ),
+            queue_leave: sql(
+                "DELETE FROM {table}
+WHERE ticket = $3 AND lock_key = $1 AND owner = $2 OR expires_at <= {now}",
+                &q,
+            ),
             // After a busy `once` attempt (SQLite returns no row then): was it done?
             done: sql(
                 "SELECT last_outcome IS 1 AND NOT {ran_out},
@@ -368,6 +411,55 @@ impl Dialect for Lite {
 
     super::admin::shared_admin!(sql.admin);
 
+    async fn queue(
+        &self,
+        conn: &mut SqliteConnection,
+        step: QueueStep<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        let s = &self.sql;
+        Ok(match step {
+            QueueStep::Join {
+                key,
+                owner,
+                lease_us,
+            } => sqlx::query(s.queue_join.clone())
+                .bind(key)
+                .bind(owner)
+                .bind(ms_ceil(lease_us))
+                .execute(conn)
+                .await?
+                .last_insert_rowid(),
+            QueueStep::Ahead { key, ticket } => {
+                let ahead: bool = sqlx::query_scalar(s.queue_ahead.clone())
+                    .bind(key)
+                    .bind(ticket)
+                    .fetch_one(conn)
+                    .await?;
+                i64::from(ahead)
+            }
+            QueueStep::Touch {
+                key,
+                owner,
+                ticket,
+                lease_us,
+            } => sqlx::query(s.queue_touch.clone())
+                .bind(key)
+                .bind(owner)
+                .bind(ticket)
+                .bind(ms_ceil(lease_us))
+                .execute(conn)
+                .await?
+                .rows_affected() as i64,
+            QueueStep::Leave { key, owner, ticket } => sqlx::query(s.queue_leave.clone())
+                .bind(key)
+                .bind(owner)
+                .bind(ticket)
+                .execute(conn)
+                .await?
+                .rows_affected() as i64,
+        })
+    }
+
     async fn migrate(&self, conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
         // One statement under SQLite's write lock; IF NOT EXISTS makes repeats a no-op.
         sqlx::raw_sql(self.sql.ddl.clone())
@@ -389,6 +481,10 @@ impl Dialect for Lite {
             }
             tx.commit().await?;
         }
+        // Migration 0004, IF NOT EXISTS as the table's own.
+        sqlx::raw_sql(self.sql.queue.clone())
+            .execute(&mut *conn)
+            .await?;
         // The one clock check that costs nothing at run time: a lock taken "in the future" was
         // written by a process whose clock is ahead of this one's, and expiry between the two
         // is then wrong by that much.
