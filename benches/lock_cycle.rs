@@ -11,11 +11,13 @@
 //! 2. **Hand-off**: 8 owners take turns on one key; release → next `lock()` latency, with short
 //!    and long holds, and with a background load of 8 owners cycling other keys.
 //! 3. **Renewal**: 10,000 held locks with `auto_renew` on one locker: statements and time.
+//! 4. **Fairness**: 16 waiters in 4 processes on one key, with and without `fair()`: hand-off
+//!    p50/p99 and the longest wait (`fairness.rs`).
 //!
 //! `cargo bench -p dblock-bench` (release build). Prints Markdown tables and writes the cycle
 //! chart to `benches/results/lock_cycle.svg`. `DBLOCK_BENCH_SECS` sets the measured seconds per
 //! side and cell (default 5); `DBLOCK_BENCH_ONLY=postgres,mariadb` limits the backends;
-//! `DBLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`); `DBLOCK_BENCH_PARTS=cycles,handoff,renewal`
+//! `DBLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`); `DBLOCK_BENCH_PARTS=cycles,handoff,renewal,fair`
 //! runs only those parts (the chart needs `cycles`).
 
 use std::fmt::Write as _;
@@ -26,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use dblock::{ConnectOptions, Locker};
 use sqlx::AssertSqlSafe;
+
+mod fairness;
 
 const TTL: Duration = Duration::from_secs(30);
 const KEYS_PER_OWNER: usize = 64;
@@ -147,6 +151,9 @@ struct Bar {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    if std::env::var("DBLOCK_BENCH_FAIR_CHILD").is_ok() {
+        return fairness::child().await;
+    }
     let secs: f64 = std::env::var("DBLOCK_BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -173,6 +180,7 @@ async fn main() {
 
     let mut bars: Vec<Bar> = Vec::new();
     let mut lockers = Vec::new();
+    let mut fair_targets = Vec::new();
     if part("cycles") {
         println!("| backend | owners | impl | cycles/s | p50 | p99 | ratio |");
         println!("|---|---|---|---|---|---|---|");
@@ -208,6 +216,10 @@ async fn main() {
         drop_table(direct, "dblock_bench").await;
         locker.migrate().await.unwrap();
         lockers.push((name, locker.clone()));
+        if name != "postgres-pooler" {
+            let pooler = name.starts_with("postgres-");
+            fair_targets.push((name, url.to_owned(), pooler, locker.table_name().to_owned()));
+        }
         if !part("cycles") {
             continue;
         }
@@ -393,6 +405,9 @@ async fn main() {
     }
     if part("renewal") {
         renewal(&lockers).await;
+    }
+    if part("fair") {
+        fairness::fairness(&fair_targets, secs).await;
     }
     if bars.is_empty() {
         return;
@@ -1026,9 +1041,9 @@ fn chart(bars: &[Bar]) -> String {
     svg
 }
 
-/// Starts each run from an empty table of the current schema.
+/// Starts each run from an empty table (and queue) of the current schema.
 async fn drop_table(url: &str, table: &str) {
-    let sql = format!("DROP TABLE IF EXISTS {table}");
+    let sql = format!("DROP TABLE IF EXISTS {table}, {table}_queue");
     if url.starts_with("postgres") {
         let pool = sqlx::PgPool::connect(url).await.unwrap();
         sqlx::query(AssertSqlSafe(sql))

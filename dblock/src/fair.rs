@@ -34,6 +34,19 @@ pub(crate) const WAITER_LEASE: Duration = Duration::from_secs(5);
 /// queue come at most the wait loop's longest backoff (250 ms) apart, well inside the lease.
 const TOUCH_AFTER: Duration = Duration::from_secs(1);
 
+/// Where a fair caller stands in the queue of its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Nobody live is ahead: it attempts the key (and, busy, is woken as any waiter is).
+    Head,
+    /// This many waiters are ahead (counted up to 8). Nothing wakes a waiter when the one
+    /// ahead of it takes the key and leaves the queue, so it looks again after a pause that
+    /// doubles with each place between it and the head: the next in line looks every few
+    /// milliseconds and is at the head as soon as the key changes hands, those far back
+    /// rarely. The reads of a whole queue come to a few hundred a second, however long it is.
+    Behind(u32),
+}
+
 /// One fair caller's place in the queue of its key.
 pub(crate) struct Fair {
     shared: Arc<Shared>,
@@ -59,10 +72,11 @@ impl Fair {
         }
     }
 
-    /// Whether this caller may attempt the key now: nobody live is queued ahead of it. Renews
-    /// its ticket when due; a ticket that ran out meanwhile (a stall longer than its lease) is
-    /// replaced by one at the back.
-    pub(crate) async fn may_try(&mut self) -> Result<bool, LockError> {
+    /// Where this caller stands: it may attempt the key now (nobody live is queued ahead of
+    /// it), it is next, or it is further back. Renews its ticket when due; a ticket that ran out
+    /// meanwhile (a stall longer than its lease) is replaced by one at the back. A newcomer that
+    /// finds others queued takes its ticket behind them.
+    pub(crate) async fn place(&mut self) -> Result<Place, LockError> {
         if let Some(ticket) = self.ticket {
             if self.touched.elapsed() >= TOUCH_AFTER {
                 let sent = Instant::now();
@@ -85,7 +99,7 @@ impl Fair {
             }
         }
         if self.at_head {
-            return Ok(true);
+            return Ok(Place::Head);
         }
         let ahead = self
             .step(QueueStep::Ahead {
@@ -93,16 +107,16 @@ impl Fair {
                 ticket: self.ticket.unwrap_or(i64::MAX),
             })
             .await?;
-        let free = ahead == 0;
-        // Without a ticket, "nobody queued" holds only for this look.
-        self.at_head = free && self.ticket.is_some();
-        if free {
+        if ahead == 0 {
+            // Without a ticket, "nobody queued" holds only for this look.
+            self.at_head = self.ticket.is_some();
             tracing::trace!(ticket = ?self.ticket, "fair: nobody ahead");
-        } else if self.ticket.is_none() {
-            // Others are queued: a newcomer takes its ticket behind them without attempting.
+            return Ok(Place::Head);
+        }
+        if self.ticket.is_none() {
             self.join().await?;
         }
-        Ok(free)
+        Ok(Place::Behind(ahead.clamp(1, 8) as u32))
     }
 
     /// After an attempt found the key busy: a ticket at the back of the queue, unless this

@@ -10,7 +10,8 @@
 //!
 //! A caller joins only after its first attempt found the key busy: a lone caller, and re-entry
 //! (granted on the first attempt), never touch a line. Across processes the database decides
-//! who asks first; `LockRequest::fair` is not built yet.
+//! who asks first unless the callers use `LockRequest::fair` (`fair.rs`), which skip this line and
+//! keep to the order of their tickets in the database.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};

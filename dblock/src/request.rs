@@ -18,7 +18,7 @@ use tracing::Instrument;
 use crate::backend::{Acquire, Attempt, Interest};
 use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
-use crate::fair::Fair;
+use crate::fair::{Fair, Place};
 use crate::guard::LockGuard;
 use crate::hold::{Caller, Hold};
 use crate::info::time_from_micros;
@@ -555,19 +555,33 @@ impl Request {
         let mut fair = (self.fair && !shared.held_by_owner(&self.key, &self.owner))
             .then(|| Fair::new(shared.clone(), &self.key, self.owner.id()));
         let line = line::of(shared.space(), &self.key);
+        let mut last_place = Place::Behind(1);
         loop {
             // A locker shut down while this call waits: no further attempt.
             shared.check_open()?;
             // A fair caller attempts only when nobody live is queued ahead of it.
-            let may_try = match &mut fair {
-                None => true,
-                Some(f) => match tokio::time::timeout_at(call_until, f.may_try()).await {
-                    Ok(may) => may?,
+            let place = match &mut fair {
+                None => Place::Head,
+                Some(f) => match tokio::time::timeout_at(call_until, f.place()).await {
+                    Ok(place) => place?,
                     Err(_) => {
                         return Err(self.gave_up_unanswered(seen, started.elapsed(), &report))
                     }
                 },
             };
+            match place {
+                // Behind others in a fair queue: the pause is set by the place (see `Place`).
+                Place::Behind(ahead) => {
+                    backoff = (FIRST_BACKOFF * (1 << (ahead - 1))).min(MAX_BACKOFF)
+                }
+                // Just at the head of a fair queue: ask soon again from there.
+                Place::Head if fair.is_some() && last_place != Place::Head => {
+                    backoff = FIRST_BACKOFF
+                }
+                Place::Head => {}
+            }
+            last_place = place;
+            let may_try = place == Place::Head;
             let outcome = if may_try {
                 attempts += 1;
                 let attempt = self.try_once(&shared, interest.is_some(), call_until, &report);
@@ -586,7 +600,9 @@ impl Request {
             match outcome {
                 Try::Got(guard) => {
                     if let Some(f) = fair.take() {
+                        // Out of the queue; the next fair waiters of this process look at once.
                         f.leave().await;
+                        line::freed(shared.space(), &self.key);
                     }
                     tracing::debug!(
                         fencing_token = guard.fencing_token(),

@@ -135,8 +135,8 @@ pub(crate) enum QueueStep<'a> {
         owner: &'a str,
         lease_us: i64,
     },
-    /// Whether a live waiter with a smaller ticket is queued (1) or not (0); a caller without a
-    /// ticket asks with `i64::MAX`.
+    /// How many live waiters with a smaller ticket are queued, counted up to 8 (0: nobody is
+    /// ahead); a caller without a ticket asks with `i64::MAX`.
     Ahead { key: &'a str, ticket: i64 },
     /// Renews the ticket's lease: 1, or 0 if it is gone (ran out and was cleared).
     Touch {

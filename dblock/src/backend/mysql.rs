@@ -427,7 +427,12 @@ impl My {
             outcomes: sql(OUTCOMES, &t),
             exactly_once: sql(EXACTLY_ONCE, &t),
             queue: sql(QUEUE, &q),
-            has_queue: sql("SELECT ticket FROM {table} LIMIT 0", &q),
+            // Both tables with their newest columns (a lock table dropped by hand beside its
+            // queue is made again).
+            has_queue: sql(
+                &format!("SELECT t.release_token, q.ticket FROM {{table}} AS t, {q} AS q LIMIT 0"),
+                &t,
+            ),
             // The fair waiters' queue: one statement each on one key's rows (primary key
             // (lock_key, ticket)). Tickets are the AUTO_INCREMENT's, in the order the inserts
             // ran (on Galera, each node's own series interleaved: arrival order per node, only
@@ -439,8 +444,8 @@ VALUES (?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
                 &q,
             ),
             queue_ahead: sql(
-                "SELECT EXISTS (SELECT 1 FROM {table}
-WHERE lock_key = ? AND ticket < ? AND expires_at > UTC_TIMESTAMP(6))",
+                "SELECT CAST(COUNT(*) AS SIGNED) FROM (SELECT 1 FROM {table}
+WHERE lock_key = ? AND ticket < ? AND expires_at > UTC_TIMESTAMP(6) LIMIT 8) AS ahead",
                 &q,
             ),
             queue_touch: sql(
@@ -654,12 +659,11 @@ impl Dialect for My {
                 done.last_insert_id() as i64
             }
             QueueStep::Ahead { key, ticket } => {
-                let ahead: bool = sqlx::query_scalar(s.queue_ahead.clone())
+                sqlx::query_scalar(s.queue_ahead.clone())
                     .bind(key)
                     .bind(ticket)
                     .fetch_one(conn)
-                    .await?;
-                i64::from(ahead)
+                    .await?
             }
             QueueStep::Touch {
                 key,

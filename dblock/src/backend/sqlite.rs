@@ -245,8 +245,8 @@ impl Lite {
                 &q,
             ),
             queue_ahead: sql(
-                "SELECT EXISTS (SELECT 1 FROM {table}
-WHERE ticket < $2 AND lock_key = $1 AND expires_at > {now})",
+                "SELECT COUNT(*) FROM (SELECT 1 FROM {table}
+WHERE ticket < $2 AND lock_key = $1 AND expires_at > {now} LIMIT 8)",
                 &q,
             ),
             queue_touch: sql(
@@ -430,12 +430,11 @@ impl Dialect for Lite {
                 .await?
                 .last_insert_rowid(),
             QueueStep::Ahead { key, ticket } => {
-                let ahead: bool = sqlx::query_scalar(s.queue_ahead.clone())
+                sqlx::query_scalar(s.queue_ahead.clone())
                     .bind(key)
                     .bind(ticket)
                     .fetch_one(conn)
-                    .await?;
-                i64::from(ahead)
+                    .await?
             }
             QueueStep::Touch {
                 key,

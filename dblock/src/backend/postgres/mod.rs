@@ -181,13 +181,15 @@ pub(crate) struct Stmt {
 
 #[derive(Debug)]
 struct Statements {
-    /// The quoted name of the queue table (migration 0004, the newest), for `to_regclass`.
+    /// The quoted names of the table and of its queue (migration 0004, the newest), for
+    /// `to_regclass`.
+    table: String,
     queue_table: String,
     ddl: SqlStr,
     outcomes: SqlStr,
     exactly_once: SqlStr,
     queue: SqlStr,
-    /// `$1` = the quoted queue table's name: is the newest migration's table there?
+    /// `$1`, `$2` = the quoted queue and lock tables: are both there, with the newest columns?
     exists: Stmt,
     acquire: Stmt,
     acquire_waiting: Stmt,
@@ -397,12 +399,19 @@ impl Pg {
         let t = quote_ident(table, '"');
         let q = quote_ident(&super::queue_table(table), '"');
         let statements = Statements {
+            table: t.clone(),
             queue_table: q.clone(),
             ddl: sql(DDL, &t),
             outcomes: sql(OUTCOMES, &t),
             exactly_once: sql(EXACTLY_ONCE, &t),
             queue: sql(QUEUE, &q),
-            exists: stmt("SELECT to_regclass($1) IS NOT NULL", &t),
+            // Both tables with their newest columns (a lock table dropped by hand beside its
+            // queue is made again).
+            exists: stmt(
+                "SELECT to_regclass($1) IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute
+             WHERE attrelid = to_regclass($2) AND attname = 'release_token' AND NOT attisdropped)",
+                &t,
+            ),
 
             // Acquire, re-entry and takeover in one statement, update-first:
             // - `upd` is a single-row UPDATE by primary key. Its WHERE is the "may I take it"
@@ -628,8 +637,8 @@ RETURNING ticket",
                 &q,
             ),
             queue_ahead: stmt(
-                "SELECT EXISTS (SELECT 1 FROM {table}
-WHERE lock_key = $1 AND ticket < $2 AND expires_at > statement_timestamp())",
+                "SELECT COUNT(*) FROM (SELECT 1 FROM {table}
+WHERE lock_key = $1 AND ticket < $2 AND expires_at > statement_timestamp() LIMIT 8) AS ahead",
                 &q,
             ),
             queue_touch: stmt(
@@ -821,7 +830,11 @@ impl Dialect for Pg {
         // columns. One read, no lock, and none of the "already exists, skipping" NOTICEs that
         // sqlx would log at INFO.
         let exists: bool = match self
-            .fetch_optional(conn, &self.sql.exists, &[Arg::Text(&self.sql.queue_table)])
+            .fetch_optional(
+                conn,
+                &self.sql.exists,
+                &[Arg::Text(&self.sql.queue_table), Arg::Text(&self.sql.table)],
+            )
             .await?
         {
             Some(row) => row.try_get(0)?,
@@ -1131,7 +1144,7 @@ impl Dialect for Pg {
                     .fetch_optional(conn, &s.queue_ahead, &[Arg::Text(key), Arg::Int8(ticket)])
                     .await?
                     .ok_or(sqlx::Error::RowNotFound)?;
-                Ok(i64::from(row.try_get::<bool, _>(0)?))
+                row.try_get(0)
             }
             QueueStep::Touch {
                 key,
