@@ -1166,3 +1166,36 @@ async fn waiters_of_one_process_get_the_key_in_arrival_order() {
         );
     }
 }
+
+/// A newcomer of the process does not go ahead of the process's waiters already in line: freed
+/// while the head of the line sleeps in its backoff, the key goes to the head, and a newcomer
+/// with one attempt finds it busy. (Before, the newcomer's first attempt took it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newcomers_do_not_go_ahead_of_the_processs_line() {
+    let (dbs, _dir) = common::all("no_barging").await;
+    for db in &dbs {
+        let key = format!("line:{}", db.name);
+        let holder = db.locker.lock(&key).await.unwrap();
+        let first = holder.fencing_token();
+        let (l, k) = (db.locker.clone(), key.clone());
+        let waiter = tokio::spawn(async move {
+            let g = l.lock(&k).wait(Duration::from_secs(20)).await.unwrap();
+            let token = g.fencing_token();
+            g.release().await.unwrap();
+            token
+        });
+        // The waiter's backoff grows to its cap (125–250 ms pauses).
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        // Freed by an operator: nothing in this process wakes the waiter.
+        assert!(db.locker.force_release(&key).await.unwrap());
+        drop(holder);
+        let newcomer = db.locker.lock(&key).await;
+        assert!(
+            matches!(newcomer, Err(LockError::Busy { .. })),
+            "{}: a newcomer went ahead of the line: {:?}",
+            db.name,
+            newcomer.map(|g| g.fencing_token())
+        );
+        assert_eq!(waiter.await.unwrap(), first + 1, "{}", db.name);
+    }
+}

@@ -8,8 +8,9 @@
 //! release of the key by this process wakes the head at once ([`Line::freed`]); a release by
 //! another process wakes it through the backend (PostgreSQL NOTIFY) or its next poll.
 //!
-//! A caller joins only after its first attempt found the key busy: a lone caller, and re-entry
-//! (granted on the first attempt), never touch a line. Across processes the database decides
+//! A caller joins after its first attempt found the key busy, or before its first attempt if
+//! waiters of the process are already in line (a newcomer does not go ahead of them); a lone
+//! caller, and a re-entry (the owner holds the key), never wait in a line. Across processes the database decides
 //! who asks first unless the callers use `LockRequest::fair` (`fair.rs`), which skip this line and
 //! keep to the order of their tickets in the database.
 
@@ -74,6 +75,16 @@ pub(crate) fn of(space: &Arc<str>, key: &str) -> Arc<Line> {
             line
         }
     }
+}
+
+/// Whether waiters of this process are in line for `key` in `space` (someone is its head).
+/// Looks the line up without making one: the uncontended path stays a map look-up.
+pub(crate) fn has_waiters(space: &Arc<str>, key: &str) -> bool {
+    let line = lock(&LINES)
+        .map
+        .get(&(space.clone(), Box::from(key)))
+        .and_then(Weak::upgrade);
+    line.is_some_and(|l| l.head.try_lock().is_err())
 }
 
 /// This process freed `key` in `space`: the head of its line (if any) asks again at once.

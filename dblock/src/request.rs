@@ -556,6 +556,18 @@ impl Request {
             .then(|| Fair::new(shared.clone(), &self.key, self.owner.id()));
         let line = line::of(shared.space(), &self.key);
         let mut last_place = Place::Behind(1);
+        if fair.is_none()
+            && line::has_waiters(shared.space(), &self.key)
+            && !shared.held_by_owner(&self.key, &self.owner)
+        {
+            // Earlier waiters of this process are in line: a newcomer goes behind them rather
+            // than ahead with an attempt of its own (with no wait, the key is busy for it).
+            tracing::trace!("in line behind earlier waiters before the first attempt");
+            match tokio::time::timeout_at(wait_until, line.turn()).await {
+                Ok(head) => turn = Some(head),
+                Err(_) => return Err(self.gave_up(Seen::Busy, started.elapsed())),
+            }
+        }
         loop {
             // A locker shut down while this call waits: no further attempt.
             shared.check_open()?;
