@@ -574,7 +574,7 @@ impl Request {
             // A fair caller attempts only when nobody live is queued ahead of it.
             let place = match &mut fair {
                 None => Place::Head,
-                Some(f) => match tokio::time::timeout_at(call_until, f.place()).await {
+                Some(f) => match tokio::time::timeout_at(call_until, Box::pin(f.place())).await {
                     Ok(place) => place?,
                     Err(_) => {
                         return Err(self.gave_up_unanswered(seen, started.elapsed(), &report))
@@ -613,7 +613,7 @@ impl Request {
                 Try::Got(guard) => {
                     if let Some(f) = fair.take() {
                         // Out of the queue; the next fair waiters of this process look at once.
-                        f.leave().await;
+                        Box::pin(f.leave()).await;
                         line::freed(shared.space(), &self.key);
                     }
                     tracing::debug!(
@@ -660,7 +660,8 @@ impl Request {
                     if let Some(f) = &mut fair {
                         if may_try {
                             // Busy on its own attempt: a ticket at the back of the queue.
-                            match tokio::time::timeout_at(wait_until, f.queue_up()).await {
+                            match tokio::time::timeout_at(wait_until, Box::pin(f.queue_up())).await
+                            {
                                 Ok(queued) => queued?,
                                 Err(_) => return Err(self.gave_up(seen, started.elapsed())),
                             }

@@ -1222,7 +1222,7 @@ mod tests {
     async fn every_statement_has_the_placeholders_its_values_fill() {
         let sql = &Pg::new(lazy_pool(), "some.t").sql;
         for (name, s, n) in [
-            ("exists", &sql.exists, 1),
+            ("exists", &sql.exists, 2),
             ("acquire", &sql.acquire, 10),
             ("release", &sql.release, 8),
             ("extend", &sql.extend, 4),
@@ -1233,6 +1233,10 @@ mod tests {
             ("force_release", &sql.force_release, 1),
             ("reset", &sql.reset, 1),
             ("purge", &sql.purge, 1),
+            ("queue_join", &sql.queue_join, 3),
+            ("queue_ahead", &sql.queue_ahead, 2),
+            ("queue_touch", &sql.queue_touch, 4),
+            ("queue_leave", &sql.queue_leave, 3),
         ] {
             assert_eq!(s.template.params(), n, "{name}");
             let args: Vec<Arg<'_>> = (0..n).map(|_| Arg::Int8(0)).collect();
