@@ -193,27 +193,30 @@ mod through_pgbouncer {
         );
     }
 
-    /// PgBouncer refuses start-up parameters it does not know (here, as out of the box):
-    /// `Locker::connect` sends `options` (time-outs, isolation, keepalives), pooler mode sends
-    /// nothing it refuses.
-    #[tokio::test]
-    async fn only_pooler_mode_connects_to_a_stock_pgbouncer() {
+    /// A stock PgBouncer refuses the direct path's start-up parameters; the plain URL finds
+    /// that out and connects in pooler mode, and `pooler(false)` says what to do instead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stock_pgbouncer_is_found_from_the_plain_url() {
         if common::pgbouncer("pgb_startup").await.is_none() {
             return;
         }
         let url = common::pgbouncer_url();
-        match Locker::connect(&url).await {
-            Err(LockError::Database(e)) => {
-                assert!(e.to_string().contains("startup parameter"), "{e}")
+        match Locker::connect_with(&url, ConnectOptions::new().pooler(false)).await {
+            Err(LockError::Config(e)) => {
+                assert!(
+                    e.contains("startup parameter") && e.contains("pooler(true)"),
+                    "{e}"
+                )
             }
-            other => panic!("expected PgBouncer to refuse the start-up parameters: {other:?}"),
+            other => panic!("expected a Config error naming pooler(true): {other:?}"),
         }
-        let pooled = Locker::connect_with(&url, ConnectOptions::new().pooler(true))
+        let found = Locker::connect(&url)
             .await
             .unwrap()
             .table(&common::table_for("pgb_startup"));
-        pooled.migrate().await.unwrap();
-        pooled.lock("k").await.unwrap().release().await.unwrap();
+        assert!(dblock::test_util::pooler_mode(&found));
+        found.migrate().await.unwrap();
+        found.lock("k").await.unwrap().release().await.unwrap();
     }
 
     /// A fenced transaction through PgBouncer, twice on the same client connection: the fence

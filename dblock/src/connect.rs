@@ -14,7 +14,7 @@ use std::time::Duration;
 /// | [`statement_timeout`](Self::statement_timeout) | 5 s | one statement: on the server (PostgreSQL `statement_timeout` and `lock_timeout`, MariaDB `max_statement_time` and `innodb_lock_wait_timeout`) and in the client, which closes a connection whose reply does not come in time |
 /// | [`listen`](Self::listen) | `true` | PostgreSQL: one connection of the locker's own LISTENs for releases, so waiters wake at once |
 /// | [`durable_release`](Self::durable_release) | `false` | PostgreSQL and SQLite: whether a release waits for its own disk flush (see there) |
-/// | [`pooler`](Self::pooler) | `false` | PostgreSQL: the URL is a transaction pooler such as PgBouncer (no prepared statements, no session settings, no LISTEN through it) |
+/// | [`pooler`](Self::pooler) | found out | PostgreSQL: the URL is a transaction pooler such as PgBouncer (no prepared statements, no session settings, no LISTEN through it); `Locker::connect` finds out by itself, this forces either way |
 /// | [`listen_url`](Self::listen_url) | none | PostgreSQL: a URL of its own for the LISTEN connection, e.g. straight to the server past the pooler |
 ///
 /// Whatever the options, a `lock()` call returns by its `wait` (an attempt that `wait` cannot
@@ -43,7 +43,8 @@ pub struct ConnectOptions {
     pub(crate) statement_timeout: Duration,
     pub(crate) listen: bool,
     pub(crate) durable_release: bool,
-    pub(crate) pooler: bool,
+    /// `None`: found out on the first connection (`Locker::connect`); `Some`: as the caller says.
+    pub(crate) pooler: Option<bool>,
     pub(crate) listen_url: Option<String>,
 }
 
@@ -55,7 +56,7 @@ impl Default for ConnectOptions {
             statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
             listen: true,
             durable_release: false,
-            pooler: false,
+            pooler: None,
             listen_url: None,
         }
     }
@@ -161,9 +162,21 @@ impl ConnectOptions {
     /// - `migrate()` runs as one implicit transaction, and `fence` sends its statement the
     ///   same way inside the caller's transaction.
     ///
-    /// The same option works for a pool of your own: [`Locker::postgres_with`].
+    /// **Found out, not configured.** Without this option, [`Locker::connect`] finds out on
+    /// its first connection: it connects with its session settings, and falls back to pooler
+    /// mode (logged once at `info`, with the reason) when the server side refuses them (a stock
+    /// PgBouncer: "unsupported startup parameter"), drops them silently (`options` in
+    /// `ignore_startup_parameters`), or when session state set on one of its connections shows
+    /// up on another (transaction pooling: server connections are shared). Session pooling
+    /// and a direct server stay on the prepared path. `pooler(true)` skips the check;
+    /// `pooler(false)` forces the direct path, and then a transaction pooler is a
+    /// [`LockError::Config`](crate::LockError::Config) naming `pooler(true)` at connect.
+    ///
+    /// The same option works for a pool of your own: [`Locker::postgres_with`] (where nothing
+    /// is found out: give `pooler(true)` for a pool behind a transaction pooler).
     ///
     /// [`Locker::postgres_with`]: crate::Locker::postgres_with
+    /// [`Locker::connect`]: crate::Locker::connect
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), dblock::LockError> {
@@ -175,7 +188,7 @@ impl ConnectOptions {
     /// # Ok(()) }
     /// ```
     pub fn pooler(mut self, on: bool) -> Self {
-        self.pooler = on;
+        self.pooler = Some(on);
         self
     }
 

@@ -50,6 +50,12 @@ pub fn pgbench_script(locker: &Locker) -> Option<String> {
     locker.shared().backend().ok()?.pgbench_script()
 }
 
+/// Whether the locker sends its statements in pooler mode (PostgreSQL behind a transaction
+/// pooler, configured or found out); `false` elsewhere.
+pub fn pooler_mode(locker: &Locker) -> bool {
+    locker.shared().backend().is_ok_and(|b| b.pooler())
+}
+
 /// PostgreSQL: the NOTIFY channel of the locker's table.
 pub fn notify_channel(locker: &Locker) -> Option<String> {
     locker.shared().backend().ok()?.notify_channel()

@@ -47,13 +47,11 @@ pub fn is_postgres(name: &str) -> bool {
     name == "postgres" || name == PGBOUNCER
 }
 
-/// How a locker of the backend called `name` connects: through PgBouncer, in pooler mode.
+/// How a locker of the backend called `name` connects: with the plain URL, PgBouncer too
+/// (the locker finds out that it is a transaction pooler; `tests/poolers.rs`).
 pub fn options_for(name: &str) -> ConnectOptions {
-    if name == PGBOUNCER {
-        ConnectOptions::new().pooler(true)
-    } else {
-        ConnectOptions::new()
-    }
+    let _ = name;
+    ConnectOptions::new()
 }
 
 /// Another locker on `db`'s server, connected as the backend's own (pooler mode through

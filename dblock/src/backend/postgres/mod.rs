@@ -158,14 +158,13 @@ impl Settings {
                     .map_err(|e| super::bad_url(url, e))?
                     .options(keepalives()),
             ))),
-            (None, true) if opts.pooler => None,
+            (None, true) if opts.pooler == Some(true) => None,
             (None, true) => Some(notify::Source::Pool(pool.clone())),
         };
         Ok(Settings {
             lazy_release: !opts.durable_release,
             listen,
-            pooler: opts
-                .pooler
+            pooler: (opts.pooler == Some(true))
                 .then(|| Arc::new(Pooler::new(opts.statement_timeout))),
         })
     }
@@ -348,15 +347,152 @@ const INFO_COLUMNS: &str =
 ///
 /// Behind a pooler the start-up sends only what a pooler accepts out of the box (no `options`,
 /// no `extra_float_digits`): isolation and time-outs come with each statement instead
-/// ([`Pooler::prefix`]), keepalives are the pooler's.
+/// ([`Pooler::prefix`]), keepalives are the pooler's. Unless `opts.pooler` says which, the
+/// direct path is tried first and a transaction pooler found on it ([`pooler_found`], or a
+/// refused start-up) means connecting again in pooler mode, said once at `info`.
 pub(crate) async fn connect(
     url: &str,
     table: &str,
     opts: &ConnectOptions,
 ) -> Result<Pg, LockError> {
-    let statement_ms = opts.statement_timeout.as_millis().to_string();
     let parsed = PgConnectOptions::from_str(url).map_err(|e| super::bad_url(url, e))?;
-    let options = if opts.pooler {
+    if opts.pooler == Some(true) {
+        return connect_pool(parsed, table, opts).await;
+    }
+    // The direct path first; what the first connections show decides (see `pooler_found`).
+    let direct = connect_pool(parsed.clone(), table, opts).await;
+    let reason = match &direct {
+        Err(LockError::Database(e)) if refused_startup(e) => Some(format!(
+            "it refused the session settings sent at start-up ({e})"
+        )),
+        Err(_) => None,
+        Ok(pg) => pooler_found(&pg.pool, opts)
+            .await
+            .map_err(LockError::Database)?,
+    };
+    let Some(reason) = reason else {
+        return direct;
+    };
+    if opts.pooler == Some(false) {
+        return Err(LockError::Config(format!(
+            "{} looks like a transaction pooler: {reason}; `pooler(false)` forces the direct path, \
+             use ConnectOptions::pooler(true) (or leave it unset) to lock through it",
+            super::redact(url)
+        )));
+    }
+    if let Ok(pg) = &direct {
+        pg.pool.close().await;
+    }
+    tracing::info!(
+        url = %super::redact(url),
+        %reason,
+        listen = opts.listen_url.is_some(),
+        "PostgreSQL behind a transaction pooler: statements go as simple queries with their settings; \
+         waiters poll (give ConnectOptions::listen_url a direct URL for NOTIFY wake-ups)"
+    );
+    let pooled = ConnectOptions {
+        pooler: Some(true),
+        ..opts.clone()
+    };
+    connect_pool(parsed, table, &pooled).await
+}
+
+/// Whether a connect failed because the server side refused the start-up parameters (a
+/// PgBouncer that does not know `options` or `extra_float_digits`: "unsupported startup
+/// parameter").
+fn refused_startup(e: &sqlx::Error) -> bool {
+    e.to_string().contains("unsupported startup parameter")
+}
+
+/// The marker that [`pooler_found`] sets on one connection and looks for on another.
+const PROBE_SETTING: &str = "dblock.pooler_probe";
+
+/// On a pool built for the direct path: why it is a transaction pooler, or `None` when it is
+/// not. Two signs, each enough: the settings sent at start-up did not take effect (dropped by
+/// a pooler that ignores them), or session state is shared between connections
+/// ([`state_shared`]). Simple queries only: a prepared statement through such a pooler could
+/// itself fail.
+async fn pooler_found(pool: &PgPool, opts: &ConnectOptions) -> Result<Option<String>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let rows = sqlx::raw_sql(AssertSqlSafe("SELECT current_setting('statement_timeout')"))
+        .fetch_all(&mut *conn)
+        .await?;
+    drop(conn);
+    let timeout: String = rows
+        .first()
+        .map(|r| r.try_get(0))
+        .transpose()?
+        .unwrap_or_default();
+    if parse_pg_duration_ms(&timeout) != Some(opts.statement_timeout.as_millis()) {
+        return Ok(Some(format!(
+            "the session settings sent at start-up did not take effect (statement_timeout is \
+             {timeout:?}, not {} ms)",
+            opts.statement_timeout.as_millis()
+        )));
+    }
+    Ok(state_shared(pool).await?.then(|| {
+        "a session setting made on one connection showed up on another (server connections are \
+         shared between clients)"
+            .to_owned()
+    }))
+}
+
+/// Whether a session setting made on one connection of `pool` shows up on a second one opened
+/// next to it: server connections are shared between clients (transaction or statement
+/// pooling, whose pooler hands the idle server connection to the next client). A direct
+/// server, or session pooling, gives the second connection a session of its own. The marker is
+/// cleared again, so nothing is left on a shared server connection. A pool of one connection
+/// cannot tell: `false`.
+async fn state_shared(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    if pool.options().get_max_connections() < 2 {
+        return Ok(false);
+    }
+    let marker = format!("{:016x}", fastrand::u64(..));
+    let mut first = pool.acquire().await?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "SELECT set_config('{PROBE_SETTING}', '{marker}', false)"
+    )))
+    .execute(&mut *first)
+    .await?;
+    let mut second = pool.acquire().await?;
+    let rows = sqlx::raw_sql(AssertSqlSafe(format!(
+        "SELECT current_setting('{PROBE_SETTING}', true)"
+    )))
+    .fetch_all(&mut *second)
+    .await?;
+    drop(second);
+    let seen: Option<String> = rows.first().map(|r| r.try_get(0)).transpose()?.flatten();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "SELECT set_config('{PROBE_SETTING}', '', false)"
+    )))
+    .execute(&mut *first)
+    .await?;
+    Ok(seen.as_deref() == Some(marker.as_str()))
+}
+
+/// A PostgreSQL duration setting as shown (`5s`, `5000ms`, `1min`, `0`) in milliseconds.
+fn parse_pg_duration_ms(shown: &str) -> Option<u128> {
+    let digits = shown.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let n: u128 = digits.parse().ok()?;
+    let unit = &shown[digits.len()..];
+    Some(match unit {
+        "" | "ms" => n,
+        "s" => n * 1000,
+        "min" => n * 60_000,
+        "h" => n * 3_600_000,
+        "d" => n * 86_400_000,
+        _ => return None,
+    })
+}
+
+/// The pool itself, on the direct path or (`opts.pooler == Some(true)`) in pooler mode.
+async fn connect_pool(
+    parsed: PgConnectOptions,
+    table: &str,
+    opts: &ConnectOptions,
+) -> Result<Pg, LockError> {
+    let statement_ms = opts.statement_timeout.as_millis().to_string();
+    let options = if opts.pooler == Some(true) {
         parsed.extra_float_digits(None)
     } else {
         parsed
@@ -1242,6 +1378,34 @@ mod tests {
             let args: Vec<Arg<'_>> = (0..n).map(|_| Arg::Int8(0)).collect();
             let text = s.template.render("", &args).unwrap();
             assert!(!text.contains("--"), "{name}: a comment went out: {text}");
+        }
+    }
+
+    /// The session-state sign of a transaction pooler ([`state_shared`]): PgBouncer in
+    /// transaction mode shares it, the server itself does not. (Found through the start-up
+    /// signs first in `connect`, this one is what a pooler that took and applied the settings
+    /// would still show.)
+    #[tokio::test]
+    async fn shared_session_state_tells_a_transaction_pooler_from_a_server() {
+        let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
+        let pool = |url: &str| {
+            PgPoolOptions::new()
+                .max_connections(2)
+                .acquire_timeout(Duration::from_secs(2))
+                .connect_lazy_with(
+                    PgConnectOptions::from_str(url)
+                        .unwrap()
+                        .extra_float_digits(None),
+                )
+        };
+        let server = pool("postgres://postgres@127.0.0.1:5432/test");
+        let bouncer = pool("postgres://postgres@127.0.0.1:6432/test");
+        match (state_shared(&server).await, state_shared(&bouncer).await) {
+            (Ok(s), Ok(b)) => {
+                assert!(!s, "the server taken for a pooler");
+                assert!(b, "PgBouncer in transaction mode not found");
+            }
+            (s, b) => assert!(!require, "servers unreachable: {s:?} {b:?}"),
         }
     }
 
