@@ -214,6 +214,7 @@ mod through_pgbouncer {
             .await
             .unwrap()
             .table(&common::table_for("pgb_startup"));
+        #[cfg(feature = "_test-util")]
         assert!(dblock::test_util::pooler_mode(&found));
         found.migrate().await.unwrap();
         found.lock("k").await.unwrap().release().await.unwrap();
