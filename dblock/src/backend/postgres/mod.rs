@@ -443,7 +443,7 @@ async fn pooler_found(pool: &PgPool, opts: &ConnectOptions) -> Result<Option<Str
 /// server, or session pooling, gives the second connection a session of its own. The marker is
 /// cleared again, so nothing is left on a shared server connection. A pool of one connection
 /// cannot tell: `false`.
-async fn state_shared(pool: &PgPool) -> Result<bool, sqlx::Error> {
+pub(crate) async fn state_shared(pool: &PgPool) -> Result<bool, sqlx::Error> {
     if pool.options().get_max_connections() < 2 {
         return Ok(false);
     }

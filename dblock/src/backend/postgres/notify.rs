@@ -64,6 +64,9 @@ enum Listening {
     /// Being set up, in a task of its own: waiters poll meanwhile.
     Connecting,
     Yes,
+    /// Never: the pool's server connections are shared (a transaction pooler), where a LISTEN
+    /// would stay behind on a server connection other clients get next. Waiters poll.
+    Off,
 }
 
 struct Waiter {
@@ -118,7 +121,7 @@ impl Notifier {
             let mut listening = lock(&self.listening);
             match *listening {
                 Listening::Yes => {}
-                Listening::Connecting => return None,
+                Listening::Connecting | Listening::Off => return None,
                 Listening::No { retry_at } => {
                     if retry_at.is_some_and(|at| Instant::now() < at) {
                         return None;
@@ -129,7 +132,8 @@ impl Notifier {
                         let listened =
                             tokio::time::timeout(2 * LISTEN_CONNECT_TIMEOUT, me.listen()).await;
                         let state = match listened {
-                            Ok(Ok(())) => Listening::Yes,
+                            Ok(Ok(true)) => Listening::Yes,
+                            Ok(Ok(false)) => Listening::Off,
                             failed => {
                                 let error = match failed {
                                     Ok(Err(e)) => e.to_string(),
@@ -165,11 +169,25 @@ impl Notifier {
     /// URL's) but never taken out of the pool (which is the caller's, for
     /// `Locker::postgres(pool)`), then hands it to a task that wakes one waiter of the released
     /// key per notification.
-    async fn listen(self: &Arc<Self>) -> Result<(), sqlx::Error> {
+    ///
+    /// Through the pool's own connect options (`Locker::postgres(pool)`), it first makes sure
+    /// that they reach a server, not a transaction pooler: when in doubt, no LISTEN (`Ok(false)`,
+    /// said once at `info`), since a LISTEN through such a pooler stays on whichever server
+    /// connection ran it and its notifications then reach other clients, who cannot read them.
+    /// A `listen_url` is the caller's word that it goes straight to the server.
+    async fn listen(self: &Arc<Self>) -> Result<bool, sqlx::Error> {
         let own = PgPoolOptions::new()
-            .max_connections(1)
+            .max_connections(2)
             .acquire_timeout(LISTEN_CONNECT_TIMEOUT)
             .connect_lazy_with(self.source.connect_options());
+        if matches!(self.source, Source::Pool(_)) && super::state_shared(&own).await? {
+            tracing::info!(
+                "no LISTEN: the pool's server connections are shared between clients (a transaction \
+                 pooler); waiters poll. ConnectOptions::listen_url gives LISTEN a direct connection"
+            );
+            own.close().await;
+            return Ok(false);
+        }
         let mut listener = PgListener::connect_with(&own).await?;
         listener.listen(&self.channel).await?;
         let me: Weak<Notifier> = Arc::downgrade(self);
@@ -196,7 +214,7 @@ impl Notifier {
         if self.stopped.load(Ordering::SeqCst) {
             self.abort_task(); // stopped while this was connecting
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Stops listening for good (`Locker::shutdown`); waiters fall back to polling.
@@ -217,5 +235,57 @@ impl std::fmt::Debug for Notifier {
         f.debug_struct("Notifier")
             .field("channel", &self.channel)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    /// The state LISTEN settles in for `source`, set up by a first waiter.
+    async fn settles(source: Source) -> &'static str {
+        let notifier = Notifier::new(source, "dblock_test_probe".into());
+        assert!(
+            notifier.interest("k").await.is_none(),
+            "set up in the background"
+        );
+        for _ in 0..100 {
+            match *lock(&notifier.listening) {
+                Listening::Yes => return "yes",
+                Listening::Off => return "off",
+                Listening::No { .. } => return "failed",
+                Listening::Connecting => {}
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        "still connecting"
+    }
+
+    /// `Locker::postgres(pool)` with a pool that goes through a transaction pooler never LISTENs
+    /// there (it polls); with a pool straight to the server, it does; a direct `listen_url` is
+    /// taken at its word.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_listen_through_a_transaction_pooler() {
+        let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
+        let options = |url: &str| {
+            PgConnectOptions::from_str(url)
+                .unwrap()
+                .extra_float_digits(None)
+        };
+        let pool = |url: &str| PgPool::connect_lazy_with(options(url));
+        let server = "postgres://postgres@127.0.0.1:5432/test";
+        let bouncer = "postgres://postgres@127.0.0.1:6432/test";
+        let direct = settles(Source::Pool(pool(server))).await;
+        if direct == "failed" && !require {
+            return; // no server here
+        }
+        assert_eq!(direct, "yes");
+        assert_eq!(settles(Source::Pool(pool(bouncer))).await, "off");
+        assert_eq!(
+            settles(Source::Direct(Arc::new(options(server)))).await,
+            "yes"
+        );
     }
 }
