@@ -71,18 +71,52 @@ where
 
 /// The first connection of a pool that `Locker::connect` made (lazily): waits for it at most
 /// `limit`, and when none comes names the real cause (a refused or unreachable server, bad
-/// credentials), never the pool's time-out. The connection goes back to the pool for the first
-/// statement.
+/// credentials), never the pool's time-out.
+///
+/// It connects directly, once, rather than through the pool, whose own attempts go on until
+/// its time-out: a server that refuses the connection, or refuses us, is named at once. Only
+/// a PostgreSQL server that is starting up (57P03, "the database system is starting up") is
+/// waited out, within `limit`. The connection then goes to the pool for the first statement.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn first_connection<DB: Database>(
     pool: &Pool<DB>,
     limit: Duration,
 ) -> Result<(), sqlx::Error> {
-    match connection(pool, Instant::now() + limit).await {
+    let deadline = Instant::now() + limit;
+    let options = pool.connect_options();
+    loop {
+        let attempt = tokio::time::timeout_at(deadline, sqlx::ConnectOptions::connect(&*options));
+        match Box::pin(attempt).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                break;
+            }
+            Ok(Err(sqlx::Error::Database(e)))
+                if e.code().as_deref() == Some(STARTING_UP)
+                    && Instant::now() + STARTING_UP_PAUSE < deadline =>
+            {
+                tokio::time::sleep(STARTING_UP_PAUSE).await;
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connecting to the database timed out (server unreachable?)",
+                )))
+            }
+        }
+    }
+    match connection(pool, deadline.max(Instant::now() + PROBE)).await {
         Ok(_conn) => Ok(()),
         Err(failed) => Err(failed.error),
     }
 }
+
+/// PostgreSQL's "the database system is starting up" (`cannot_connect_now`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const STARTING_UP: &str = "57P03";
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const STARTING_UP_PAUSE: Duration = Duration::from_millis(100);
 
 async fn connection<DB: Database>(
     pool: &Pool<DB>,
