@@ -128,6 +128,12 @@ impl Locker {
     /// `default_transaction_isolation=read committed` (as [`Locker::connect`] does). Statements
     /// are bounded by the default statement time-out (5 s) in the client.
     ///
+    /// A pool behind a transaction pooler (PgBouncer in transaction mode) needs
+    /// [`Locker::postgres_with`] and `pooler(true)`: unlike [`Locker::connect`], this does not
+    /// find the pooler for its statements. It does before LISTEN: when the pool's server
+    /// connections turn out to be shared between clients, it never LISTENs through them
+    /// (waiters poll), so a pool that reaches a pooler cannot disturb the pooler's other clients.
+    ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
