@@ -49,6 +49,22 @@ fn waiter(db: &common::Db, key: &str) -> Child {
         .unwrap()
 }
 
+/// A task that waits fairly for `key` (a minute at most), releases it at once, and answers the
+/// tenure it had.
+fn fair_turn(locker: &Locker, key: &str) -> tokio::task::JoinHandle<Result<u64, LockError>> {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let g = locker
+            .lock(&key)
+            .fair()
+            .wait(Duration::from_secs(60))
+            .await?;
+        let token = g.fencing_token();
+        g.release().await?;
+        Ok(token)
+    })
+}
+
 /// How many live tickets the queue of `db`'s lock table has for `key`.
 async fn queued(db: &common::Db, key: &str) -> i64 {
     let queue = format!("{}_queue", db.locker.table_name());
@@ -178,25 +194,9 @@ async fn dropped_waiters_leave_and_reentry_never_queues() {
         let key = format!("drop:{}", db.name);
         let me = Owner::new();
         let holder = db.locker.lock(&key).owner(&me).await.unwrap();
-        let other = Locker::clone(&db.locker);
-        let k = key.clone();
-        let dropped = tokio::spawn(async move {
-            other
-                .lock(&k)
-                .fair()
-                .wait(Duration::from_secs(60))
-                .await
-                .map(|g| g.fencing_token())
-        });
+        let dropped = fair_turn(&db.locker, &key);
         until_queued(db, &key, 1).await;
-        let other = Locker::clone(&db.locker);
-        let k = key.clone();
-        let next = tokio::spawn(async move {
-            let g = other.lock(&k).fair().wait(Duration::from_secs(60)).await?;
-            let token = g.fencing_token();
-            g.release().await?;
-            Ok::<_, LockError>(token)
-        });
+        let next = fair_turn(&db.locker, &key);
         until_queued(db, &key, 2).await;
 
         // Re-entry with waiters queued: at once, not behind them.
@@ -285,14 +285,7 @@ async fn the_attribute_waits_in_the_queue() {
         let key = format!("job:{id}");
         let holder = db.locker.lock(&key).await.unwrap();
         let first = holder.fencing_token();
-        let other = Locker::clone(&db.locker);
-        let k = key.clone();
-        let ahead = tokio::spawn(async move {
-            let g = other.lock(&k).fair().wait(Duration::from_secs(20)).await?;
-            let token = g.fencing_token();
-            g.release().await?;
-            Ok::<_, LockError>(token)
-        });
+        let ahead = fair_turn(&db.locker, &key);
         until_queued(db, &key, 1).await;
         let locker = db.locker.clone();
         let body = tokio::spawn(async move { job(&locker, id).await });

@@ -632,17 +632,9 @@ async fn an_unreachable_server_is_named_as_the_cause() {
 /// (with `wait` 0 and 1 s) on a warm locker whose server went away (its proxy dropped: the
 /// port closed, every connection reset).
 ///
-/// FAILS with the library as of this commit, on both backends (left in, not ignored: to be fixed
-/// in the library):
-/// - `connect_with`: `Database(PoolTimedOut)`. sqlx's pool retries a refused connect until its
-///   acquire time-out and says `PoolTimedOut`; `backend/postgres/mod.rs:316` and
-///   `backend/mysql.rs:371` (`PoolOptions::connect_with(..).await?`) pass that on as it is.
-/// - `lock()` with `wait` 0: "outcome of the acquire of `k` unknown (it was sent, no answer came:
-///   no answer from the database within 851ms)". The call's time (800 ms: the statement
-///   time-out) runs out while its attempt still retries the refused connect, and `gave_up`
-///   (`request.rs:484-489`, `Seen::Nothing` at `request.rs:578`) reports "no answer, outcome
-///   unknown": it names no cause, and claims a send the server never got.
-/// (`lock()` with `wait` 1 s passes: its attempt reports the refused probe in time.)
+/// (Written when both failed: `connect_with` said `PoolTimedOut`, and `lock()` with `wait` 0 said
+/// "no answer, outcome unknown". `connect` now makes its first connection directly, and the
+/// wait loop names the attempt's last failure.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_port_is_named_as_the_cause() {
     let mut failures = Vec::new();
