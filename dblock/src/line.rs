@@ -77,23 +77,23 @@ pub(crate) fn of(space: &Arc<str>, key: &str) -> Arc<Line> {
     }
 }
 
-/// Whether waiters of this process are in line for `key` in `space` (someone is its head).
-/// Looks the line up without making one: the uncontended path stays a map look-up.
-pub(crate) fn has_waiters(space: &Arc<str>, key: &str) -> bool {
-    let line = lock(&LINES)
+/// The line for `key` in `space` if there is one, without making one.
+fn existing(space: &Arc<str>, key: &str) -> Option<Arc<Line>> {
+    lock(&LINES)
         .map
         .get(&(space.clone(), Box::from(key)))
-        .and_then(Weak::upgrade);
-    line.is_some_and(|l| l.head.try_lock().is_err())
+        .and_then(Weak::upgrade)
+}
+
+/// The line for `key` in `space` if waiters of this process are in it (someone is its head).
+/// Makes no line: the uncontended path stays one map look-up.
+pub(crate) fn waiting(space: &Arc<str>, key: &str) -> Option<Arc<Line>> {
+    existing(space, key).filter(|l| l.head.try_lock().is_err())
 }
 
 /// This process freed `key` in `space`: the head of its line (if any) asks again at once.
 pub(crate) fn freed(space: &Arc<str>, key: &str) {
-    let line = lock(&LINES)
-        .map
-        .get(&(space.clone(), Box::from(key)))
-        .and_then(Weak::upgrade);
-    if let Some(line) = line {
+    if let Some(line) = existing(space, key) {
         line.freed.notify_waiters();
     }
 }

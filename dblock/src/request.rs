@@ -554,18 +554,24 @@ impl Request {
         // queues. Fair callers keep to the queue's order instead of the process's line.
         let mut fair = (self.fair && !shared.held_by_owner(&self.key, &self.owner))
             .then(|| Fair::new(shared.clone(), &self.key, self.owner.id()));
-        let line = line::of(shared.space(), &self.key);
+        // The process's line for the key: looked up only when the key is busy, or when others
+        // already wait in it (a lone caller never touches the lines' map).
+        let mut line = if fair.is_none() {
+            line::waiting(shared.space(), &self.key)
+        } else {
+            None
+        };
         let mut last_place = Place::Behind(1);
-        if fair.is_none()
-            && line::has_waiters(shared.space(), &self.key)
-            && !shared.held_by_owner(&self.key, &self.owner)
-        {
-            // Earlier waiters of this process are in line: a newcomer goes behind them rather
-            // than ahead with an attempt of its own (with no wait, the key is busy for it).
-            tracing::trace!("in line behind earlier waiters before the first attempt");
-            match tokio::time::timeout_at(wait_until, line.turn()).await {
-                Ok(head) => turn = Some(head),
-                Err(_) => return Err(self.gave_up(Seen::Busy, started.elapsed())),
+        if let Some(l) = &line {
+            if !shared.held_by_owner(&self.key, &self.owner) {
+                // Earlier waiters of this process are in line: a newcomer goes behind them
+                // rather than ahead with an attempt of its own (with no wait, the key is busy
+                // for it).
+                tracing::trace!("in line behind earlier waiters before the first attempt");
+                match tokio::time::timeout_at(wait_until, l.turn()).await {
+                    Ok(head) => turn = Some(head),
+                    Err(_) => return Err(self.gave_up(Seen::Busy, started.elapsed())),
+                }
             }
         }
         loop {
@@ -657,6 +663,9 @@ impl Request {
                         tracing::debug!(?waited, attempts, "busy: giving up");
                         return Err(self.gave_up(seen, waited));
                     }
+                    let line = line
+                        .get_or_insert_with(|| line::of(shared.space(), &self.key))
+                        .clone();
                     if let Some(f) = &mut fair {
                         if may_try {
                             // Busy on its own attempt: a ticket at the back of the queue.

@@ -134,21 +134,22 @@ impl Shared {
     /// holds `key`: then a wait of `caller` for `key` ends only at its deadline, unless another
     /// future of the same task releases it.
     pub(crate) fn held_by_caller(&self, key: &str, caller: Caller, owner: &Owner) -> bool {
-        self.live()
-            .values()
-            .filter(|(_, of)| std::ptr::eq(of.as_ptr(), self))
-            .filter_map(|(h, _)| h.upgrade())
-            .any(|h| h.key == key && h.caller == caller && h.owner != *owner && !h.is_lost())
+        self.holds_any(|h| h.key == key && h.caller == caller && h.owner != *owner)
     }
 
     /// Whether a live guard of this locker holds `key` as `owner`: a new call of that owner is
     /// a re-entry, which never waits in the fair queue (it would wait for its own waiters).
     pub(crate) fn held_by_owner(&self, key: &str, owner: &Owner) -> bool {
+        self.holds_any(|h| h.key == key && h.owner == *owner)
+    }
+
+    /// Whether a live guard of this locker has a hold, not lost, for which `matches` is true.
+    fn holds_any(&self, matches: impl Fn(&Hold) -> bool) -> bool {
         self.live()
             .values()
             .filter(|(_, of)| std::ptr::eq(of.as_ptr(), self))
             .filter_map(|(h, _)| h.upgrade())
-            .any(|h| h.key == key && h.owner == *owner && !h.is_lost())
+            .any(|h| !h.is_lost() && matches(&h))
     }
 
     /// The guard of `hold` is giving it back (or dropped).
