@@ -364,8 +364,7 @@ async fn payout(locker: &Locker, id: u32, ran: &AtomicUsize, fail: bool) -> Resu
 async fn once_runs_the_body_until_it_succeeds() {
     let (dbs, _dir) = common::all("attr_once").await;
     for db in &dbs {
-        let l = db.locker.table(&common::table_for("attr_once"));
-        l.migrate().await.unwrap();
+        let l = common::own_table(db, "attr_once").await;
         let ran = AtomicUsize::new(0);
         assert!(matches!(
             payout(&l, 7, &ran, true).await,
@@ -433,8 +432,7 @@ async fn after_release(l: &Locker, key: &str) -> dblock::LockInfo {
 async fn a_panicked_or_cancelled_body_fails_and_once_runs_it_again() {
     let (dbs, _dir) = common::all("attr_fail").await;
     for db in &dbs {
-        let l = db.locker.table(&common::table_for("attr_fail"));
-        l.migrate().await.unwrap();
+        let l = common::own_table(db, "attr_fail").await;
         for (id, how) in [(1, "panicked"), (2, "cancelled")] {
             let key = format!("job:{id}");
             let ran = Arc::new(AtomicUsize::new(0));
@@ -494,8 +492,7 @@ async fn tick(locker: &Locker) -> Result<(), AppError> {
 async fn min_hold_keeps_the_key_after_a_quick_body() {
     let (dbs, _dir) = common::all("attr_min_hold").await;
     for db in &dbs {
-        let l = db.locker.table(&common::table_for("attr_min_hold"));
-        l.migrate().await.unwrap();
+        let l = common::own_table(db, "attr_min_hold").await;
         let started = Instant::now();
         tick(&l).await.unwrap();
         assert!(

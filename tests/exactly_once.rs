@@ -196,8 +196,7 @@ async fn succeed_in_commits_and_rolls_back_with_the_work() {
     for db in &dbs {
         let work_url = common::direct_url(db);
         // A table of its own per backend ("mysql8-path" shares MariaDB's).
-        let locker = db.locker.table(&common::table_for("succeed_in"));
-        locker.migrate().await.unwrap();
+        let locker = common::own_table(db, "succeed_in").await;
         let db = &common::Db {
             name: db.name,
             url: db.url.clone(),
@@ -274,8 +273,7 @@ async fn purge_keeps_done_once_keys_until_they_are_reset() {
     let (dbs, _dir) = common::all("purge_once").await;
     for db in &dbs {
         // A table of its own per backend ("mysql8-path" shares MariaDB's).
-        let l = &db.locker.table(&common::table_for("purge_once"));
-        l.migrate().await.unwrap();
+        let l = &common::own_table(db, "purge_once").await;
         l.lock("done")
             .once()
             .await

@@ -12,17 +12,11 @@ use sqlx::Row;
 
 const SEC: Duration = Duration::from_secs(1);
 
-async fn own_table(db: &common::Db, test: &str) -> Locker {
-    let l = db.locker.table(&common::table_for(test));
-    l.migrate().await.unwrap();
-    l
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_all_takes_every_key_or_none_in_one_order() {
     let (dbs, _dir) = common::all("multi_basic").await;
     for db in &dbs {
-        let l = own_table(db, "multi_basic").await;
+        let l = common::own_table(db, "multi_basic").await;
         let gs = l.lock_all(["b", "a", "c", "a"]).await.unwrap();
         let keys: Vec<&str> = gs.iter().map(|g| g.key()).collect();
         assert_eq!(keys, ["a", "b", "c"], "{}: sorted, deduplicated", db.name);
@@ -148,7 +142,7 @@ async fn lock_all_failing_half_way_leaves_nothing_behind() {
     // Not the MySQL 8 path: MySQL has no per-row WHEN on a trigger, and any trigger on the lock
     // table makes that path's grants come back as busy (see the ignored test below).
     for db in dbs.iter().filter(|d| d.name != "mysql8-path") {
-        let l = own_table(db, "mfail").await;
+        let l = common::own_table(db, "mfail").await;
         let me = Owner::new();
         refuse(db, &l, "b", me.id()).await;
         // "b" is busy at the first attempt (one statement for both keys), so only "a" is taken
@@ -215,7 +209,7 @@ async fn mysql8_path_grants_survive_a_trigger_on_the_lock_table() {
     let Some(db) = common::mysql("multi_trigger").await else {
         return;
     };
-    let l = dblock::test_util::mysql8_statements(&own_table(&db, "mtrigger").await);
+    let l = dblock::test_util::mysql8_statements(&common::own_table(&db, "mtrigger").await);
     let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE TRIGGER {0}_noop AFTER UPDATE ON {0} FOR EACH ROW SET @dblock_seen = 1",
@@ -353,7 +347,7 @@ async fn waiting_for_a_key_this_task_holds_is_diagnosed() {
 
     let (dbs, _dir) = common::all("multi_self").await;
     for db in &dbs {
-        let l = own_table(db, "multi_self").await;
+        let l = common::own_table(db, "multi_self").await;
         out.take();
 
         // The mistake: it waits for itself, and is told so before the wait, not after.
@@ -434,7 +428,7 @@ macro_rules! money {
 macro_rules! fence_case {
     ($pool:ty, $db:expr) => {{
         let db = $db;
-        let l = own_table(db, "multi_fence").await;
+        let l = common::own_table(db, "multi_fence").await;
         let table = common::table_for("money");
         let pool = money!($pool, db, table);
         let who = |p: &$pool| {
@@ -523,7 +517,7 @@ macro_rules! isolation_case {
     // `BEGIN IMMEDIATE`, which would keep the takeover out altogether.
     ($pool:ty, $db:expr, $begin:expr, $begin_late:expr) => {{
         let db = $db;
-        let l = own_table(db, "multi_iso").await;
+        let l = common::own_table(db, "multi_iso").await;
         let table = common::table_for("money_iso");
         let pool = money!($pool, db, table);
         let read = format!("SELECT who FROM {table} WHERE id = 1");

@@ -12,12 +12,6 @@ const SEC: Duration = Duration::from_secs(1);
 
 /// The backend's locker on a table of its own (mariadb and mysql8-path share the one of
 /// `common::all`, and these tests look at rows by key).
-async fn own_table(db: &common::Db, test: &str) -> Locker {
-    let l = db.locker.table(&common::table_for(test));
-    l.migrate().await.unwrap();
-    l
-}
-
 async fn outcome(l: &Locker, key: &str) -> (Option<Outcome>, Option<SystemTime>) {
     let info = l.inspect(key).await.unwrap().expect("row");
     (info.last_outcome, info.finished_at)
@@ -27,7 +21,7 @@ async fn outcome(l: &Locker, key: &str) -> (Option<Outcome>, Option<SystemTime>)
 async fn every_release_records_how_the_hold_ended() {
     let (dbs, _dir) = common::all("outcome_paths").await;
     for db in &dbs {
-        let l = &own_table(db, "outcome_paths").await;
+        let l = &common::own_table(db, "outcome_paths").await;
         let before = SystemTime::now() - SEC;
         l.lock("ok").await.unwrap().release().await.unwrap();
         let (o, at) = outcome(l, "ok").await;
@@ -118,7 +112,7 @@ async fn every_release_records_how_the_hold_ended() {
 async fn once_runs_until_the_work_succeeds() {
     let (dbs, _dir) = common::all("outcome_once").await;
     for db in &dbs {
-        let l = &own_table(db, "outcome_once").await;
+        let l = &common::own_table(db, "outcome_once").await;
         // Failed: runnable again.
         l.lock("pay")
             .once()
@@ -235,7 +229,7 @@ async fn once_runs_until_the_work_succeeds() {
 async fn min_hold_keeps_a_released_key_unavailable_to_others() {
     let (dbs, _dir) = common::all("outcome_min_hold").await;
     for db in &dbs {
-        let l = &own_table(db, "outcome_min_hold").await;
+        let l = &common::own_table(db, "outcome_min_hold").await;
         let started = Instant::now();
         let g = l.lock("job").min_hold(SEC).await.unwrap();
         g.release().await.unwrap();
@@ -367,7 +361,7 @@ async fn shutdown_covers_table_copies_and_waiting_calls() {
     let (dbs, _dir) = common::all("outcome_shutdown_copies").await;
     for db in &dbs {
         let other = &db.locker;
-        let other_b = &own_table(db, "outcome_shutdown_copies_b").await;
+        let other_b = &common::own_table(db, "outcome_shutdown_copies_b").await;
         let base = common::connect(db).await;
         let mine = base.table(other.table_name());
         let mine_b = base.table(other_b.table_name());

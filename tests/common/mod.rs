@@ -118,35 +118,7 @@ pub async fn create_with_0001(db: &Db, table: &str) {
         "sqlite" => include_str!("../../migrations/sqlite/0001_dblock_locks.sql"),
         _ => include_str!("../../migrations/mysql/0001_dblock_locks.sql"),
     };
-    let ddl = file.replace("dblock_locks", table);
-    let _ = &ddl;
-    match db.name {
-        #[cfg(feature = "postgres")]
-        "postgres" | PGBOUNCER => {
-            let pool = <sqlx::PgPool as TestPool>::open(&db.url).await;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
-        #[cfg(feature = "sqlite")]
-        "sqlite" => {
-            let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
-            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
-        #[cfg(feature = "mysql")]
-        "mariadb" | "mysql8-path" => {
-            let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
-            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
-        other => panic!("no such backend {other}"),
-    }
+    run_sql(db.name, &db.url, &file.replace("dblock_locks", table)).await;
 }
 
 /// `host:port` of a database URL (what a fault proxy forwards to).
@@ -158,6 +130,14 @@ pub fn host_of(url: &str) -> String {
         .next()
         .unwrap_or(after_user)
         .to_owned()
+}
+
+/// `db`'s locker on a fresh table of its own, migrated: for a test whose rows must not meet
+/// another backend's ("mysql8-path" shares MariaDB's table) or another test's.
+pub async fn own_table(db: &Db, test: &str) -> Locker {
+    let l = db.locker.table(&table_for(test));
+    l.migrate().await.unwrap();
+    l
 }
 
 /// A table name unique to this test and process.
@@ -403,14 +383,15 @@ pub async fn read_marker(child: &mut std::process::Child, marker: &'static str) 
     .unwrap_or_else(|| panic!("the child never said {marker}"))
 }
 
-/// Runs `sql` on the database of the backend called `name` at `url` (a direct URL): a `SELECT`'s
-/// one `BIGINT` value, or 0 after any other statement. For checks of the tables themselves.
+/// Runs `sql` on the database of the backend called `name` at `url` (a pool of the test's own,
+/// [`TestPool`]): a `SELECT`'s one `BIGINT` value, or 0 after any other statements (sent as
+/// one simple query, so through PgBouncer too). For set-ups and checks of the tables themselves.
 pub async fn run_sql(name: &str, url: &str, sql: &str) -> i64 {
     let sql = sqlx::AssertSqlSafe(sql.to_owned());
     let select = sql.0.starts_with("SELECT");
     macro_rules! on {
         ($pool:ty) => {{
-            let pool = <$pool>::connect(url).await.unwrap();
+            let pool = <$pool as TestPool>::open(url).await;
             let value = if select {
                 sqlx::query_scalar::<_, i64>(sql)
                     .fetch_one(&pool)
