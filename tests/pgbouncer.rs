@@ -111,6 +111,44 @@ mod through_pgbouncer {
             .unwrap_or_else(|e| panic!("Locker::connect_with: {} owners failed: {e:#?}", e.len()));
     }
 
+    /// The worst case: the application's own pool through the pooler, given to a plain
+    /// `Locker::postgres(pool)`, next to a correctly configured locker. The plain one finds the
+    /// pooler before its first statement (no prepared statement fails) and never LISTENs
+    /// through it: a LISTEN there stayed on a shared server connection, and the other locker's
+    /// statements then met its notifications ("unexpected message: NotificationResponse")
+    /// until PgBouncer was restarted. Both run contended keys at once, so waiters set up
+    /// LISTEN and releases NOTIFY; every cycle of both must succeed, and so must a third run of
+    /// the configured one afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_applications_own_pool_finds_the_pooler_and_never_listens_through_it() {
+        let Some(pool) = bouncer_pool("pgb_own_pool", 16).await else {
+            return;
+        };
+        let plain = Locker::postgres(pool).table(&common::table_for("pgb_own_pool"));
+        let configured = Locker::connect_with(
+            &common::pgbouncer_url(),
+            ConnectOptions::new().pooler(true).max_connections(16),
+        )
+        .await
+        .unwrap()
+        .table(&common::table_for("pgb_configured"));
+        let (p, c) = tokio::join!(many_owners(plain.clone()), many_owners(configured.clone()));
+        p.unwrap_or_else(|e| panic!("plain Locker::postgres(pool): {} failed: {e:#?}", e.len()));
+        c.unwrap_or_else(|e| {
+            panic!(
+                "the pooler(true) locker beside it: {} failed: {e:#?}",
+                e.len()
+            )
+        });
+        assert!(
+            dblock::test_util::pooler_mode(&plain),
+            "the application's pool through PgBouncer not found to be a pooler"
+        );
+        many_owners(configured)
+            .await
+            .unwrap_or_else(|e| panic!("the pooler(true) locker afterwards: {e:#?}"));
+    }
+
     /// Why pooler mode exists: the default (prepared statements) does not survive transaction
     /// pooling. If this ever passes, the pooler keeps prepared statements per client (PgBouncer
     /// ≥ 1.21 with `max_prepared_statements` can) and the docs of `ConnectOptions::pooler` may
@@ -123,7 +161,10 @@ mod through_pgbouncer {
         let table = common::table_for("pgb_prepared");
         let setup = Locker::postgres_with(pool.clone(), ConnectOptions::new().pooler(true));
         setup.table(&table).migrate().await.unwrap();
-        let prepared = Locker::postgres(pool).table(&table);
+        // `pooler(false)` forces the prepared path (a plain `Locker::postgres(pool)` finds the
+        // pooler: the next test).
+        let prepared =
+            Locker::postgres_with(pool, ConnectOptions::new().pooler(false)).table(&table);
         let failed = many_owners(prepared)
             .await
             .expect_err("prepared statements worked");

@@ -197,6 +197,14 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
         self.pool()
     }
 
+    /// Whatever must be known before the first statement (PostgreSQL through the application's
+    /// own pool: whether it goes through a transaction pooler). Free once known; by default
+    /// nothing.
+    fn settle(&self, deadline: Instant) -> impl Future<Output = Result<(), Failed>> + Send {
+        let _ = deadline;
+        std::future::ready(Ok(()))
+    }
+
     /// The same database and pool, another table (already validated).
     fn with_table(&self, table: &str) -> Self;
 
@@ -339,6 +347,18 @@ pub(crate) enum Backend {
 }
 
 /// Forwards a call to whichever backend is active: `$b` is the dialect value, `$D` its type.
+/// Runs `op` on a connection of `pool` (one of `b`'s) within `deadline` ([`exec::run`]), once
+/// `b` is ready for its first statement ([`Dialect::settle`]).
+async fn run<D: Dialect, T>(
+    b: &D,
+    pool: &Pool<D::Db>,
+    deadline: Instant,
+    op: impl AsyncFnOnce(&mut Conn<D>) -> Result<T, sqlx::Error>,
+) -> Result<T, Failed> {
+    b.settle(deadline).await?;
+    exec::run(pool, deadline, op).await
+}
+
 macro_rules! dispatch {
     ($self:expr, $b:ident, $D:ident => $call:expr) => {
         match $self {
@@ -426,7 +446,7 @@ impl Backend {
     }
 
     pub(crate) async fn migrate(&self, deadline: Instant) -> Result<(), Failed> {
-        dispatch!(self, b, D => exec::run(b.pool(), deadline, async |c| b.migrate(c).await).await)
+        dispatch!(self, b, D => run(b, b.pool(), deadline, async |c| b.migrate(c).await).await)
     }
 
     pub(crate) async fn acquire(
@@ -434,7 +454,7 @@ impl Backend {
         a: &Acquire<'_>,
         deadline: Instant,
     ) -> Result<Attempt, Failed> {
-        dispatch!(self, b, D => exec::run(b.pool(), deadline, async |c| b.acquire(c, a).await).await)
+        dispatch!(self, b, D => run(b, b.pool(), deadline, async |c| b.acquire(c, a).await).await)
     }
 
     /// See [`Dialect::acquire_many`].
@@ -444,7 +464,7 @@ impl Backend {
         deadline: Instant,
     ) -> Result<Option<Vec<Attempt>>, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| b.acquire_many(c, a).await).await
+            run(b, b.pool(), deadline, async |c| b.acquire_many(c, a).await).await
         })
     }
 
@@ -457,7 +477,7 @@ impl Backend {
         deadline: Instant,
     ) -> Result<Released, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.release_pool(), deadline, async |c| {
+            run(b, b.release_pool(), deadline, async |c| {
                 b.release(c, h, remaining, outcome, release_id).await
             })
             .await
@@ -471,7 +491,7 @@ impl Backend {
         deadline: Instant,
     ) -> Result<Option<LastWrite>, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| {
+            run(b, b.pool(), deadline, async |c| {
                 b.last_write(c, key).await
             })
             .await
@@ -485,7 +505,7 @@ impl Backend {
         deadline: Instant,
     ) -> Result<Option<i64>, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| b.extend(c, h, ttl_us).await).await
+            run(b, b.pool(), deadline, async |c| b.extend(c, h, ttl_us).await).await
         })
     }
 
@@ -498,7 +518,7 @@ impl Backend {
             return Ok(Vec::new());
         }
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| b.extend_many(c, items).await).await
+            run(b, b.pool(), deadline, async |c| b.extend_many(c, items).await).await
         })
     }
 
@@ -508,7 +528,7 @@ impl Backend {
         deadline: Instant,
     ) -> Result<Option<LockInfo>, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| {
+            run(b, b.pool(), deadline, async |c| {
                 b.inspect(c, key).await
             })
             .await
@@ -517,7 +537,7 @@ impl Backend {
 
     pub(crate) async fn held(&self, deadline: Instant) -> Result<Vec<LockInfo>, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| {
+            run(b, b.pool(), deadline, async |c| {
                 b.held(c).await
             })
             .await
@@ -526,7 +546,7 @@ impl Backend {
 
     pub(crate) async fn force_release(&self, key: &str, deadline: Instant) -> Result<bool, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| {
+            run(b, b.pool(), deadline, async |c| {
                 b.force_release(c, key).await
             })
             .await
@@ -535,7 +555,7 @@ impl Backend {
 
     pub(crate) async fn reset(&self, key: &str, deadline: Instant) -> Result<bool, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| {
+            run(b, b.pool(), deadline, async |c| {
                 b.reset(c, key).await
             })
             .await
@@ -544,7 +564,7 @@ impl Backend {
 
     pub(crate) async fn purge(&self, older_than_us: i64, deadline: Instant) -> Result<u64, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.pool(), deadline, async |c| {
+            run(b, b.pool(), deadline, async |c| {
                 b.purge(c, older_than_us).await
             })
             .await
@@ -559,7 +579,7 @@ impl Backend {
         deadline: Instant,
     ) -> Result<i64, Failed> {
         dispatch!(self, b, D => {
-            exec::run(b.release_pool(), deadline, async |c| b.queue(c, step).await).await
+            run(b, b.release_pool(), deadline, async |c| b.queue(c, step).await).await
         })
     }
 

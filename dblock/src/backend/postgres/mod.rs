@@ -11,6 +11,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use sqlx::postgres::{
     PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow, Postgres,
 };
@@ -26,13 +28,13 @@ use super::{
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::info::LockInfo;
-use crate::retry::Failure;
+use crate::retry::{Failed, Failure};
 
 pub(crate) mod notify;
 pub(crate) mod pooler;
 
 pub(crate) use pooler::Arg;
-use pooler::{Pooler, Template};
+use pooler::{Mode, Template};
 
 /// SQLSTATE codes (PostgreSQL manual, appendix A) that decide how a failed statement is retried.
 mod sqlstate {
@@ -45,10 +47,22 @@ mod sqlstate {
     /// Rolled back: `lock_timeout` ran out waiting for a row lock (e.g. a long fenced
     /// transaction holding the lease row).
     pub(super) const LOCK_NOT_AVAILABLE: &str = "55P03";
+    /// A prepared statement that is not on this server connection, or one of its name that is
+    /// already there: sqlx's named statements meeting a server connection shared with other
+    /// clients (a transaction pooler). Nothing ran.
+    pub(super) const INVALID_SQL_STATEMENT_NAME: &str = "26000";
+    pub(super) const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
     /// Class 08, connection exception: the outcome is unknown.
     pub(super) const CONNECTION_EXCEPTION: &str = "08";
     /// 57P01-57P05: administrator or crash shutdown, cannot connect now, idle session timeout.
     pub(super) const OPERATOR_SHUTDOWN: &str = "57P";
+
+    pub(super) fn is_shared_connection(code: Option<&str>) -> bool {
+        matches!(
+            code,
+            Some(INVALID_SQL_STATEMENT_NAME | DUPLICATE_PREPARED_STATEMENT)
+        )
+    }
 }
 
 /// How long `Locker::connect`'s pool waits for a connection before failing.
@@ -132,19 +146,21 @@ pub(crate) struct Settings {
     lazy_release: bool,
     /// Where the LISTEN connection goes; `None`: no LISTEN, waiters only poll.
     listen: Option<notify::Source>,
-    /// Behind a transaction pooler (`ConnectOptions::pooler`): every statement as one
-    /// simple-protocol query with its values inlined, never a prepared statement.
-    pooler: Option<Arc<Pooler>>,
+    /// Behind a transaction pooler or not (`ConnectOptions::pooler`, or found out): behind one,
+    /// every statement goes as one simple-protocol query with its values inlined, never a
+    /// prepared statement. Shared by the lockers of every table made from this one.
+    pooler: Arc<Mode>,
 }
 
 impl Settings {
-    /// `Locker::postgres(pool)`: LISTEN through the pool's connect options, lazily durable
-    /// releases, prepared statements.
+    /// `Locker::postgres(pool)`: LISTEN through the pool's connect options (unless they lead
+    /// to a transaction pooler), lazily durable releases, prepared statements unless a pooler
+    /// is found before the first one.
     fn defaults(pool: &PgPool) -> Settings {
         Settings {
             lazy_release: true,
             listen: Some(notify::Source::Pool(pool.clone())),
-            pooler: None,
+            pooler: Arc::new(Mode::unknown(ConnectOptions::new().statement_timeout)),
         }
     }
 
@@ -161,11 +177,14 @@ impl Settings {
             (None, true) if opts.pooler == Some(true) => None,
             (None, true) => Some(notify::Source::Pool(pool.clone())),
         };
+        let mode = match opts.pooler {
+            Some(pooler) => Mode::known(pooler, opts.statement_timeout),
+            None => Mode::unknown(opts.statement_timeout),
+        };
         Ok(Settings {
             lazy_release: !opts.durable_release,
             listen,
-            pooler: (opts.pooler == Some(true))
-                .then(|| Arc::new(Pooler::new(opts.statement_timeout))),
+            pooler: Arc::new(mode),
         })
     }
 }
@@ -371,6 +390,9 @@ pub(crate) async fn connect(
             .map_err(LockError::Database)?,
     };
     let Some(reason) = reason else {
+        if let Ok(pg) = &direct {
+            pg.settings.pooler.settle(false);
+        }
         return direct;
     };
     if opts.pooler == Some(false) {
@@ -430,44 +452,85 @@ async fn pooler_found(pool: &PgPool, opts: &ConnectOptions) -> Result<Option<Str
             opts.statement_timeout.as_millis()
         )));
     }
-    Ok(state_shared(pool).await?.then(|| {
-        "a session setting made on one connection showed up on another (server connections are \
-         shared between clients)"
+    Ok(state_shared(&pool.connect_options()).await?.then(|| {
+        "server connections are shared between clients (a session setting made on one connection \
+         showed up on another, or a connection's server session changed between statements)"
             .to_owned()
     }))
 }
 
-/// Whether a session setting made on one connection of `pool` shows up on a second one opened
-/// next to it: server connections are shared between clients (transaction or statement
-/// pooling, whose pooler hands the idle server connection to the next client). A direct
-/// server, or session pooling, gives the second connection a session of its own. The marker is
-/// cleared again, so nothing is left on a shared server connection. A pool of one connection
-/// cannot tell: `false`.
-pub(crate) async fn state_shared(pool: &PgPool) -> Result<bool, sqlx::Error> {
-    if pool.options().get_max_connections() < 2 {
-        return Ok(false);
-    }
+/// How many times [`state_shared`] looks.
+const PROBE_ROUNDS: usize = 8;
+
+/// Whether the server connections behind `options` are shared between clients (transaction or
+/// statement pooling, whose pooler hands an idle server connection to the next client), seen
+/// from two connections of our own held open side by side. A direct server, or session
+/// pooling, gives each of them a session of its own for as long as it lives, so any of these
+/// signs, in any of [`PROBE_ROUNDS`] rounds, means shared:
+/// - a session setting made on the first shows up on the second,
+/// - both report the same server process (`pg_backend_pid()`),
+/// - either one's server process changes from one statement to the next.
+///
+/// An idle pooler shows the first two at once (it hands the second client the server
+/// connection the first just left); under load one of them, or the third, shows within the
+/// rounds. Simple queries only: a prepared statement through such a pooler could itself fail.
+/// The marker is cleared again, so nothing is left on a shared server connection.
+pub(crate) async fn state_shared(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
     let marker = format!("{:016x}", fastrand::u64(..));
-    let mut first = pool.acquire().await?;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "SELECT set_config('{PROBE_SETTING}', '{marker}', false)"
-    )))
-    .execute(&mut *first)
-    .await?;
-    let mut second = pool.acquire().await?;
-    let rows = sqlx::raw_sql(AssertSqlSafe(format!(
-        "SELECT current_setting('{PROBE_SETTING}', true)"
-    )))
-    .fetch_all(&mut *second)
-    .await?;
-    drop(second);
-    let seen: Option<String> = rows.first().map(|r| r.try_get(0)).transpose()?.flatten();
-    sqlx::raw_sql(AssertSqlSafe(format!(
+    let mut first = PgConnection::connect_with(options).await?;
+    let mut second = match PgConnection::connect_with(options).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = first.close().await;
+            return Err(e);
+        }
+    };
+    let shared = probe_rounds(&mut first, &mut second, &marker).await;
+    let cleared = sqlx::raw_sql(AssertSqlSafe(format!(
         "SELECT set_config('{PROBE_SETTING}', '', false)"
     )))
-    .execute(&mut *first)
-    .await?;
-    Ok(seen.as_deref() == Some(marker.as_str()))
+    .execute(&mut first)
+    .await;
+    let _ = first.close().await;
+    let _ = second.close().await;
+    let shared = shared?;
+    cleared?;
+    Ok(shared)
+}
+
+async fn probe_rounds(
+    first: &mut PgConnection,
+    second: &mut PgConnection,
+    marker: &str,
+) -> Result<bool, sqlx::Error> {
+    async fn pid_and_setting(
+        conn: &mut PgConnection,
+        sql: &str,
+    ) -> Result<(i32, Option<String>), sqlx::Error> {
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .fetch_all(conn)
+            .await?;
+        let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+    let set = format!("SELECT pg_backend_pid(), set_config('{PROBE_SETTING}', '{marker}', false)");
+    let read = format!("SELECT pg_backend_pid(), current_setting('{PROBE_SETTING}', true)");
+    let (first_pid, _) = pid_and_setting(first, &set).await?;
+    let mut second_pid = None;
+    for _ in 0..PROBE_ROUNDS {
+        let (pid, seen) = pid_and_setting(second, &read).await?;
+        if pid == first_pid
+            || seen.as_deref() == Some(marker)
+            || *second_pid.get_or_insert(pid) != pid
+        {
+            return Ok(true);
+        }
+        let (pid, seen) = pid_and_setting(first, &read).await?;
+        if pid != first_pid || seen.as_deref() != Some(marker) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// A PostgreSQL duration setting as shown (`5s`, `5000ms`, `1min`, `0`) in milliseconds.
@@ -803,7 +866,7 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_t
 
     /// Whether statements go as simple queries with inlined values (behind a pooler).
     pub(crate) fn pooler(&self) -> bool {
-        self.settings.pooler.is_some()
+        self.settings.pooler.pooler().is_some()
     }
 
     /// The one place a statement is made ready to send: prepared, with `args` bound in order
@@ -811,7 +874,7 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_t
     /// use on); or, behind a pooler, one simple-protocol query with the transaction's settings
     /// first and `args` written in as literals (`pooler.rs` says why).
     fn ready(&self, s: &Stmt, args: &[Arg<'_>]) -> Result<Ready, sqlx::Error> {
-        match &self.settings.pooler {
+        match self.settings.pooler.pooler() {
             None => Ok(Ready::Prepared(
                 args.iter()
                     .fold(sqlx::query(s.sql.clone()), |q, a| a.bind(q)),
@@ -830,7 +893,7 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_t
         args: &[Arg<'_>],
     ) -> Result<Option<PgRow>, sqlx::Error> {
         match self.ready(s, args)? {
-            Ready::Prepared(q) => q.fetch_optional(conn).await,
+            Ready::Prepared(q) => self.seen(q.fetch_optional(conn).await),
             Ready::Simple(q) => q.fetch_optional(conn).await,
         }
     }
@@ -843,7 +906,7 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_t
         args: &[Arg<'_>],
     ) -> Result<Vec<PgRow>, sqlx::Error> {
         match self.ready(s, args)? {
-            Ready::Prepared(q) => q.fetch_all(conn).await,
+            Ready::Prepared(q) => self.seen(q.fetch_all(conn).await),
             Ready::Simple(q) => q.fetch_all(conn).await,
         }
     }
@@ -856,9 +919,36 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_t
         args: &[Arg<'_>],
     ) -> Result<u64, sqlx::Error> {
         Ok(match self.ready(s, args)? {
-            Ready::Prepared(q) => q.execute(conn).await?.rows_affected(),
+            Ready::Prepared(q) => self.seen(q.execute(conn).await)?.rows_affected(),
             Ready::Simple(q) => q.execute(conn).await?.rows_affected(),
         })
+    }
+
+    /// A prepared statement's result, seen for the sign of a transaction pooler that finding
+    /// out missed: the statement met another client's server connection
+    /// ([`sqlstate::is_shared_connection`]), so nothing ran; pooler mode from now on, and the
+    /// error is retried ([`Dialect::classify`]).
+    ///
+    /// With `pooler(false)` (the direct path forced) it is a configuration error naming
+    /// `pooler(true)`, not retried: a retry could land on another client's statement of the
+    /// same name.
+    fn seen<T>(&self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        match result {
+            Err(sqlx::Error::Database(e))
+                if sqlstate::is_shared_connection(e.code().as_deref())
+                    && !self.settings.pooler.shared_connection_seen() =>
+            {
+                Err(sqlx::Error::Configuration(
+                    format!(
+                        "PostgreSQL server connections are shared between clients (a transaction \
+                         pooler): {e}; `pooler(false)` forces prepared statements, use \
+                         ConnectOptions::pooler(true) (or leave it unset) to lock through it"
+                    )
+                    .into(),
+                ))
+            }
+            other => other,
+        }
     }
 
     /// Stops the LISTEN connection for good.
@@ -927,6 +1017,28 @@ impl Dialect for Pg {
     const NAME: &'static str = "postgres";
     type Db = Postgres;
 
+    /// Makes sure the locker knows whether its pool goes through a transaction pooler before
+    /// its first statement (`Locker::postgres(pool)`: the application's pool, which no connect
+    /// of ours looked at). Once known, free.
+    async fn settle(&self, deadline: Instant) -> Result<(), Failed> {
+        if self.settings.pooler.is_known() {
+            return Ok(());
+        }
+        let options = self.pool.connect_options();
+        let probe = async {
+            match tokio::time::timeout_at(deadline, state_shared(&options)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connecting to the database timed out (server unreachable?)",
+                ))),
+            }
+        };
+        Box::pin(self.settings.pooler.find_out(probe))
+            .await
+            .map_err(|error| Failed { error, sent: false })
+    }
+
     fn with_table(&self, table: &str) -> Self {
         Pg::build(self.pool.clone(), table, self.settings.clone())
     }
@@ -937,6 +1049,7 @@ impl Dialect for Pg {
             | Some(sqlstate::DEADLOCK_DETECTED)
             | Some(sqlstate::QUERY_CANCELED)
             | Some(sqlstate::LOCK_NOT_AVAILABLE) => Failure::NotCommitted,
+            code if sqlstate::is_shared_connection(code) => Failure::NotCommitted,
             Some(c)
                 if c.starts_with(sqlstate::CONNECTION_EXCEPTION)
                     || c.starts_with(sqlstate::OPERATOR_SHUTDOWN) =>
@@ -983,7 +1096,7 @@ impl Dialect for Pg {
         // "exists?" check and one dies on pg_type's unique index. A transaction-scoped advisory
         // lock makes concurrent migrations queue instead; the ones that queued then find the
         // table made, quietly.
-        if let Some(p) = &self.settings.pooler {
+        if let Some(p) = self.settings.pooler.pooler() {
             // Behind a pooler: the same steps as one simple query, which is one implicit
             // transaction (no explicit one to leave open on a shared server connection, and
             // fine in statement pooling mode too).
@@ -1385,27 +1498,58 @@ mod tests {
     /// transaction mode shares it, the server itself does not. (Found through the start-up
     /// signs first in `connect`, this one is what a pooler that took and applied the settings
     /// would still show.)
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn shared_session_state_tells_a_transaction_pooler_from_a_server() {
         let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
-        let pool = |url: &str| {
-            PgPoolOptions::new()
-                .max_connections(2)
-                .acquire_timeout(Duration::from_secs(2))
-                .connect_lazy_with(
-                    PgConnectOptions::from_str(url)
-                        .unwrap()
-                        .extra_float_digits(None),
-                )
+        let options = |url: &str| {
+            PgConnectOptions::from_str(url)
+                .unwrap()
+                .extra_float_digits(None)
         };
-        let server = pool("postgres://postgres@127.0.0.1:5432/test");
-        let bouncer = pool("postgres://postgres@127.0.0.1:6432/test");
+        let server = options("postgres://postgres@127.0.0.1:5432/test");
+        let bouncer = options("postgres://postgres@127.0.0.1:6432/test");
         match (state_shared(&server).await, state_shared(&bouncer).await) {
             (Ok(s), Ok(b)) => {
                 assert!(!s, "the server taken for a pooler");
                 assert!(b, "PgBouncer in transaction mode not found");
             }
-            (s, b) => assert!(!require, "servers unreachable: {s:?} {b:?}"),
+            (s, b) => {
+                assert!(!require, "servers unreachable: {s:?} {b:?}");
+                return;
+            }
+        }
+        // Under load: other clients keep taking the pooler's server connections between the
+        // probe's statements (the case a single look got wrong: it then saw no sharing, and
+        // LISTEN went through the pooler).
+        let busy = PgPoolOptions::new()
+            .max_connections(6)
+            .connect_lazy_with(bouncer.clone());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let load: Vec<_> = (0..6)
+            .map(|_| {
+                let (busy, stop) = (busy.clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = sqlx::raw_sql(AssertSqlSafe("SELECT pg_sleep(0.0005)"))
+                            .execute(&busy)
+                            .await;
+                    }
+                })
+            })
+            .collect();
+        for round in 0..20 {
+            assert!(
+                state_shared(&bouncer).await.unwrap(),
+                "PgBouncer under load not found (look {round})"
+            );
+            assert!(
+                !state_shared(&server).await.unwrap(),
+                "the server taken for a pooler"
+            );
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for task in load {
+            task.await.unwrap();
         }
     }
 
@@ -1413,13 +1557,13 @@ mod tests {
     async fn settings_follow_the_options() {
         let pool = lazy_pool();
         let direct = Settings::from_options(&pool, &ConnectOptions::new()).unwrap();
-        assert!(direct.pooler.is_none() && direct.lazy_release);
+        assert!(!direct.pooler.is_known() && direct.lazy_release);
         assert!(matches!(direct.listen, Some(notify::Source::Pool(_))));
 
         // Behind a pooler: no LISTEN unless a URL of its own is given for it.
         let pooled = ConnectOptions::new().pooler(true).durable_release(true);
         let s = Settings::from_options(&pool, &pooled).unwrap();
-        assert!(s.pooler.is_some() && s.listen.is_none() && !s.lazy_release);
+        assert!(s.pooler.pooler().is_some() && s.listen.is_none() && !s.lazy_release);
         let s = Settings::from_options(
             &pool,
             &pooled.clone().listen_url("postgres://app@db:5432/app"),

@@ -176,18 +176,18 @@ impl Notifier {
     /// connection ran it and its notifications then reach other clients, who cannot read them.
     /// A `listen_url` is the caller's word that it goes straight to the server.
     async fn listen(self: &Arc<Self>) -> Result<bool, sqlx::Error> {
-        let own = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(LISTEN_CONNECT_TIMEOUT)
-            .connect_lazy_with(self.source.connect_options());
-        if matches!(self.source, Source::Pool(_)) && super::state_shared(&own).await? {
+        let options = self.source.connect_options();
+        if matches!(self.source, Source::Pool(_)) && super::state_shared(&options).await? {
             tracing::info!(
                 "no LISTEN: the pool's server connections are shared between clients (a transaction \
                  pooler); waiters poll. ConnectOptions::listen_url gives LISTEN a direct connection"
             );
-            own.close().await;
             return Ok(false);
         }
+        let own = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(LISTEN_CONNECT_TIMEOUT)
+            .connect_lazy_with(options);
         let mut listener = PgListener::connect_with(&own).await?;
         listener.listen(&self.channel).await?;
         let me: Weak<Notifier> = Arc::downgrade(self);

@@ -32,6 +32,8 @@
 //! (PgBouncer's `tcp_keepalive`, `client_idle_timeout`).
 
 use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgArguments, Postgres};
@@ -59,6 +61,109 @@ impl Pooler {
     /// The statements that go before each of the locker's own, in the same `Query` message.
     pub(crate) fn prefix(&self) -> &str {
         &self.prefix
+    }
+}
+
+/// Whether a locker's statements go through a transaction pooler, as far as it knows: said by
+/// `ConnectOptions::pooler`, found out by `Locker::connect`, or (`Locker::postgres(pool)`, whose
+/// pool is the application's) found out before its first statement ([`Mode::find_out`]), and
+/// changed to pooler mode should a prepared statement then meet a shared server connection
+/// anyway ([`Mode::shared_connection_seen`]).
+#[derive(Debug)]
+pub(crate) struct Mode {
+    state: AtomicU8,
+    /// Whether the state may change from what it is (not set by `pooler(..)`).
+    found: bool,
+    pooler: Pooler,
+    /// Held by the one caller finding out; the others wait for its answer.
+    finding: tokio::sync::Mutex<()>,
+}
+
+const UNKNOWN: u8 = 0;
+const DIRECT: u8 = 1;
+const POOLED: u8 = 2;
+
+impl Mode {
+    /// Known: pooler mode or the direct path, as `ConnectOptions::pooler` or a connect decided.
+    pub(crate) fn known(pooler: bool, statement_timeout: Duration) -> Self {
+        Self::with(
+            if pooler { POOLED } else { DIRECT },
+            false,
+            statement_timeout,
+        )
+    }
+
+    /// Found out at the first statement ([`Mode::find_out`]).
+    pub(crate) fn unknown(statement_timeout: Duration) -> Self {
+        Self::with(UNKNOWN, true, statement_timeout)
+    }
+
+    fn with(state: u8, found: bool, statement_timeout: Duration) -> Self {
+        Mode {
+            state: AtomicU8::new(state),
+            found,
+            pooler: Pooler::new(statement_timeout),
+            finding: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Behind a pooler: what goes before each statement. `None` on the direct path (or while
+    /// not known yet, which [`Mode::find_out`] settles before any statement).
+    pub(crate) fn pooler(&self) -> Option<&Pooler> {
+        (self.state.load(Ordering::Acquire) == POOLED).then_some(&self.pooler)
+    }
+
+    pub(crate) fn is_known(&self) -> bool {
+        self.state.load(Ordering::Acquire) != UNKNOWN
+    }
+
+    /// Settles the mode, once for all callers: `probe` answers whether server connections are
+    /// shared between clients. A probe that fails decides nothing (the next statement asks
+    /// again) and its error is the caller's.
+    pub(crate) async fn find_out<E>(
+        &self,
+        probe: impl Future<Output = Result<bool, E>>,
+    ) -> Result<(), E> {
+        let _finding = self.finding.lock().await;
+        if self.is_known() {
+            return Ok(());
+        }
+        let shared = probe.await?;
+        if shared {
+            tracing::info!(
+                reason = "a session setting made on one connection showed up on another, or a \
+                          connection's server session changed between statements",
+                "PostgreSQL pool behind a transaction pooler: statements go as simple queries with \
+                 their settings, and waiters poll (no LISTEN through it)"
+            );
+        }
+        self.state
+            .store(if shared { POOLED } else { DIRECT }, Ordering::Release);
+        Ok(())
+    }
+
+    /// Settles an unknown mode (a connect found out): no-op once known.
+    pub(crate) fn settle(&self, pooler: bool) {
+        let state = if pooler { POOLED } else { DIRECT };
+        let _ = self
+            .state
+            .compare_exchange(UNKNOWN, state, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// A prepared statement met a shared server connection ("prepared statement … does not
+    /// exist" / "already exists"): a transaction pooler the first look missed. From now on
+    /// pooler mode, unless `pooler(false)` forced the direct path: then `false`.
+    pub(crate) fn shared_connection_seen(&self) -> bool {
+        if !self.found {
+            return self.state.load(Ordering::Acquire) == POOLED;
+        }
+        if self.state.swap(POOLED, Ordering::AcqRel) != POOLED {
+            tracing::info!(
+                "PostgreSQL behind a transaction pooler after all (a prepared statement met another \
+                 client's server connection): statements go as simple queries from now on"
+            );
+        }
+        true
     }
 }
 
