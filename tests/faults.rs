@@ -764,3 +764,54 @@ async fn the_listen_connection_is_not_taken_from_the_callers_pool() {
     held.release().await.unwrap();
     waiter.await.unwrap().unwrap().release().await.unwrap();
 }
+
+/// A failover as a client sees it: its pooled connection still reaches the old primary, now a
+/// standby, and every write there fails with `read_only_sql_transaction` (25006). That is a
+/// reason to drop the connection and send again on a new one (which HAProxy, or a multi-host
+/// URL, takes to the new primary), within the call's `wait`, never a fatal error. Here the
+/// pool's first connection is made read-only (`default_transaction_read_only`), the next ones
+/// are not: a lock and its release must both succeed, and the read-only connection must be gone
+/// from the pool. (Fails with the connection kept: every resend then lands on it again.)
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_to_a_demoted_primary_is_dropped_and_the_send_goes_to_a_new_one() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let Some(db) = common::postgres("fault_read_only").await else {
+        return;
+    };
+    db.locker.migrate().await.unwrap();
+    let connects = Arc::new(AtomicUsize::new(0));
+    let counted = connects.clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .after_connect(move |conn, _| {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                if n == 0 {
+                    sqlx::query("SET default_transaction_read_only = on")
+                        .execute(conn)
+                        .await?;
+                }
+                Ok(())
+            })
+        })
+        .connect(&common::postgres_url())
+        .await
+        .unwrap();
+    assert_eq!(connects.load(Ordering::SeqCst), 1);
+    let l = Locker::postgres(pool).table(db.locker.table_name());
+    let g = l
+        .lock("k")
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("a lock through a pool whose connection reached a standby");
+    g.release().await.unwrap();
+    assert!(
+        connects.load(Ordering::SeqCst) >= 2,
+        "the read-only connection was used throughout"
+    );
+    let info = db.locker.inspect("k").await.unwrap().unwrap();
+    assert!(!info.held, "{info:?}");
+}

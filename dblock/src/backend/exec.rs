@@ -19,6 +19,10 @@ use crate::retry::Failed;
 /// the caller stopped waiting for.
 const SQLITE: &str = "SQLite";
 
+/// SQLSTATE `read_only_sql_transaction`: PostgreSQL's on a standby (or in a read-only
+/// transaction), MySQL's 1792 (a read-only transaction).
+pub(crate) const READ_ONLY: &str = "25006";
+
 /// How long the direct connect attempt that names the cause of a pool time-out may take.
 const PROBE: Duration = Duration::from_millis(200);
 
@@ -49,6 +53,13 @@ where
 {
     let mut conn = connection(pool, deadline).await?;
     match tokio::time::timeout_at(deadline, op(&mut conn)).await {
+        Ok(Err(sqlx::Error::Database(e))) if e.code().as_deref() == Some(READ_ONLY) => {
+            // A server that cannot write any more (a primary demoted to a standby by a
+            // failover): this connection stays on it, the next one may reach the new primary
+            // (through HAProxy, or a multi-host URL's `target_session_attrs`).
+            conn.close_on_drop();
+            Err(Failed::from(sqlx::Error::Database(e)))
+        }
         Ok(outcome) => outcome.map_err(Failed::from),
         Err(_) => {
             // The statement may be executing, or done with its reply lost. On a network

@@ -1050,6 +1050,10 @@ impl Dialect for Pg {
             | Some(sqlstate::QUERY_CANCELED)
             | Some(sqlstate::LOCK_NOT_AVAILABLE) => Failure::NotCommitted,
             code if sqlstate::is_shared_connection(code) => Failure::NotCommitted,
+            // A standby (the primary this connection reached was demoted by a failover):
+            // nothing was written, and the connection is closed (`exec::run`), so the send is
+            // tried again, as when no connection could be had, on a new one.
+            Some(super::exec::READ_ONLY) => Failure::NotSent,
             Some(c)
                 if c.starts_with(sqlstate::CONNECTION_EXCEPTION)
                     || c.starts_with(sqlstate::OPERATOR_SHUTDOWN) =>
