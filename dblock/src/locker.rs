@@ -128,11 +128,20 @@ impl Locker {
     /// `default_transaction_isolation=read committed` (as [`Locker::connect`] does). Statements
     /// are bounded by the default statement time-out (5 s) in the client.
     ///
-    /// A pool behind a transaction pooler (PgBouncer in transaction mode) needs
-    /// [`Locker::postgres_with`] and `pooler(true)`: unlike [`Locker::connect`], this does not
-    /// find the pooler for its statements. It does before LISTEN: when the pool's server
-    /// connections turn out to be shared between clients, it never LISTENs through them
-    /// (waiters poll), so a pool that reaches a pooler cannot disturb the pooler's other clients.
+    /// A pool behind a transaction pooler (PgBouncer in transaction mode) is found out before
+    /// the first statement: two connections of the locker's own (with the pool's connect
+    /// options, not the pool's connections) look whether server sessions are shared between
+    /// clients. If they are, statements go as simple queries with their settings inlined (as
+    /// with `pooler(true)`) and LISTEN is never sent through the pool (waiters poll), so a pool
+    /// that reaches a pooler cannot disturb the pooler's other clients; this is said once at
+    /// `info`. Should a prepared statement still meet another client's server connection
+    /// ("prepared statement … does not exist"), the locker switches to pooler mode then and
+    /// sends it again. [`Locker::postgres_with`] with `pooler(true)` or `pooler(false)` skips
+    /// the look.
+    ///
+    /// After a failover, a pooled connection that still reaches the old primary (now a
+    /// standby, `read_only_sql_transaction`) is closed and the statement sent again on a new
+    /// connection, within the call's `wait`.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -152,7 +152,10 @@ pub async fn worker(workload: &Workload) -> Locker {
     // A nesting worker's one owner, for its whole life: it comes back to keys after every fault.
     let lifelong = Owner::new();
     let until = Instant::now() + workload.run;
-    while Instant::now() < until {
+    // DBLOCK_CHAOS_STOP_FILE: the run also ends when this file appears (a run whose faults take
+    // as long as they take: the parent says when it is over).
+    let stop_file = std::env::var_os("DBLOCK_CHAOS_STOP_FILE").map(std::path::PathBuf::from);
+    while Instant::now() < until && !stop_file.as_ref().is_some_and(|f| f.exists()) {
         let (key, ttl) = if fastrand::usize(..4) == 0 {
             let key = format!("long{}", fastrand::usize(..workload.long_keys));
             (key, workload.long_ttl)
@@ -238,7 +241,15 @@ async fn iteration(
 /// [`worker`]), on `url`, appending its history to `log`; a `nesting` worker keeps one owner and
 /// re-enters.
 pub fn spawn_worker(entry: &str, url: &str, table: &str, log: &Path, nesting: bool) -> Child {
-    Command::new(std::env::current_exe().unwrap())
+    worker_command(entry, url, table, log, nesting)
+        .spawn()
+        .unwrap()
+}
+
+/// The command [`spawn_worker`] runs, for a caller that adds to it.
+pub fn worker_command(entry: &str, url: &str, table: &str, log: &Path, nesting: bool) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
         .args([
             entry,
             "--exact",
@@ -250,9 +261,8 @@ pub fn spawn_worker(entry: &str, url: &str, table: &str, log: &Path, nesting: bo
         .env("DBLOCK_CHAOS_TABLE", table)
         .env("DBLOCK_CHAOS_LOG", log)
         .env("DBLOCK_CHAOS_NESTING", if nesting { "1" } else { "0" })
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
+        .stdout(Stdio::null());
+    command
 }
 
 /// Sends `sig` (`-STOP`, `-CONT`, `-KILL`) to a worker.
@@ -449,6 +459,41 @@ pub fn check(name: &str, holds: &[Hold], history: &str) -> Figures {
         }
     }
     figures
+}
+
+/// What [`check`] would fail on, counted instead: tenures of a key that overlap an earlier one
+/// (begun before it stopped being certain), and tenures whose fencing token is not above every
+/// earlier one's. For set-ups that promise neither (asynchronous replication: a failover loses
+/// acknowledged commits), to say how much was lost.
+pub fn violations(holds: &[Hold]) -> (usize, usize) {
+    let mut tenures: BTreeMap<(&str, u64), (i64, i64)> = BTreeMap::new();
+    for h in holds {
+        let t = tenures
+            .entry((&h.key, h.token))
+            .or_insert((h.start, h.certain_until()));
+        t.0 = t.0.min(h.start);
+        t.1 = t.1.max(h.certain_until());
+    }
+    let mut by_key: HashMap<&str, Vec<(i64, i64, u64)>> = HashMap::new();
+    for ((key, token), (start, until)) in tenures {
+        by_key.entry(key).or_default().push((start, until, token));
+    }
+    let (mut overlaps, mut regressions) = (0, 0);
+    for (_, mut ts) in by_key {
+        ts.sort_unstable();
+        let (mut certain_until, mut top_token) = (i64::MIN, 0);
+        for (start, until, token) in ts {
+            if start < certain_until {
+                overlaps += 1;
+            }
+            if token <= top_token {
+                regressions += 1;
+            }
+            certain_until = certain_until.max(until);
+            top_token = top_token.max(token);
+        }
+    }
+    (overlaps, regressions)
 }
 
 /// No hold counted twice: a first hold is 1, a nested one its parent's count plus one (or 1 with

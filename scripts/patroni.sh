@@ -1,0 +1,493 @@
+#!/usr/bin/env bash
+# PostgreSQL as production runs it, on one machine: three nodes managed by Patroni (3.0) on one
+# etcd (3.4), reached through HAProxy (2.6), which routes to the leader by Patroni's REST health
+# check (`OPTIONS /primary`), as Patroni's own documentation sets it up. For tests/replicated.rs's
+# `patroni_*` chaos runs: switchover, the leader killed (SIGKILL), the leader's network cut.
+#
+# Each node runs in a network namespace of its own (`dblock-pN`, address 10.78.0.1N on a bridge
+# `dblock-br` whose host side, 10.78.0.1, runs etcd), so that "the leader's network is cut" is
+# real: its link goes down and every packet to and from it is dropped (not refused), as when a
+# machine falls off the network. HAProxy listens on 127.0.0.1:5440. The data directories are
+# under $DBLOCK_PATRONI_DIR (default /tmp/dblock-patroni); the shared servers on 5432 and 3306
+# are never touched. Needs root (namespaces; the servers run as the postgres user).
+#
+#   scripts/patroni.sh test [sync|async|both] [ARGS]
+#                               the one command: install what is missing, build the test, bring
+#                               the cluster up, run the chaos runs of the mode(s) (default both;
+#                               ARGS go to the test binary), tear down (also on error or Ctrl-C)
+#   scripts/patroni.sh install  apt-get what is missing (patroni, etcd-server, haproxy, iproute2)
+#   scripts/patroni.sh up       start and wait until ready: a leader, two streaming replicas
+#   scripts/patroni.sh env      `export` lines for the test: eval "$(scripts/patroni.sh env)"
+#   scripts/patroni.sh status   patronictl list
+#   scripts/patroni.sh mode sync|async
+#                               synchronous_mode on or off, and wait until it took effect
+#   scripts/patroni.sh leader   the leader's node number
+#   scripts/patroni.sh switchover
+#                               planned: patronictl switchover to a replica; waits for the new
+#                               leader behind HAProxy
+#   scripts/patroni.sh kill-leader
+#                               SIGKILL Patroni and PostgreSQL of the leader's node (a crash)
+#   scripts/patroni.sh cut-leader
+#                               the leader's link down (its packets dropped) until another node
+#                               leads and it has demoted itself
+#   scripts/patroni.sh heal N   node N's link up again
+#   scripts/patroni.sh start-node N
+#                               Patroni of node N again (it rejoins as a replica, by pg_rewind
+#                               if it must)
+#   scripts/patroni.sh wait-replicas
+#                               until every node runs and streams from the leader
+#   scripts/patroni.sh down     stop everything, delete the namespaces, the bridge and the data
+#
+# Measurements go to stdout as `name=value` lines, progress to stderr.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SELF="$REPO/scripts/patroni.sh"
+DIR=${DBLOCK_PATRONI_DIR:-/tmp/dblock-patroni}
+case $DIR in /*) ;; *) DIR=$PWD/$DIR ;; esac
+PGBIN=/usr/lib/postgresql/15/bin
+NODES=(1 2 3)
+BRIDGE=dblock-br
+HOST_IP=10.78.0.1
+ETCD_PORT=2479
+ETCD_PEER_PORT=2480
+HAPROXY_PORT=5440
+READY_TIMEOUT=120
+# Patroni's timing: the leader key lives TTL s unless renewed (every LOOP_WAIT s); a leader
+# that cannot reach etcd for RETRY_TIMEOUT s demotes itself (RETRY_TIMEOUT*2 + LOOP_WAIT <= TTL).
+TTL=10
+LOOP_WAIT=1
+RETRY_TIMEOUT=4
+
+log() { printf '==> [%s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { printf 'patroni.sh: %s\n' "$*" >&2; exit 1; }
+now_ms() { date +%s%3N; }
+
+wait_until() { # wait_until <seconds> <what> <command...>: polls every 0.2 s
+    local limit=$1 what=$2; shift 2
+    local deadline=$(($(now_ms) + limit * 1000))
+    until "$@" >/dev/null 2>&1; do
+        if [ "$(now_ms)" -ge "$deadline" ]; then
+            log "$what: not after ${limit} s"
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+node_ip() { echo "10.78.0.1$1"; }
+netns() { echo "dblock-p$1"; }
+veth() { echo "dblock-v$1"; }
+node_dir() { echo "$DIR/n$1"; }
+
+# ---------------------------------------------------------------------------------------------
+# Packages
+
+cmd_install() {
+    local missing=()
+    command -v patroni >/dev/null || missing+=(patroni)
+    command -v etcd >/dev/null || missing+=(etcd-server)
+    command -v haproxy >/dev/null || missing+=(haproxy)
+    command -v ip >/dev/null || missing+=(iproute2)
+    command -v curl >/dev/null || missing+=(curl)
+    [ -x "$PGBIN/postgres" ] || missing+=(postgresql-15)
+    if [ "${#missing[@]}" -eq 0 ]; then
+        log "packages: all present"
+        return
+    fi
+    log "packages: installing ${missing[*]}"
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# ---------------------------------------------------------------------------------------------
+# The network: a bridge on the host, a namespace per node.
+
+net_up() {
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$HOST_IP/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    local i
+    for i in "${NODES[@]}"; do
+        ip netns add "$(netns "$i")"
+        ip link add "$(veth "$i")" type veth peer name eth0 netns "$(netns "$i")"
+        ip link set "$(veth "$i")" master "$BRIDGE"
+        ip link set "$(veth "$i")" up
+        ip -n "$(netns "$i")" addr add "$(node_ip "$i")/24" dev eth0
+        ip -n "$(netns "$i")" link set eth0 up
+        ip -n "$(netns "$i")" link set lo up
+    done
+}
+
+net_down() {
+    local i
+    for i in "${NODES[@]}"; do
+        ip link del "$(veth "$i")" 2>/dev/null || true
+        ip netns del "$(netns "$i")" 2>/dev/null || true
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------------------------------------
+# etcd, Patroni, HAProxy
+
+# spawn <pid file> <log> <command...>: in the background, in a session of its own (a Ctrl-C
+# meant for this script reaches its trap, not the server), its pid written down.
+spawn() {
+    local pidfile=$1 logfile=$2; shift 2
+    (setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" </dev/null >"$logfile" 2>&1 &) \
+        </dev/null >/dev/null 2>&1
+}
+
+start_etcd() {
+    install -d -m 0700 "$DIR/etcd"
+    spawn "$DIR/etcd/pid" "$DIR/etcd/etcd.log" etcd --name dblock --data-dir "$DIR/etcd/data" \
+        --listen-client-urls "http://$HOST_IP:$ETCD_PORT" \
+        --advertise-client-urls "http://$HOST_IP:$ETCD_PORT" \
+        --listen-peer-urls "http://$HOST_IP:$ETCD_PEER_PORT" \
+        --initial-advertise-peer-urls "http://$HOST_IP:$ETCD_PEER_PORT" \
+        --initial-cluster "dblock=http://$HOST_IP:$ETCD_PEER_PORT"
+    wait_until 30 "etcd" curl -sf "http://$HOST_IP:$ETCD_PORT/health"
+}
+
+write_patroni_yml() {
+    local i=$1 d ip sync=${2:-false}
+    d=$(node_dir "$i")
+    ip=$(node_ip "$i")
+    cat >"$d/patroni.yml" <<EOF
+scope: dblock
+namespace: /dblock/
+name: n$i
+log:
+  level: WARNING
+restapi:
+  listen: $ip:8008
+  connect_address: $ip:8008
+etcd3:
+  host: $HOST_IP:$ETCD_PORT
+bootstrap:
+  dcs:
+    ttl: $TTL
+    loop_wait: $LOOP_WAIT
+    retry_timeout: $RETRY_TIMEOUT
+    maximum_lag_on_failover: 1048576
+    synchronous_mode: $sync
+    postgresql:
+      use_pg_rewind: true
+      use_slots: true
+      parameters:
+        wal_level: replica
+        hot_standby: "on"
+        max_connections: 100
+        max_wal_senders: 10
+        max_replication_slots: 10
+        wal_log_hints: "on"
+        wal_keep_size: 256MB
+        # A leader whose network is cut stops (to demote) only once its walsenders give up
+        # on their standbys: 5 s, not the default minute.
+        wal_sender_timeout: 5s
+        wal_receiver_timeout: 5s
+  initdb:
+  - encoding: UTF8
+  - auth: trust
+postgresql:
+  listen: $ip:5432
+  connect_address: $ip:5432
+  data_dir: $d/data
+  bin_dir: $PGBIN
+  pgpass: $d/pgpass
+  authentication:
+    superuser:
+      username: postgres
+    replication:
+      username: postgres
+    rewind:
+      username: postgres
+  parameters:
+    unix_socket_directories: '$d'
+  pg_hba:
+  - local all all trust
+  - host all all 0.0.0.0/0 trust
+  - host replication all 0.0.0.0/0 trust
+tags:
+  nofailover: false
+  noloadbalance: false
+  clonefrom: false
+  nosync: false
+EOF
+    chown postgres:postgres "$d/patroni.yml"
+}
+
+start_patroni() { # start_patroni <i>: in the node's namespace, as postgres, a session of its own
+    local i=$1 d
+    d=$(node_dir "$i")
+    (cd / && ip netns exec "$(netns "$i")" runuser -u postgres -- \
+        setsid patroni "$d/patroni.yml" </dev/null >>"$d/patroni.log" 2>&1 &) \
+        </dev/null >/dev/null 2>&1
+}
+
+start_haproxy() {
+    install -d -m 0755 "$DIR/haproxy"
+    {
+        cat <<EOF
+global
+    maxconn 1000
+defaults
+    mode tcp
+    retries 2
+    timeout client 30m
+    timeout connect 2s
+    timeout server 30m
+    timeout check 1s
+listen primary
+    bind 127.0.0.1:$HAPROXY_PORT
+    option httpchk OPTIONS /primary
+    http-check expect status 200
+    default-server inter 500ms fall 2 rise 2 on-marked-down shutdown-sessions
+EOF
+        local i
+        for i in "${NODES[@]}"; do
+            echo "    server n$i $(node_ip "$i"):5432 maxconn 300 check port 8008"
+        done
+    } >"$DIR/haproxy/haproxy.cfg"
+    spawn "$DIR/haproxy/pid" "$DIR/haproxy/haproxy.log" haproxy -f "$DIR/haproxy/haproxy.cfg"
+}
+
+ctl() { patronictl -c "$(node_dir 1)/patroni.yml" "$@"; }
+
+# The leader's node number, as etcd (through any node's view: patronictl) says; empty if none.
+leader() {
+    ctl list -f json 2>/dev/null |
+        python3 -c 'import json,sys; print(next((m["Member"][1:] for m in json.load(sys.stdin) if m["Role"] == "Leader"), ""))' 2>/dev/null ||
+        true
+}
+
+# psql through HAProxy (to the leader), or to node i directly.
+psql_haproxy() { "$PGBIN/psql" -X -q -h 127.0.0.1 -p "$HAPROXY_PORT" -U postgres -d postgres -tAc "$1"; }
+psql_node() { "$PGBIN/psql" -X -q -h "$(node_ip "$1")" -p 5432 -U postgres -d postgres -tAc "$2"; }
+
+# HAProxy reaches a primary that is not in recovery: `false`.
+haproxy_writable() { [ "$(psql_haproxy "SELECT pg_is_in_recovery()" 2>/dev/null)" = f ]; }
+
+haproxy_settled() {
+    local _
+    for _ in 1 2 3 4 5 6; do haproxy_writable || return 1; done
+}
+
+# Every node is running and, but the leader, streaming from it; in sync mode one of them is
+# the synchronous standby.
+replicas_streaming() {
+    local l want n
+    l=$(leader)
+    [ -n "$l" ] || return 1
+    want=$((${#NODES[@]} - 1))
+    n=$(psql_node "$l" "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'" 2>/dev/null) || return 1
+    [ "$n" = "$want" ] || return 1
+    if [ "$(ctl show-config 2>/dev/null | awk '/^synchronous_mode:/ {print $2}')" = true ]; then
+        [ "$(psql_node "$l" "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'" 2>/dev/null)" = 1 ] || return 1
+    fi
+}
+
+cmd_wait_replicas() {
+    local t0
+    t0=$(now_ms)
+    wait_until "$READY_TIMEOUT" "every replica streaming" replicas_streaming
+    echo "replicas_ms=$(($(now_ms) - t0))"
+}
+
+cmd_up() {
+    local t0 i
+    t0=$(now_ms)
+    [ "$(id -u)" = 0 ] || die "run as root"
+    cmd_down_quiet
+    install -d -m 0755 "$DIR"
+    (cd / && runuser -u postgres -- test -x "$DIR") ||
+        die "the postgres user cannot enter $DIR: set DBLOCK_PATRONI_DIR outside it"
+    trap 'log "up failed: tearing down (DBLOCK_PATRONI_KEEP=1 keeps it)"; [ "${DBLOCK_PATRONI_KEEP:-}" = 1 ] || cmd_down' EXIT
+    net_up
+    start_etcd
+    for i in "${NODES[@]}"; do
+        install -d -o postgres -g postgres -m 0700 "$(node_dir "$i")"
+        write_patroni_yml "$i"
+    done
+    log "Patroni: n1 bootstraps"
+    start_patroni 1
+    wait_until "$READY_TIMEOUT" "n1 leading" sh -c "[ \"\$('$SELF' leader)\" = 1 ]"
+    for i in 2 3; do start_patroni "$i"; done
+    wait_until "$READY_TIMEOUT" "two replicas streaming" replicas_streaming
+    # HAProxy takes every server for up until its checks say otherwise: it is ready when the
+    # leader is the only one it sends to (several connections in a row reach a writable server).
+    start_haproxy
+    wait_until "$READY_TIMEOUT" "HAProxy to the leader alone" haproxy_settled
+    psql_haproxy "CREATE DATABASE test" >/dev/null
+    touch "$DIR/up"
+    trap - EXIT
+    log "Patroni: up (leader n$(leader))"
+    echo "patroni_up_ms=$(($(now_ms) - t0))"
+}
+
+cmd_mode() {
+    local mode=${1:?sync or async} value
+    case $mode in sync) value=true ;; async) value=false ;; *) die "mode: sync or async" ;; esac
+    ctl edit-config --force --set "synchronous_mode=$value" >/dev/null
+    if [ "$value" = true ]; then
+        wait_until 60 "a synchronous standby" sh -c \
+            "[ \"\$('$PGBIN/psql' -X -q -h 127.0.0.1 -p $HAPROXY_PORT -U postgres -d postgres -tAc \"SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'\")\" = 1 ]"
+    else
+        wait_until 60 "no synchronous standby" sh -c \
+            "[ \"\$('$PGBIN/psql' -X -q -h 127.0.0.1 -p $HAPROXY_PORT -U postgres -d postgres -tAc \"SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'\")\" = 0 ]"
+    fi
+    log "Patroni: synchronous_mode=$value"
+    echo "mode=$mode"
+}
+
+# Waits for a leader other than node $1 behind HAProxy; prints when (ms since $2).
+wait_new_leader() {
+    local old=$1 t0=$2
+    wait_until 90 "a new leader" sh -c "l=\$('$SELF' leader); [ -n \"\$l\" ] && [ \"\$l\" != $old ]"
+    echo "new_leader=$(leader)"
+    echo "new_leader_ms=$(($(now_ms) - t0))"
+    wait_until 90 "HAProxy to the new leader" haproxy_settled
+    echo "haproxy_writable_ms=$(($(now_ms) - t0))"
+}
+
+cmd_switchover() {
+    local old t0
+    old=$(leader)
+    [ -n "$old" ] || die "no leader"
+    t0=$(now_ms)
+    # No candidate named: Patroni picks one (in synchronous mode, it must be the synchronous
+    # standby).
+    log "Patroni: switchover from n$old"
+    echo "old_leader=$old"
+    ctl switchover --leader "n$old" --force >&2
+    wait_new_leader "$old" "$t0"
+}
+
+cmd_kill_leader() {
+    local old pids t0
+    old=$(leader)
+    [ -n "$old" ] || die "no leader"
+    pids=$(ip netns pids "$(netns "$old")")
+    [ -n "$pids" ] || die "nothing runs in node $old's namespace"
+    t0=$(now_ms)
+    # shellcheck disable=SC2086
+    kill -9 $pids
+    log "Patroni: kill -9 Patroni and PostgreSQL of the leader n$old"
+    echo "old_leader=$old"
+    wait_new_leader "$old" "$t0"
+}
+
+cmd_cut_leader() {
+    local old t0
+    old=$(leader)
+    [ -n "$old" ] || die "no leader"
+    t0=$(now_ms)
+    ip link set "$(veth "$old")" down
+    log "Patroni: the leader n$old's link is down"
+    echo "old_leader=$old"
+    wait_new_leader "$old" "$t0"
+    # Its own Patroni demotes it once it cannot renew the leader key (it keeps running, read-only).
+    wait_until 60 "n$old demoted" sh -c \
+        "[ \"\$(ip netns exec $(netns "$old") '$PGBIN/psql' -X -q -h $(node_ip "$old") -U postgres -d postgres -tAc 'SELECT pg_is_in_recovery()' 2>/dev/null)\" = t ]" || true
+    echo "demoted_ms=$(($(now_ms) - t0))"
+}
+
+cmd_heal() {
+    local i=${1:?node number}
+    ip link set "$(veth "$i")" up
+    log "Patroni: n$i's link is up again"
+}
+
+cmd_start_node() {
+    local i=${1:?node number}
+    [ -z "$(ip netns pids "$(netns "$i")")" ] || die "node $i is running"
+    start_patroni "$i"
+    log "Patroni: n$i started again"
+}
+
+cmd_env() {
+    [ -f "$DIR/up" ] || die "not up (scripts/patroni.sh up)"
+    echo "export DBLOCK_PATRONI_URL=postgres://postgres@127.0.0.1:$HAPROXY_PORT/test"
+    echo "export DBLOCK_PATRONI_CTL=$SELF"
+}
+
+cmd_status() { ctl list; }
+
+cmd_down_quiet() {
+    local i pid
+    for i in "${NODES[@]}"; do
+        if ip netns list 2>/dev/null | grep -qw "$(netns "$i")"; then
+            for pid in $(ip netns pids "$(netns "$i")"); do kill -9 "$pid" 2>/dev/null || true; done
+        fi
+    done
+    for f in "$DIR/haproxy/pid" "$DIR/etcd/pid"; do
+        if [ -s "$f" ]; then
+            pid=$(tr -dc '0-9' <"$f")
+            # Only a process of ours: its command line names our directory.
+            if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$DIR/"; then
+                kill -9 "$pid" 2>/dev/null || true
+            fi
+        fi
+    done
+    sleep 0.3
+    net_down
+    rm -rf "$DIR"
+}
+
+cmd_down() {
+    cmd_down_quiet
+    log "down: done"
+}
+
+# The whole thing, torn down whatever happens.
+cmd_test() {
+    local modes=${1:-both} t0 t1 t2
+    [ $# -gt 0 ] && shift
+    case $modes in sync | async) ;; both) modes="sync async" ;; *) die "test: sync, async or both" ;; esac
+    t0=$(now_ms)
+    cmd_install
+    log "building the test"
+    (cd "$REPO" && cargo test --workspace --all-features --test replicated --no-run)
+    t1=$(now_ms)
+    trap 'cmd_down' EXIT
+    trap 'exit 130' INT TERM
+    cmd_up
+    eval "$(cmd_env)"
+    t2=$(now_ms)
+    local mode
+    for mode in $modes; do
+        log "chaos run, synchronous_mode: $mode"
+        cmd_mode "$mode" >/dev/null
+        (cd "$REPO" && DBLOCK_REQUIRE_REPLICATED=1 DBLOCK_PATRONI_MODE=$mode \
+            cargo test --workspace --all-features --test replicated -- --nocapture \
+            --test-threads=1 --exact patroni_failover "$@")
+    done
+    cmd_down
+    trap - EXIT
+    echo "build_ms=$((t1 - t0)) up_ms=$((t2 - t1)) test_ms=$(($(now_ms) - t2)) total_ms=$(($(now_ms) - t0))"
+}
+
+[ "$(id -u)" = 0 ] || die "run as root (namespaces; the servers run as the postgres user)"
+command=${1:-}
+[ $# -gt 0 ] && shift
+case $command in
+install) cmd_install ;;
+up) cmd_up ;;
+down) cmd_down ;;
+env) cmd_env ;;
+status) cmd_status ;;
+mode) cmd_mode "$@" ;;
+leader) leader ;;
+switchover) cmd_switchover ;;
+kill-leader) cmd_kill_leader ;;
+cut-leader) cmd_cut_leader ;;
+heal) cmd_heal "$@" ;;
+start-node) cmd_start_node "$@" ;;
+wait-replicas) cmd_wait_replicas ;;
+test) cmd_test "$@" ;;
+*)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
