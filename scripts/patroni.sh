@@ -295,15 +295,21 @@ cmd_wait_replicas() {
     echo "replicas_ms=$(($(now_ms) - t0))"
 }
 
+# `up` as a command: a failed start leaves nothing running (unless DBLOCK_PATRONI_KEEP=1, to
+# look at the logs).
 cmd_up() {
+    trap 'log "up failed: tearing down (DBLOCK_PATRONI_KEEP=1 keeps it)"; [ "${DBLOCK_PATRONI_KEEP:-}" = 1 ] || cmd_down' EXIT
+    bring_up
+    trap - EXIT
+}
+
+bring_up() {
     local t0 i
     t0=$(now_ms)
-    [ "$(id -u)" = 0 ] || die "run as root"
     cmd_down_quiet
     install -d -m 0755 "$DIR"
     (cd / && runuser -u postgres -- test -x "$DIR") ||
         die "the postgres user cannot enter $DIR: set DBLOCK_PATRONI_DIR outside it"
-    trap 'log "up failed: tearing down (DBLOCK_PATRONI_KEEP=1 keeps it)"; [ "${DBLOCK_PATRONI_KEEP:-}" = 1 ] || cmd_down' EXIT
     net_up
     start_etcd
     for i in "${NODES[@]}"; do
@@ -321,7 +327,6 @@ cmd_up() {
     wait_until "$READY_TIMEOUT" "HAProxy to the leader alone" haproxy_settled
     psql_haproxy "CREATE DATABASE test" >/dev/null
     touch "$DIR/up"
-    trap - EXIT
     log "Patroni: up (leader n$(leader))"
     echo "patroni_up_ms=$(($(now_ms) - t0))"
 }
@@ -452,7 +457,7 @@ cmd_test() {
     t1=$(now_ms)
     trap 'cmd_down' EXIT
     trap 'exit 130' INT TERM
-    cmd_up
+    bring_up
     eval "$(cmd_env)"
     t2=$(now_ms)
     local mode
