@@ -815,3 +815,98 @@ async fn a_connection_to_a_demoted_primary_is_dropped_and_the_send_goes_to_a_new
     let info = db.locker.inspect("k").await.unwrap().unwrap();
     assert!(!info.held, "{info:?}");
 }
+
+/// A PostgreSQL server that is starting up (after a crash, a restart, a promotion) answers every
+/// connection with FATAL 57P03 "the database system is starting up" for a while. `connect` waits
+/// that out within its acquire time-out, while a refused port is named at once
+/// (`locking.rs::database_down_is_a_typed_error`). A stand-in server answers the first three
+/// start-ups with 57P03, then passes the connection through to the real server: `connect`
+/// succeeds, after its pauses; one that answers 57P03 for ever fails with that error, within the
+/// time-out. (Without the wait, the first case fails at once with 57P03.)
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_starting_up_is_waited_out_within_the_acquire_time_out() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    if common::postgres("fault_starting_up").await.is_none() {
+        return;
+    }
+    let server = common::host_of(&common::postgres_url());
+    /// Answers `refusals` start-ups with 57P03, then passes connections through to `server`.
+    async fn starting_up(server: String, refusals: usize) -> (u16, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let refused = Arc::new(AtomicUsize::new(0));
+        let count = refused.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if count.load(Ordering::SeqCst) < refusals {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        // The start-up message (sslmode=disable: no SSLRequest first).
+                        let len = client.read_u32().await.unwrap_or(8) as usize;
+                        let mut rest = vec![0; len.saturating_sub(4)];
+                        let _ = client.read_exact(&mut rest).await;
+                        let mut fields = Vec::new();
+                        for (tag, value) in [
+                            (b'S', "FATAL"),
+                            (b'V', "FATAL"),
+                            (b'C', "57P03"),
+                            (b'M', "the database system is starting up"),
+                        ] {
+                            fields.push(tag);
+                            fields.extend_from_slice(value.as_bytes());
+                            fields.push(0);
+                        }
+                        fields.push(0);
+                        let mut reply = vec![b'E'];
+                        reply.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+                        reply.extend_from_slice(&fields);
+                        let _ = client.write_all(&reply).await;
+                    });
+                } else {
+                    let server = server.clone();
+                    tokio::spawn(async move {
+                        if let Ok(mut upstream) = tokio::net::TcpStream::connect(&server).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        }
+                    });
+                }
+            }
+        });
+        (port, refused)
+    }
+    let url = |port: u16| format!("postgres://postgres@127.0.0.1:{port}/test?sslmode=disable");
+    let options = || ConnectOptions::new().acquire_timeout(Duration::from_secs(2));
+
+    let (port, refused) = starting_up(server.clone(), 3).await;
+    let started = Instant::now();
+    let locker = Locker::connect_with(&url(port), options())
+        .await
+        .expect("connect once the server has started");
+    assert_eq!(refused.load(Ordering::SeqCst), 3);
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "three refusals waited out in {:?}",
+        started.elapsed()
+    );
+    locker.migrate().await.unwrap();
+    locker.lock("k").await.unwrap().release().await.unwrap();
+
+    let (port, _) = starting_up(server, usize::MAX).await;
+    let started = Instant::now();
+    let e = Locker::connect_with(&url(port), options())
+        .await
+        .expect_err("a server that never finishes starting");
+    let took = started.elapsed();
+    assert!(e.to_string().contains("starting up"), "{e}");
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(4),
+        "gave up after {took:?}"
+    );
+}
