@@ -111,3 +111,38 @@ async fn forcing_the_direct_path_through_a_pooler_is_a_clear_error() {
         );
     }
 }
+
+/// PgBouncer in session pooling mode that refuses unknown start-up parameters (6435): each
+/// client has a server session of its own, so the plain URL stays on the prepared path, with
+/// the settings set on each new connection instead of sent at start-up; locking and a hand-off
+/// to a waiter work there.
+/// (Before, the refusal alone meant pooler mode.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_pooler_that_refuses_start_up_settings_stays_on_the_prepared_path() {
+    let url = std::env::var("DBLOCK_PGBOUNCER_URL_6435")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6435/test".to_owned());
+    let Some(locker) = plain("runs in session mode", &url).await else {
+        return;
+    };
+    assert!(
+        !dblock::test_util::pooler_mode(&locker),
+        "a session pooler taken for a transaction pooler"
+    );
+    let locker = locker.table(&common::table_for("session_pooler"));
+    locker.migrate().await.unwrap();
+    let g = locker.lock("k").await.unwrap();
+    let waiter = {
+        let l = locker.clone();
+        tokio::spawn(async move {
+            let asked = std::time::Instant::now();
+            let g = l.lock("k").wait(Duration::from_secs(10)).await.unwrap();
+            let took = asked.elapsed();
+            g.release().await.unwrap();
+            took
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    g.release().await.unwrap();
+    let took = waiter.await.unwrap();
+    assert!(took < Duration::from_secs(3), "hand-off took {took:?}");
+}

@@ -381,9 +381,27 @@ pub(crate) async fn connect(
     // The direct path first; what the first connections show decides (see `pooler_found`).
     let direct = connect_pool(parsed.clone(), table, opts).await;
     let reason = match &direct {
-        Err(LockError::Database(e)) if refused_startup(e) => Some(format!(
-            "it refused the session settings sent at start-up ({e})"
-        )),
+        Err(LockError::Database(e)) if refused_startup(e) => {
+            // Refused, not dropped: a pooler that knows no `options`. In session pooling mode
+            // (each client its own server session) the settings can come by SET once a
+            // connection is made, and statements stay prepared. Looked at without any SET, so
+            // that nothing sticks to a server connection a transaction pooler shares.
+            let bare = parsed.clone().extra_float_digits(None);
+            if !state_shared(&bare).await.map_err(LockError::Database)? {
+                let pg = connect_pool_set_after(bare, table, opts).await?;
+                pg.settings.pooler.settle(false);
+                tracing::info!(
+                    url = %super::redact(url),
+                    "PostgreSQL behind a session pooler that refuses start-up settings: they are \
+                     set on each new connection instead; statements stay prepared"
+                );
+                return Ok(pg);
+            }
+            Some(format!(
+                "it refused the session settings sent at start-up ({e}), and server connections \
+                 are shared between clients"
+            ))
+        }
         Err(_) => None,
         Ok(pg) => pooler_found(&pg.pool, opts)
             .await
@@ -546,6 +564,45 @@ fn parse_pg_duration_ms(shown: &str) -> Option<u128> {
         "d" => n * 86_400_000,
         _ => return None,
     })
+}
+
+/// The direct path through a session pooler that refuses the `options` start-up parameter:
+/// the same settings, by one SET query on each new connection (its own server session).
+async fn connect_pool_set_after(
+    bare: PgConnectOptions,
+    table: &str,
+    opts: &ConnectOptions,
+) -> Result<Pg, LockError> {
+    let ms = opts.statement_timeout.as_millis().max(1);
+    let mut set = format!(
+        "SET default_transaction_isolation = 'read committed'; SET statement_timeout = {ms}; \
+         SET lock_timeout = {ms};"
+    );
+    for (name, value) in keepalives() {
+        set += &format!(" SET {name} = {value};");
+    }
+    let set: Arc<str> = set.into();
+    let acquire_timeout = opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT);
+    let pool = PgPoolOptions::new()
+        .max_connections(opts.max_connections.unwrap_or(10))
+        .test_before_acquire(false)
+        .acquire_timeout(acquire_timeout)
+        .after_connect(move |conn, _| {
+            let set = set.clone();
+            Box::pin(async move {
+                sqlx::raw_sql(AssertSqlSafe(set.to_string()))
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_lazy_with(bare);
+    super::exec::first_connection(&pool, acquire_timeout).await?;
+    let direct = ConnectOptions {
+        pooler: Some(false),
+        ..opts.clone()
+    };
+    Pg::configured(pool, table, &direct)
 }
 
 /// The pool itself, on the direct path or (`opts.pooler == Some(true)`) in pooler mode.
