@@ -140,6 +140,7 @@ mod through_pgbouncer {
                 e.len()
             )
         });
+        #[cfg(feature = "_test-util")]
         assert!(
             dblock::test_util::pooler_mode(&plain),
             "the application's pool through PgBouncer not found to be a pooler"
