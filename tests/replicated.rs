@@ -91,9 +91,13 @@ fn setup_url(var: &str, what: &str) -> Option<String> {
 
 /// Runs a subcommand of `scripts/replicated.sh`; its `name=value` lines on stdout.
 async fn ctl(args: &[&str]) -> HashMap<String, String> {
-    let script = std::env::var("DBLOCK_REPLICATED_CTL").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/replicated.sh").to_owned()
-    });
+    run_script("DBLOCK_REPLICATED_CTL", "replicated.sh", args).await
+}
+
+/// `scripts/<name> <args>` (or the script the variable `var` names): its `name=value` lines.
+async fn run_script(var: &str, name: &str, args: &[&str]) -> HashMap<String, String> {
+    let script = std::env::var(var)
+        .unwrap_or_else(|_| format!("{}/../scripts/{name}", env!("CARGO_MANIFEST_DIR")));
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     tokio::task::spawn_blocking(move || {
         let out = Command::new("bash")
@@ -101,7 +105,7 @@ async fn ctl(args: &[&str]) -> HashMap<String, String> {
             .args(&args)
             .stderr(Stdio::inherit())
             .output()
-            .expect("run scripts/replicated.sh");
+            .unwrap_or_else(|e| panic!("run {script}: {e}"));
         assert!(out.status.success(), "{script} {args:?}: {}", out.status);
         String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -708,6 +712,7 @@ const PATRONI_WORKLOAD: Workload = Workload {
     linger: Duration::from_secs(4),
 };
 /// Quiet time before the first fault and after each recovery.
+#[cfg(feature = "postgres")]
 const PATRONI_SETTLE: Duration = Duration::from_secs(4);
 
 /// The worker of the Patroni runs (child processes only).
@@ -725,26 +730,7 @@ fn patroni_needs_the_postgres_feature() {}
 /// `scripts/patroni.sh <args>`: its `name=value` lines.
 #[cfg(feature = "postgres")]
 async fn patroni(args: &[&str]) -> HashMap<String, String> {
-    let script = std::env::var("DBLOCK_PATRONI_CTL").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/patroni.sh").to_owned()
-    });
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
-        let out = Command::new("bash")
-            .arg(&script)
-            .args(&args)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/patroni.sh");
-        assert!(out.status.success(), "{script} {args:?}: {}", out.status);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect()
-    })
-    .await
-    .unwrap()
+    run_script("DBLOCK_PATRONI_CTL", "patroni.sh", args).await
 }
 
 /// One fault of the run and what it showed.
