@@ -23,6 +23,14 @@ const SQLITE: &str = "SQLite";
 /// transaction), MySQL's 1792 (a read-only transaction).
 pub(crate) const READ_ONLY: &str = "25006";
 
+/// A connect that did not finish in its time.
+pub(crate) fn connect_timed_out() -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "connecting to the database timed out (server unreachable?)",
+    ))
+}
+
 /// How long the direct connect attempt that names the cause of a pool time-out may take.
 const PROBE: Duration = Duration::from_millis(200);
 
@@ -109,12 +117,7 @@ pub(crate) async fn first_connection<DB: Database>(
                 tokio::time::sleep(STARTING_UP_PAUSE).await;
             }
             Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "connecting to the database timed out (server unreachable?)",
-                )))
-            }
+            Err(_) => return Err(connect_timed_out()),
         }
     }
     match connection(pool, deadline.max(Instant::now() + PROBE)).await {
@@ -178,10 +181,7 @@ async fn why_no_connection<DB: Database>(pool: &Pool<DB>, deadline: Instant) -> 
         // here would read as final).
         Ok(Err(sqlx::Error::Database(_))) if full => sqlx::Error::PoolTimedOut,
         Ok(Err(e)) => e,
-        Err(_) => sqlx::Error::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "connecting to the database timed out (server unreachable?)",
-        )),
+        Err(_) => connect_timed_out(),
     }
 }
 

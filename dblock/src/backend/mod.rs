@@ -346,7 +346,6 @@ pub(crate) enum Backend {
     Sqlite(sqlite::Lite),
 }
 
-/// Forwards a call to whichever backend is active: `$b` is the dialect value, `$D` its type.
 /// Runs `op` on a connection of `pool` (one of `b`'s) within `deadline` ([`exec::run`]), once
 /// `b` is ready for its first statement ([`Dialect::settle`]).
 async fn run<D: Dialect, T>(
@@ -359,6 +358,7 @@ async fn run<D: Dialect, T>(
     exec::run(pool, deadline, op).await
 }
 
+/// Forwards a call to whichever backend is active: `$b` is the dialect value, `$D` its type.
 macro_rules! dispatch {
     ($self:expr, $b:ident, $D:ident => $call:expr) => {
         match $self {

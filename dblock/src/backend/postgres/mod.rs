@@ -376,10 +376,10 @@ pub(crate) async fn connect(
 ) -> Result<Pg, LockError> {
     let parsed = PgConnectOptions::from_str(url).map_err(|e| super::bad_url(url, e))?;
     if opts.pooler == Some(true) {
-        return connect_pool(parsed, table, opts).await;
+        return connect_pool(parsed, table, opts, Startup::Pooler).await;
     }
     // The direct path first; what the first connections show decides (see `pooler_found`).
-    let direct = connect_pool(parsed.clone(), table, opts).await;
+    let direct = connect_pool(parsed.clone(), table, opts, Startup::Options).await;
     let reason = match &direct {
         Err(LockError::Database(e)) if refused_startup(e) => {
             // Refused, not dropped: a pooler that knows no `options`. In session pooling mode
@@ -388,7 +388,7 @@ pub(crate) async fn connect(
             // that nothing sticks to a server connection a transaction pooler shares.
             let bare = parsed.clone().extra_float_digits(None);
             if !state_shared(&bare).await.map_err(LockError::Database)? {
-                let pg = connect_pool_set_after(bare, table, opts).await?;
+                let pg = connect_pool(bare, table, opts, Startup::SetAfterConnect).await?;
                 pg.settings.pooler.settle(false);
                 tracing::info!(
                     url = %super::redact(url),
@@ -434,7 +434,7 @@ pub(crate) async fn connect(
         pooler: Some(true),
         ..opts.clone()
     };
-    connect_pool(parsed, table, &pooled).await
+    connect_pool(parsed, table, &pooled, Startup::Pooler).await
 }
 
 /// Whether a connect failed because the server side refused the start-up parameters (a
@@ -566,71 +566,82 @@ fn parse_pg_duration_ms(shown: &str) -> Option<u128> {
     })
 }
 
-/// The direct path through a session pooler that refuses the `options` start-up parameter:
-/// the same settings, by one SET query on each new connection (its own server session).
-async fn connect_pool_set_after(
-    bare: PgConnectOptions,
-    table: &str,
-    opts: &ConnectOptions,
-) -> Result<Pg, LockError> {
-    let ms = opts.statement_timeout.as_millis().max(1);
-    let mut set = format!(
-        "SET default_transaction_isolation = 'read committed'; SET statement_timeout = {ms}; \
-         SET lock_timeout = {ms};"
-    );
-    for (name, value) in keepalives() {
-        set += &format!(" SET {name} = {value};");
-    }
-    let set: Arc<str> = set.into();
-    let acquire_timeout = opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT);
-    let pool = PgPoolOptions::new()
-        .max_connections(opts.max_connections.unwrap_or(10))
-        .test_before_acquire(false)
-        .acquire_timeout(acquire_timeout)
-        .after_connect(move |conn, _| {
-            let set = set.clone();
-            Box::pin(async move {
-                sqlx::raw_sql(AssertSqlSafe(set.to_string()))
-                    .execute(conn)
-                    .await
-                    .map(|_| ())
-            })
-        })
-        .connect_lazy_with(bare);
-    super::exec::first_connection(&pool, acquire_timeout).await?;
-    let direct = ConnectOptions {
-        pooler: Some(false),
-        ..opts.clone()
-    };
-    Pg::configured(pool, table, &direct)
+/// How the connections of a pool get their session settings ([`session_settings`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Startup {
+    /// In the start-up packet's `options` (the direct path: no extra round trip).
+    Options,
+    /// By one SET query once connected: a session pooler that refuses `options`.
+    SetAfterConnect,
+    /// Not at all: behind a transaction pooler each statement brings them ([`Pooler::prefix`]).
+    Pooler,
 }
 
-/// The pool itself, on the direct path or (`opts.pooler == Some(true)`) in pooler mode.
+/// READ COMMITTED, the statement and lock time-outs, server keepalives: what a lock session
+/// runs with on the direct path.
+fn session_settings(opts: &ConnectOptions) -> Vec<(&'static str, String)> {
+    let ms = opts.statement_timeout.as_millis().to_string();
+    let mut settings = vec![
+        ("default_transaction_isolation", "read committed".to_owned()),
+        ("statement_timeout", ms.clone()),
+        ("lock_timeout", ms),
+    ];
+    settings.extend(keepalives().map(|(name, value)| (name, value.to_owned())));
+    settings
+}
+
+/// The pool itself, its sessions set up as `startup` says, and its first connection made.
+/// Its mode is `opts.pooler`'s, except that settings made by SET are the direct path.
 async fn connect_pool(
     parsed: PgConnectOptions,
     table: &str,
     opts: &ConnectOptions,
+    startup: Startup,
 ) -> Result<Pg, LockError> {
-    let statement_ms = opts.statement_timeout.as_millis().to_string();
-    let options = if opts.pooler == Some(true) {
-        parsed.extra_float_digits(None)
-    } else {
-        parsed
-            .options([
-                ("default_transaction_isolation", "read committed"),
-                ("statement_timeout", statement_ms.as_str()),
-                ("lock_timeout", statement_ms.as_str()),
-            ])
-            .options(keepalives())
-    };
     let acquire_timeout = opts.acquire_timeout.unwrap_or(ACQUIRE_TIMEOUT);
     let pool = PgPoolOptions::new()
         .max_connections(opts.max_connections.unwrap_or(10))
         .test_before_acquire(false)
-        .acquire_timeout(acquire_timeout)
-        .connect_lazy_with(options);
+        .acquire_timeout(acquire_timeout);
+    let settings = session_settings(opts);
+    let (pool, opts) = match startup {
+        Startup::Options => (
+            pool.connect_lazy_with(
+                parsed.options(settings.iter().map(|(name, value)| (*name, value.as_str()))),
+            ),
+            opts.clone(),
+        ),
+        Startup::Pooler => (
+            pool.connect_lazy_with(parsed.extra_float_digits(None)),
+            opts.clone(),
+        ),
+        Startup::SetAfterConnect => {
+            let set: Arc<str> = settings
+                .iter()
+                .map(|(name, value)| format!("SET {name} = '{value}';"))
+                .collect::<Vec<_>>()
+                .join(" ")
+                .into();
+            let pool = pool
+                .after_connect(move |conn, _| {
+                    let set = set.clone();
+                    Box::pin(async move {
+                        sqlx::raw_sql(AssertSqlSafe(set.to_string()))
+                            .execute(conn)
+                            .await
+                            .map(|_| ())
+                    })
+                })
+                .connect_lazy_with(parsed.extra_float_digits(None));
+            let direct = ConnectOptions {
+                pooler: Some(false),
+                ..opts.clone()
+            };
+            (pool, direct)
+        }
+    };
     super::exec::first_connection(&pool, acquire_timeout).await?;
-    Pg::configured(pool, table, opts)
+    Pg::configured(pool, table, &opts)
 }
 
 impl Pg {
@@ -1085,10 +1096,7 @@ impl Dialect for Pg {
         let probe = async {
             match tokio::time::timeout_at(deadline, state_shared(&options)).await {
                 Ok(answer) => answer,
-                Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "connecting to the database timed out (server unreachable?)",
-                ))),
+                Err(_) => Err(super::exec::connect_timed_out()),
             }
         };
         Box::pin(self.settings.pooler.find_out(probe))
