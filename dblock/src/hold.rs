@@ -229,6 +229,39 @@ impl Hold {
         self.lost_signal.notify_waiters();
     }
 
+    /// The holder gave the hold up (a resigned or dropped leadership): lost from now on,
+    /// without the warning of a lease lost by surprise.
+    pub(crate) fn give_up(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.lost_signal.notify_waiters();
+    }
+
+    /// Whether the lease may end within `margin` (by the local deadline).
+    pub(crate) fn ends_within(&self, margin: Duration) -> bool {
+        Instant::now() + margin >= self.deadline()
+    }
+
+    /// The end of a leadership (`leader.rs`): resolves as soon as the hold is marked lost
+    /// (taken, revoked by a shutdown, given up) or its lease may end within `margin`, so never
+    /// after the lease could have ended on the database clock. Unlike [`lost`](Self::lost) it
+    /// does not wait for a shutdown's release: the leader must stop before the key is free.
+    pub(crate) async fn ending(&self, margin: Duration) {
+        loop {
+            let signal = self.lost_signal.notified();
+            if self.lost.load(Ordering::SeqCst) || self.ends_within(margin) {
+                return;
+            }
+            let until = self
+                .deadline()
+                .checked_sub(margin)
+                .unwrap_or_else(Instant::now);
+            tokio::select! {
+                () = signal => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
     /// `true` once the lock is known lost (renewal found it gone) or its lease may have ended.
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst) || Instant::now() >= self.deadline()

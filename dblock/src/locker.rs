@@ -10,6 +10,7 @@ use crate::backend::Backend;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::info::LockInfo;
+use crate::leader::LeaderRequest;
 use crate::multi::LockAllRequest;
 use crate::request::LockRequest;
 use crate::shared::{default_holder, Shared};
@@ -317,6 +318,23 @@ impl Locker {
     /// ```
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
         LockRequest::new(self.shared.clone(), key.into())
+    }
+
+    /// An election on `key` (leader election on a lease, as etcd's): `.campaign()` waits until
+    /// this instance leads, `.current()` names the leader, `.observe()` follows the changes.
+    /// The election is the lock on `key` in this table. See [`LeaderRequest`].
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let leadership = locker.leader("scheduler").holder("node-a").campaign().await?;
+    /// tokio::select! {
+    ///     _ = leadership.lost() => {}                      // stop leading
+    ///     () = std::future::pending::<()>() => {}          // ... run the scheduler ...
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn leader(&self, key: impl Into<String>) -> LeaderRequest {
+        LeaderRequest::new(self.shared.clone(), key.into())
     }
 
     /// Starts a request for several keys at once, all or nothing: they are taken in one

@@ -1,0 +1,450 @@
+//! Leader election on a lease: [`Locker::leader`](crate::Locker::leader), [`LeaderRequest`],
+//! [`Leadership`] and [`Observe`].
+//!
+//! A leadership is an exclusive lock on the election's key, taken by an owner of its own and kept
+//! alive by the locker's one renewal task. It needs no statement of its own: the lock's acquire,
+//! extend and release statements, with their guarantees (one statement each, unknown outcomes
+//! never counted twice, a grant only returned live), are the election's. What this module adds
+//! is the end of a leadership as the leader must see it: [`Leadership::lost`] resolves *before*
+//! the lease can end on the database clock, so a leader that stops when told never acts beside
+//! its successor.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use tracing::Instrument;
+
+use crate::error::LockError;
+use crate::guard::LockGuard;
+use crate::hold::Hold;
+use crate::info::LockInfo;
+use crate::owner::Owner;
+use crate::request::{LockRequest, DEFAULT_TTL};
+use crate::shared::Shared;
+use crate::validate;
+
+/// How long a campaign pauses after a failed attempt (the database unreachable, say) before it
+/// asks again.
+const CAMPAIGN_RETRY: Duration = Duration::from_millis(500);
+/// A campaign waits for the key as long as it takes.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// An election on one key: [`campaign`](Self::campaign) to lead, [`current`](Self::current) to
+/// ask who leads, [`observe`](Self::observe) to follow the changes. Made by
+/// [`Locker::leader`](crate::Locker::leader).
+///
+/// The election *is* the lock on `key` in the locker's table: while an instance leads, the key
+/// is held by the campaign's own owner (a fresh one per campaign, so two campaigns in one
+/// process exclude each other), and `locker.lock(key)` elsewhere finds it busy.
+///
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// use std::time::Duration;
+/// let locker = dblock::Locker::connect("sqlite::memory:").await?;
+/// locker.migrate().await?;
+///
+/// let election = locker.leader("scheduler").holder("node-a").ttl(Duration::from_secs(10));
+/// let leadership = election.campaign().await?; // waits until this instance leads
+/// let token = leadership.fencing_token();       // hand it to what the leader writes to
+/// tokio::select! {
+///     lost = leadership.lost() => eprintln!("no longer the leader: {lost}"),
+///     () = tokio::time::sleep(Duration::from_millis(50)) => {} // ... the leader's work ...
+/// }
+/// assert_eq!(election.current().await?.and_then(|l| l.holder).as_deref().map(|h| h.ends_with("node-a")), Some(true));
+/// leadership.resign().await?;                   // hands over at once
+/// # let _ = token; Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+#[derive(Clone)]
+#[must_use = "an election does nothing until it campaigns, is asked or observed"]
+pub struct LeaderRequest {
+    shared: Arc<Shared>,
+    key: String,
+    ttl: Duration,
+    label: Option<String>,
+}
+
+impl fmt::Debug for LeaderRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderRequest")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("holder", &self.label)
+            .finish()
+    }
+}
+
+impl LeaderRequest {
+    pub(crate) fn new(shared: Arc<Shared>, key: String) -> Self {
+        LeaderRequest {
+            shared,
+            key,
+            ttl: DEFAULT_TTL,
+            label: None,
+        }
+    }
+
+    /// The lease of a leadership (default 30 s). Renewal extends it about every ttl/3 while
+    /// the instance leads; a leader that dies (or stops renewing) is replaced after at most one
+    /// ttl. A shorter ttl fails over sooner and costs more renewals.
+    ///
+    /// ```
+    /// # fn demo(locker: dblock::Locker) {
+    /// let election = locker.leader("scheduler").ttl(std::time::Duration::from_secs(5));
+    /// # }
+    /// ```
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The label stored in the `holder` column after `host/pid` while this instance leads: what
+    /// [`current`](Self::current) and [`observe`](Self::observe) report as the leader.
+    ///
+    /// ```
+    /// # fn demo(locker: dblock::Locker) {
+    /// let election = locker.leader("scheduler").holder("node-a:8080");
+    /// # }
+    /// ```
+    pub fn holder(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// The key of the election.
+    ///
+    /// ```
+    /// # fn demo(locker: dblock::Locker) {
+    /// assert_eq!(locker.leader("scheduler").key(), "scheduler");
+    /// # }
+    /// ```
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Waits until this instance leads, then keeps the lease renewed (the locker's one renewal
+    /// task) until the [`Leadership`] is resigned, dropped or the locker shuts down.
+    ///
+    /// It waits as long as it takes: wrap it in `tokio::time::timeout` to bound it (dropping
+    /// the future is safe: a grant nobody received is given back). While it waits, a release
+    /// by the leader wakes it at once on PostgreSQL (NOTIFY), within 250 ms elsewhere; a
+    /// leader that died is replaced when its lease ends. A failure to reach the database does
+    /// not end the campaign: it is logged at `warn` and the campaign asks again. It ends with
+    /// an error only for what asking again cannot fix: [`LockError::ShutDown`], a bad key or
+    /// ttl, no tokio runtime.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let leadership = locker.leader("scheduler").campaign().await?;
+    /// // ... lead until leadership.lost() resolves ...
+    /// # Ok(()) }
+    /// ```
+    pub async fn campaign(&self) -> Result<Leadership, LockError> {
+        LockError::require_runtime()?;
+        validate::key(&self.key)?;
+        validate::ttl_micros(self.ttl)?;
+        let owner = Owner::new();
+        let span = tracing::info_span!("dblock.campaign", key = %self.key, owner = %owner);
+        async move { loop {
+            let mut request = LockRequest::new(self.shared.clone(), self.key.clone())
+                .ttl(self.ttl)
+                .wait(FOREVER)
+                .owner(&owner)
+                .metrics_key("(leader)");
+            if let Some(label) = &self.label {
+                request = request.holder(label.clone());
+            }
+            match request.await {
+                Ok(guard) => {
+                    let leadership = Leadership::new(guard.auto_renew(), self.ttl);
+                    tracing::info!(
+                        key = %self.key,
+                        fencing_token = leadership.fencing_token(),
+                        "leading"
+                    );
+                    return Ok(leadership);
+                }
+                Err(e @ (LockError::Database(_) | LockError::Busy { .. } | LockError::Lost { .. })) => {
+                    tracing::warn!(key = %self.key, error = %e, "campaign attempt failed; asking again");
+                    tokio::time::sleep(CAMPAIGN_RETRY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        } }
+        .instrument(span)
+        .await
+    }
+
+    /// Who leads now: the key's row while its lease is live (its
+    /// [`holder`](LockInfo::holder) names the leader, its fencing token the term), `None` when
+    /// nobody leads. One read.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// match locker.leader("scheduler").current().await? {
+    ///     Some(leader) => println!("led by {:?} since term {}", leader.holder, leader.fencing_token),
+    ///     None => println!("no leader"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn current(&self) -> Result<Option<LockInfo>, LockError> {
+        current(&self.shared, &self.key).await
+    }
+
+    /// Follows the election: a [`Stream`](futures_core::Stream) that yields the leader first
+    /// as it is now, then each time it changes — a new term (another leader, or the same
+    /// instance elected again) or `None` when nobody leads. It reads the key's row every
+    /// ttl/10 (at least every second, at most every 50 ms), so a change is seen within that
+    /// long; a failed read is yielded as an error and the stream goes on. It ends when the
+    /// locker shuts down. With `futures` or `tokio-stream`, `StreamExt::next` reads it; the
+    /// example below needs only `futures-core`.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// use std::future::poll_fn;
+    /// use std::pin::Pin;
+    /// use futures_core::Stream;
+    /// let mut changes = locker.leader("scheduler").observe();
+    /// while let Some(leader) = poll_fn(|cx| Pin::new(&mut changes).poll_next(cx)).await {
+    ///     println!("leader now: {:?}", leader?.and_then(|l| l.holder));
+    ///     # break;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn observe(&self) -> Observe {
+        let every = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        Observe {
+            shared: self.shared.clone(),
+            key: self.key.clone(),
+            every,
+            last: None,
+            first: true,
+            pending: None,
+        }
+    }
+}
+
+async fn current(shared: &Arc<Shared>, key: &str) -> Result<Option<LockInfo>, LockError> {
+    LockError::require_runtime()?;
+    shared.check_open()?;
+    validate::key(key)?;
+    let backend = shared.backend()?;
+    let info = shared
+        .once("inspect", |limit| backend.inspect(key, limit))
+        .await?;
+    Ok(info.filter(|info| info.held))
+}
+
+/// This instance leads: made by [`LeaderRequest::campaign`]. The lease is renewed until the
+/// leadership is [resigned](Self::resign) or dropped (both hand over at once) or the locker
+/// [shuts down](crate::Locker::shutdown).
+///
+/// Leadership can also end without this instance asking: renewal finds the key taken (an
+/// operator's `force_release`, a lease that ran out while the process was stopped), or renewal
+/// fails until the lease may have ended. [`lost`](Self::lost) resolves in every case, and
+/// always *before* the lease can end by the database clock (a margin of a tenth of the ttl, at
+/// most a second, before the end the local clock allows): stop acting as the leader when it
+/// does, and no two instances ever act as leaders at once. Pass
+/// [`fencing_token`](Self::fencing_token) to what the leader writes to, and a write of an old
+/// term can be refused even if a paused leader wakes up late.
+#[must_use = "dropping a leadership resigns it"]
+pub struct Leadership {
+    guard: Option<LockGuard>,
+    hold: Arc<Hold>,
+    margin: Duration,
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("key", &self.hold.key)
+            .field("fencing_token", &self.hold.fencing_token)
+            .finish()
+    }
+}
+
+impl Leadership {
+    fn new(guard: LockGuard, ttl: Duration) -> Self {
+        Leadership {
+            hold: guard.hold().clone(),
+            guard: Some(guard),
+            margin: (ttl / 10).min(Duration::from_secs(1)),
+        }
+    }
+
+    /// The election's key.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let leadership = locker.leader("scheduler").campaign().await?;
+    /// assert_eq!(leadership.key(), "scheduler");
+    /// # Ok(()) }
+    /// ```
+    pub fn key(&self) -> &str {
+        &self.hold.key
+    }
+
+    /// The term: the lease's fencing token, larger than every earlier leader's.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let first = locker.leader("scheduler").campaign().await?;
+    /// let term = first.fencing_token();
+    /// first.resign().await?;
+    /// let second = locker.leader("scheduler").campaign().await?;
+    /// assert!(second.fencing_token() > term);
+    /// # Ok(()) }
+    /// ```
+    pub fn fencing_token(&self) -> u64 {
+        self.hold.fencing_token
+    }
+
+    /// When the lease ends unless renewed (the database's clock, as of the last renewal).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let leadership = locker.leader("scheduler").campaign().await?;
+    /// assert!(leadership.expires_at() > std::time::SystemTime::UNIX_EPOCH);
+    /// # Ok(()) }
+    /// ```
+    pub fn expires_at(&self) -> SystemTime {
+        crate::info::time_from_micros(self.hold.expires_at_us())
+    }
+
+    /// `true` once leadership has ended (see [`lost`](Self::lost)).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let leadership = locker.leader("scheduler").campaign().await?;
+    /// assert!(!leadership.is_lost());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_lost(&self) -> bool {
+        self.hold.is_lost() || self.hold.ends_within(self.margin)
+    }
+
+    /// Resolves with [`LockError::Lost`] when leadership ends, for any reason: the key was
+    /// taken (force-released, or the lease ran out while this process was stopped), renewal
+    /// failed until the lease might end, the leadership was resigned or dropped, or the locker
+    /// shut down. It resolves before the lease can end on the database clock, so before another
+    /// instance can lead. The future owns what it needs: it outlives the `Leadership` (a task
+    /// that watches it sees a resignation too).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let leadership = locker.leader("scheduler").campaign().await?;
+    /// let lost = leadership.lost();
+    /// let watcher = tokio::spawn(lost);
+    /// leadership.resign().await?;
+    /// assert!(watcher.await.unwrap().is_lost());
+    /// # Ok(()) }
+    /// ```
+    pub fn lost(&self) -> impl Future<Output = LockError> + Send + 'static {
+        let hold = self.hold.clone();
+        let margin = self.margin;
+        async move {
+            hold.ending(margin).await;
+            LockError::Lost {
+                key: hold.key.clone(),
+            }
+        }
+    }
+
+    /// Gives leadership up: [`lost`](Self::lost) resolves first, then the key is released, and
+    /// a waiting campaign takes it at once (on PostgreSQL woken by NOTIFY). `Err` if the lease
+    /// had already ended or been taken ([`LockError::NotHeld`]), or the release failed (it then
+    /// goes on in the background until the lease ends).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let leadership = locker.leader("scheduler").campaign().await?;
+    /// leadership.resign().await?;
+    /// assert!(locker.leader("scheduler").current().await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn resign(mut self) -> Result<(), LockError> {
+        self.hold.give_up();
+        match self.guard.take() {
+            Some(guard) => {
+                tracing::info!(key = %self.hold.key, fencing_token = self.hold.fencing_token, "resigned");
+                guard.release().await
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        // Over before the guard's own drop releases the key (in the background).
+        self.hold.give_up();
+    }
+}
+
+/// The changes of an election's leader: a [`Stream`](futures_core::Stream) made by
+/// [`LeaderRequest::observe`]. Each item is the leader's row (`Some`) or `None` when nobody
+/// leads; an item comes first as things are, then on every change of leader or term.
+#[must_use = "streams do nothing unless polled"]
+pub struct Observe {
+    shared: Arc<Shared>,
+    key: String,
+    every: Duration,
+    /// The last leader yielded: its owner and term, or `None` for "nobody"; `None` before the
+    /// first item.
+    last: Option<Option<(Option<String>, u64)>>,
+    first: bool,
+    pending: Option<Read>,
+}
+
+/// One read of the leader, with the pause before it.
+type Read = Pin<Box<dyn Future<Output = Result<Option<LockInfo>, LockError>> + Send>>;
+
+impl fmt::Debug for Observe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Observe")
+            .field("key", &self.key)
+            .field("every", &self.every)
+            .finish()
+    }
+}
+
+impl futures_core::Stream for Observe {
+    type Item = Result<Option<LockInfo>, LockError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            let pending = this.pending.get_or_insert_with(|| {
+                let (shared, key) = (this.shared.clone(), this.key.clone());
+                let pause = if this.first {
+                    Duration::ZERO
+                } else {
+                    this.every
+                };
+                Box::pin(async move {
+                    tokio::time::sleep(pause).await;
+                    current(&shared, &key).await
+                })
+            });
+            let read = std::task::ready!(pending.as_mut().poll(cx));
+            this.pending = None;
+            this.first = false;
+            match read {
+                Ok(leader) => {
+                    let now = Some(leader.as_ref().map(|l| (l.owner.clone(), l.fencing_token)));
+                    if this.last != now {
+                        this.last = now;
+                        return Poll::Ready(Some(Ok(leader)));
+                    }
+                }
+                Err(LockError::ShutDown) => return Poll::Ready(None),
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+        }
+    }
+}
