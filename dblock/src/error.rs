@@ -64,6 +64,19 @@ pub enum LockError {
         finished_at: Option<std::time::SystemTime>,
     },
 
+    /// A semaphore was asked for with another number of permits than its live holders took it
+    /// with ([`Locker::semaphore`](crate::Locker::semaphore)): two numbers for one key would let
+    /// more holders in than either allows, so the call is refused instead. Nothing was taken.
+    #[error("semaphore `{key}` is held with {in_use} permits; this call asked for {asked}")]
+    PermitsMismatch {
+        /// The semaphore's key.
+        key: String,
+        /// The number of permits this call asked for.
+        asked: u32,
+        /// The number its live holders took it with.
+        in_use: u32,
+    },
+
     /// The locker was shut down ([`Locker::shutdown`](crate::Locker::shutdown)): it takes no
     /// more locks, and the holds it had were released.
     #[error("the locker was shut down")]

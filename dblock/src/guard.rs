@@ -138,7 +138,7 @@ impl LockGuard {
     pub(crate) async fn revoked(&self) -> LockError {
         self.hold.revoked().await;
         LockError::Lost {
-            key: self.hold.key.clone(),
+            key: self.hold.name().to_owned(),
         }
     }
 
@@ -157,7 +157,7 @@ impl LockGuard {
     pub async fn lost(&self) -> LockError {
         self.hold.lost().await;
         LockError::Lost {
-            key: self.hold.key.clone(),
+            key: self.hold.name().to_owned(),
         }
     }
 
@@ -170,7 +170,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn key(&self) -> &str {
-        &self.hold.key
+        self.hold.name()
     }
 
     /// The fencing token: strictly larger every time the key changes owner (re-entry keeps it).
@@ -343,7 +343,7 @@ impl LockGuard {
             .await?;
         if matched == 0 {
             return Err(LockError::Lost {
-                key: self.hold.key.clone(),
+                key: self.hold.name().to_owned(),
             });
         }
         Ok(())
@@ -439,7 +439,7 @@ impl LockGuard {
         };
         match outcome? {
             Released::NotHeld => Err(LockError::NotHeld {
-                key: self.hold.key.clone(),
+                key: self.hold.name().to_owned(),
             }),
             outcome => {
                 tracing::debug!(key = %self.hold.key, ?outcome, "released");

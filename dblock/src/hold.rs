@@ -21,7 +21,11 @@ use crate::sync::lock;
 
 /// One hold of one key by one owner (one `lock()` call that succeeded).
 pub(crate) struct Hold {
+    /// The row's key.
     pub(crate) key: String,
+    /// The key users know it by, where that is not the row's: a semaphore's key for the row
+    /// of one of its permits (`semaphore.rs`). Set once, right after the grant.
+    pub(crate) shown: std::sync::OnceLock<String>,
     pub(crate) owner: Owner,
     /// The tenure's fencing token.
     pub(crate) fencing_token: u64,
@@ -86,6 +90,7 @@ impl Hold {
     ) -> Self {
         Hold {
             key,
+            shown: std::sync::OnceLock::new(),
             owner,
             fencing_token: grant.fencing_token,
             hold_count: grant.hold_count,
@@ -123,7 +128,8 @@ impl Hold {
     /// `simple` whether its fence goes as a simple query (PostgreSQL behind a pooler).
     pub(crate) fn held_lock(&self, table: &str, simple: bool) -> HeldLock {
         HeldLock {
-            key: self.key.clone(),
+            key: self.name().to_owned(),
+            row_key: self.key.as_str().into(),
             fencing_token: self.fencing_token,
             hold_count: self.hold_count,
             expires_at: time_from_micros(self.expires_at_us()),
@@ -131,6 +137,11 @@ impl Hold {
             owner: self.owner.shared_id(),
             simple,
         }
+    }
+
+    /// The key users know the hold by (see `shown`).
+    pub(crate) fn name(&self) -> &str {
+        self.shown.get().unwrap_or(&self.key)
     }
 
     pub(crate) fn expires_at_us(&self) -> i64 {
@@ -223,7 +234,7 @@ impl Hold {
 
     fn mark_lost(&self) {
         if !self.lost.swap(true, Ordering::SeqCst) {
-            tracing::warn!(key = %self.key, fencing_token = self.fencing_token, "lease lost");
+            tracing::warn!(key = %self.name(), fencing_token = self.fencing_token, "lease lost");
             meter::lost(&self.meter);
         }
         self.lost_signal.notify_waiters();

@@ -72,6 +72,7 @@ mod owner;
 mod renew;
 mod request;
 mod retry;
+mod semaphore;
 mod shared;
 mod sync;
 #[cfg(feature = "_test-util")]
@@ -89,6 +90,7 @@ pub use locker::Locker;
 pub use multi::LockAllRequest;
 pub use owner::{current, current_all, fence, succeed_in, HeldLock, Owner};
 pub use request::{LockRequest, DEFAULT_TTL};
+pub use semaphore::{SemaphoreRequest, MAX_SEMAPHORE_KEY_LEN};
 pub use validate::MAX_KEY_LEN;
 
 /// Runs an `async fn` while holding a distributed lock.

@@ -13,6 +13,7 @@ use crate::info::LockInfo;
 use crate::leader::LeaderRequest;
 use crate::multi::LockAllRequest;
 use crate::request::LockRequest;
+use crate::semaphore::SemaphoreRequest;
 use crate::shared::{default_holder, Shared};
 use crate::validate;
 
@@ -294,11 +295,20 @@ impl Locker {
         self.shared.check_open()?;
         let backend = self.shared.backend()?;
         let span = tracing::debug_span!("dblock.migrate", backend = backend.name(), table = %self.shared.table);
-        self.shared
-            .once("migration", |limit| backend.migrate(limit))
-            .instrument(span)
-            .await
-            .inspect_err(|e| tracing::warn!(error = %e, "migration failed"))
+        async {
+            self.shared
+                .once("migration", |limit| backend.migrate(limit))
+                .await?;
+            // The semaphores' permits: a lock table of their own (`semaphore.rs`).
+            let permits = self.shared.permits();
+            let backend = permits.backend()?;
+            permits
+                .once("migration", |limit| backend.migrate(limit))
+                .await
+        }
+        .instrument(span)
+        .await
+        .inspect_err(|e| tracing::warn!(error = %e, "migration failed"))
     }
 
     /// Starts a request for the lock on `key`; configure it, then `.await` it.
@@ -318,6 +328,24 @@ impl Locker {
     /// ```
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
         LockRequest::new(self.shared.clone(), key.into())
+    }
+
+    /// A counting semaphore on `key` with `permits` permits: at most that many holders at once,
+    /// across processes. `.await` the request for a permit (a [`LockGuard`](crate::LockGuard)); each permit is a
+    /// lease of its own (owner, ttl, renewal, its own fencing token). Every call on one key must
+    /// ask for the same number of permits ([`LockError::PermitsMismatch`] otherwise). Semaphore
+    /// keys live apart from lock keys (`lock("k")` and `semaphore("k", 3)` are unrelated) and
+    /// are at most 233 bytes. See [`SemaphoreRequest`].
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let permit = locker.semaphore("exports", 3).wait(std::time::Duration::from_secs(30)).await?;
+    /// // ... at most 3 of these run at once ...
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, key: impl Into<String>, permits: u32) -> SemaphoreRequest {
+        SemaphoreRequest::new(self.shared.clone(), key.into(), permits)
     }
 
     /// An election on `key` (leader election on a lease, as etcd's): `.campaign()` waits until

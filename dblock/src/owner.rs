@@ -161,6 +161,8 @@ pub struct HeldLock {
     pub expires_at: SystemTime,
     /// The lock table (for `dblock::fence`).
     pub(crate) table: Arc<str>,
+    /// The key of the row in it (a semaphore's permit has a row of its own).
+    pub(crate) row_key: Arc<str>,
     /// The owner id (for `dblock::fence`).
     pub(crate) owner: Arc<str>,
     /// The fence goes as a simple query with inlined values (PostgreSQL behind a pooler).
@@ -284,7 +286,7 @@ async fn fence_all<C: FenceConnection>(
         let matched = conn
             .fence_row(
                 &lock.table,
-                &lock.key,
+                &lock.row_key,
                 &lock.owner,
                 lock.fencing_token,
                 lock.simple,

@@ -38,6 +38,9 @@ pub(crate) struct Shared {
     pub(crate) statement_timeout: Duration,
     /// Shared with every `table()` copy: shut down together.
     lifecycle: Arc<Lifecycle>,
+    /// The copy on this table's semaphore permits (`backend::permits_table`), made on first
+    /// use: one per locker, so that the holds of its guards are found again (re-entry).
+    permits: std::sync::OnceLock<Arc<Shared>>,
 }
 
 /// What a locker and all its `table()` copies share: whether `shutdown` ran, every copy (to stop
@@ -86,6 +89,7 @@ impl Shared {
             holder,
             statement_timeout,
             lifecycle,
+            permits: std::sync::OnceLock::new(),
         });
         let mut copies = lock(&shared.lifecycle.copies);
         copies.retain(|c| c.strong_count() > 0);
@@ -214,6 +218,24 @@ impl Shared {
             self.statement_timeout,
             self.lifecycle.clone(),
         )
+    }
+
+    /// The copy of this locker on its semaphore permits' table (same database, lifecycle and
+    /// holder; `backend::permits_table`).
+    pub(crate) fn permits(&self) -> &Arc<Self> {
+        self.permits
+            .get_or_init(|| self.with_table(&crate::backend::permits_table(&self.table)))
+    }
+
+    /// The key of a live hold of this locker's guards, as `owner`, whose key starts with
+    /// `prefix` (a semaphore's permit: re-entry takes the same one again).
+    pub(crate) fn held_with_prefix(&self, prefix: &str, owner: &Owner) -> Option<String> {
+        self.live()
+            .values()
+            .filter(|(_, of)| std::ptr::eq(of.as_ptr(), self))
+            .filter_map(|(h, _)| h.upgrade())
+            .find(|h| !h.is_lost() && h.owner == *owner && h.key.starts_with(prefix))
+            .map(|h| h.key.clone())
     }
 
     pub(crate) fn backend(&self) -> Result<&Backend, LockError> {

@@ -20,6 +20,9 @@ pub(crate) struct AdminSql {
     pub(crate) inspect: SqlStr,
     /// Every row with a live lease, ordered by key.
     pub(crate) held: SqlStr,
+    /// `$1`, `$2` / `?`, `?` = from, to; every row with a live lease whose key is in
+    /// `from..to`, ordered by key.
+    pub(crate) held_in: SqlStr,
     /// `$1`/`?` = key; frees a live lease whoever holds it, keeping the fencing token.
     pub(crate) force_release: SqlStr,
     /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
@@ -123,6 +126,33 @@ where
     for<'r> bool: Decode<'r, DB> + Type<DB>,
 {
     let rows = sqlx::query(sql.held.clone()).fetch_all(&mut *conn).await?;
+    rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
+}
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn held_in<DB>(
+    conn: &mut DB::Connection,
+    sql: &AdminSql,
+    from: &str,
+    to: &str,
+) -> Result<Vec<LockInfo>, sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
+    for<'r> bool: Decode<'r, DB> + Type<DB>,
+{
+    let rows = sqlx::query(sql.held_in.clone())
+        .bind(from.to_owned())
+        .bind(to.to_owned())
+        .fetch_all(&mut *conn)
+        .await?;
     rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
 }
 
@@ -250,6 +280,16 @@ macro_rules! shared_admin {
             conn: &mut super::Conn<Self>,
         ) -> Result<Vec<crate::info::LockInfo>, sqlx::Error> {
             super::admin::held::<<Self as super::Dialect>::Db>(conn, &self.$($field).+).await
+        }
+
+        async fn held_in(
+            &self,
+            conn: &mut super::Conn<Self>,
+            from: &str,
+            to: &str,
+        ) -> Result<Vec<crate::info::LockInfo>, sqlx::Error> {
+            super::admin::held_in::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, from, to)
+                .await
         }
 
         async fn force_release(

@@ -153,25 +153,40 @@ pub(crate) enum QueueStep<'a> {
     },
 }
 
-/// The fair waiters' table of lock table `table` (validated): `<table>_queue`, in the same
-/// schema; where that would pass the 63-byte identifier limit of PostgreSQL and MySQL, the name
-/// is cut and a hash of the whole name keeps it distinct.
+/// The fair waiters' table of lock table `table` (validated): `<table>_queue` (see
+/// [`companion`]).
 pub(crate) fn queue_table(table: &str) -> String {
+    companion(table, "queue")
+}
+
+/// The semaphores' permits of lock table `table` (validated): `<table>_permits`, a lock table of
+/// its own (see [`companion`]) whose rows are the permit slots (`semaphore.rs`).
+pub(crate) fn permits_table(table: &str) -> String {
+    companion(table, "permits")
+}
+
+/// A table beside lock table `table`: `<table>_<what>`, in the same schema; where that would
+/// pass the 63-byte identifier limit of PostgreSQL and MySQL, the name is cut and a hash of the
+/// whole name keeps it distinct.
+fn companion(table: &str, what: &str) -> String {
     let (schema, name) = match table.rsplit_once('.') {
         Some((schema, name)) => (Some(schema), name),
         None => (None, table),
     };
-    let queue = if name.len() + "_queue".len() <= 63 {
-        format!("{name}_queue")
+    let full = if name.len() + 1 + what.len() <= 63 {
+        format!("{name}_{what}")
     } else {
         let hash = name.bytes().fold(0x811c_9dc5_u32, |h, b| {
             (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
         });
-        format!("{}_queue_{hash:08x}", &name[..48])
+        format!(
+            "{}_{what}_{hash:08x}",
+            &name[..(63 - 10 - what.len()).min(48)]
+        )
     };
     match schema {
-        Some(schema) => format!("{schema}.{queue}"),
-        None => queue,
+        Some(schema) => format!("{schema}.{full}"),
+        None => full,
     }
 }
 
@@ -286,6 +301,14 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     fn held(
         &self,
         conn: &mut Conn<Self>,
+    ) -> impl Future<Output = Result<Vec<LockInfo>, sqlx::Error>> + Send;
+
+    /// Every row with a live lease whose key is in `from..to` (bytes), ordered by key.
+    fn held_in(
+        &self,
+        conn: &mut Conn<Self>,
+        from: &str,
+        to: &str,
     ) -> impl Future<Output = Result<Vec<LockInfo>, sqlx::Error>> + Send;
 
     /// Frees a live lease whoever holds it; whether there was one.
@@ -541,6 +564,18 @@ impl Backend {
                 b.held(c).await
             })
             .await
+        })
+    }
+
+    /// See [`Dialect::held_in`].
+    pub(crate) async fn held_in(
+        &self,
+        from: &str,
+        to: &str,
+        deadline: Instant,
+    ) -> Result<Vec<LockInfo>, Failed> {
+        dispatch!(self, b, D => {
+            run(b, b.pool(), deadline, async |c| b.held_in(c, from, to).await).await
         })
     }
 
@@ -812,6 +847,61 @@ mod tests {
         ]);
         for (file, sql, table) in pairs {
             assert!(file.ends_with(&sql.replace("{table}", table)), "{file}");
+        }
+    }
+
+    /// Each `0005_permits.sql` is 0001 to 0004 again (their comment lines aside) for the
+    /// permits table and its queue, as `Locker::migrate` runs them (`semaphore.rs`).
+    #[test]
+    fn the_permits_migration_is_the_lock_tables_under_its_own_name() {
+        let files = [
+            (
+                [
+                    include_str!("../../../migrations/postgres/0001_dblock_locks.sql"),
+                    include_str!("../../../migrations/postgres/0002_outcomes.sql"),
+                    include_str!("../../../migrations/postgres/0003_exactly_once.sql"),
+                    include_str!("../../../migrations/postgres/0004_fair_queue.sql"),
+                ],
+                include_str!("../../../migrations/postgres/0005_permits.sql"),
+                '"',
+            ),
+            (
+                [
+                    include_str!("../../../migrations/mysql/0001_dblock_locks.sql"),
+                    include_str!("../../../migrations/mysql/0002_outcomes.sql"),
+                    include_str!("../../../migrations/mysql/0003_exactly_once.sql"),
+                    include_str!("../../../migrations/mysql/0004_fair_queue.sql"),
+                ],
+                include_str!("../../../migrations/mysql/0005_permits.sql"),
+                '`',
+            ),
+            (
+                [
+                    include_str!("../../../migrations/sqlite/0001_dblock_locks.sql"),
+                    include_str!("../../../migrations/sqlite/0002_outcomes.sql"),
+                    include_str!("../../../migrations/sqlite/0003_exactly_once.sql"),
+                    include_str!("../../../migrations/sqlite/0004_fair_queue.sql"),
+                ],
+                include_str!("../../../migrations/sqlite/0005_permits.sql"),
+                '"',
+            ),
+        ];
+        for (earlier, permits, q) in files {
+            let name = |t: &str| quote_ident(t, q);
+            let expected: String = earlier
+                .iter()
+                .map(|f| {
+                    let body: Vec<&str> = f.lines().filter(|l| !l.starts_with("--")).collect();
+                    (body.join("\n") + "\n")
+                        .replace(
+                            &name("dblock_locks_queue"),
+                            &name(&queue_table(&permits_table("dblock_locks"))),
+                        )
+                        .replace(&name("dblock_locks"), &name(&permits_table("dblock_locks")))
+                })
+                .collect();
+            let body: Vec<&str> = permits.lines().filter(|l| !l.starts_with("--")).collect();
+            assert_eq!(body.join("\n") + "\n", expected);
         }
     }
 

@@ -332,6 +332,12 @@ WHERE lock_key = $1",
 WHERE owner IS NOT NULL AND expires_at > {now} ORDER BY lock_key",
                     &t,
                 ),
+                held_in: sql(
+                    "SELECT {info} FROM {table}
+WHERE lock_key >= $1 AND lock_key < $2 AND owner IS NOT NULL AND expires_at > {now}
+ORDER BY lock_key",
+                    &t,
+                ),
                 force_release: sql(
                     "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = {now},
     last_outcome = CASE WHEN success_token IS fencing_token THEN 1 ELSE 2 END,

@@ -218,6 +218,7 @@ struct Statements {
     last_write: Stmt,
     inspect: Stmt,
     held: Stmt,
+    held_in: Stmt,
     force_release: Stmt,
     reset: Stmt,
     purge: Stmt,
@@ -861,6 +862,14 @@ WHERE owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key
                 ),
                 &t,
             ),
+            held_in: stmt(
+                &format!(
+                    "SELECT {INFO_COLUMNS} FROM {{table}}
+WHERE lock_key >= $1 AND lock_key < $2
+  AND owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key"
+                ),
+                &t,
+            ),
 
             // Single-row UPDATE: frees a live lease whoever holds it; the token is kept so
             // the next owner still gets a larger one.
@@ -1408,6 +1417,20 @@ impl Dialect for Pg {
             .collect()
     }
 
+    async fn held_in(
+        &self,
+        conn: &mut PgConnection,
+        from: &str,
+        to: &str,
+    ) -> Result<Vec<LockInfo>, sqlx::Error> {
+        let rows = self
+            .fetch_all(conn, &self.sql.held_in, &[Arg::Text(from), Arg::Text(to)])
+            .await?;
+        rows.iter()
+            .map(|r| admin::decode(r).map(LockInfo::from))
+            .collect()
+    }
+
     async fn force_release(&self, conn: &mut PgConnection, key: &str) -> Result<bool, sqlx::Error> {
         Ok(self
             .execute(conn, &self.sql.force_release, &[Arg::Text(key)])
@@ -1548,6 +1571,7 @@ mod tests {
             ("last_write", &sql.last_write, 1),
             ("inspect", &sql.inspect, 1),
             ("held", &sql.held, 0),
+            ("held_in", &sql.held_in, 2),
             ("force_release", &sql.force_release, 1),
             ("reset", &sql.reset, 1),
             ("purge", &sql.purge, 1),

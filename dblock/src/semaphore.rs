@@ -1,0 +1,327 @@
+//! Counting semaphores: [`Locker::semaphore`](crate::Locker::semaphore) and
+//! [`SemaphoreRequest`].
+//!
+//! **The table model.** A semaphore of `n` permits on key `k` is `n` permit *slots*, each one
+//! an ordinary lock row in the lock table's companion `<table>_permits` (a lock table of its own,
+//! created by `migrate`), keyed `k ␟ n.i` (`␟` is the unit separator, `\x1f`; `i` in `0..n`).
+//! A permit is a lock on one slot, taken with the lock's own acquire statement, so every lease
+//! property of a lock holds for each permit with no statement of its own: owner, ttl, renewal,
+//! a fencing token that strictly increases per slot, an outcome when it ends, the grant only
+//! returned live, unknown outcomes never counted twice, release ids, `fence`/`succeed_in`.
+//!
+//! **Why at most `n` hold at once.** Each slot is exclusive (the lock statement's argument), and
+//! a call only ever takes slots `0..n` of its own `n`; so `n` slots, `n` holders. Nothing
+//! depends on a check across rows, so there is no write skew to guard against: the read that
+//! picks a free slot only steers the attempt (a stale read costs a busy attempt, never a grant).
+//! The number of permits is part of the slot's key, and the read refuses a call whose `n`
+//! differs from that of a live slot ([`LockError::PermitsMismatch`]): two numbers for one key
+//! would otherwise add up (a call of 3 and a call of 5 could have 5 + 3 - 3 holders). The read
+//! and the take are two statements: a call of another `n` that reads just before the first
+//! slot of this `n` is taken can still get in once; from then on each sees the other's slots.
+//!
+//! **Cost.** A first permit is one read (the live slots of the key, one index range) and one
+//! acquire statement; re-entry by the same owner is the acquire alone (it takes the same slot
+//! again, counted). A release and each renewal are the lock's.
+
+use std::borrow::Cow;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::error::LockError;
+use crate::guard::LockGuard;
+use crate::owner::{Context, Owner};
+use crate::request::{LockRequest, DEFAULT_TTL};
+use crate::shared::Shared;
+use crate::validate;
+
+/// Longest semaphore key, in bytes: its slots' keys add up to 22 bytes (`␟`, permits, `.`,
+/// slot) and must fit the 255 bytes of a lock key.
+pub const MAX_SEMAPHORE_KEY_LEN: usize = validate::MAX_KEY_LEN - 22;
+/// Free slots tried per read before the live slots are read again.
+const TRIES_PER_READ: usize = 3;
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// One `locker.semaphore(key, permits)` call being configured; `.await` it to take a permit.
+/// The [`LockGuard`] it returns is the permit: release it (or drop it) to give the permit back.
+///
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// use std::time::Duration;
+/// let locker = dblock::Locker::connect("sqlite::memory:").await?;
+/// locker.migrate().await?;
+///
+/// // At most 3 exports at once, across every process that shares the database.
+/// let permit = locker
+///     .semaphore("exports", 3)
+///     .ttl(Duration::from_secs(60))
+///     .wait(Duration::from_secs(30))
+///     .holder("export-job")
+///     .await?;
+/// assert_eq!(permit.key(), "exports");
+/// // ... the export ...
+/// permit.release().await?;
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+#[must_use = "a semaphore request does nothing until it is awaited"]
+pub struct SemaphoreRequest {
+    shared: Arc<Shared>,
+    key: String,
+    permits: u32,
+    ttl: Duration,
+    wait: Duration,
+    owner: Option<Owner>,
+    label: Option<String>,
+    metrics_key: Option<Cow<'static, str>>,
+}
+
+impl SemaphoreRequest {
+    pub(crate) fn new(shared: Arc<Shared>, key: String, permits: u32) -> Self {
+        SemaphoreRequest {
+            shared,
+            key,
+            permits,
+            ttl: DEFAULT_TTL,
+            wait: Duration::ZERO,
+            owner: None,
+            label: None,
+            metrics_key: None,
+        }
+    }
+
+    /// The permit's lease (default 30 s): a holder that dies gives its permit back when it
+    /// runs out.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let permit = locker.semaphore("exports", 3).ttl(std::time::Duration::from_secs(5)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to keep trying while every permit is taken; zero (the default) means one try.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let permit = locker.semaphore("exports", 3).wait(std::time::Duration::from_secs(10)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Takes the permit as this owner instead of the scope's (or a fresh) one. An owner that
+    /// already holds a permit of the key takes the same one again (counted, as a lock's
+    /// re-entry), never a second one.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let me = dblock::Owner::new();
+    /// let a = locker.semaphore("exports", 3).owner(&me).await?;
+    /// let b = locker.semaphore("exports", 3).owner(&me).await?;
+    /// assert_eq!(b.hold_count(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn owner(mut self, owner: &Owner) -> Self {
+        self.owner = Some(owner.clone());
+        self
+    }
+
+    /// A label stored in the permit's `holder` column after `host/pid`, for operators.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let permit = locker.semaphore("exports", 3).holder("export-job").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn holder(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// The `key` label of this call's metrics (feature `metrics`), as
+    /// [`LockRequest::metrics_key`].
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let permit = locker.semaphore("exports:eu", 3).metrics_key("exports:{region}").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn metrics_key(mut self, template: impl Into<Cow<'static, str>>) -> Self {
+        self.metrics_key = Some(template.into());
+        self
+    }
+}
+
+impl IntoFuture for SemaphoreRequest {
+    type Output = Result<LockGuard, LockError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'static>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let owner = self
+                .owner
+                .clone()
+                .or_else(|| Context::get().map(|c| c.owner))
+                .unwrap_or_default();
+            let span = tracing::debug_span!(
+                "dblock.semaphore",
+                key = %self.key,
+                permits = self.permits,
+                backend = self.shared.backend_name(),
+                owner = %owner,
+                ttl_ms = self.ttl.as_millis() as u64,
+                wait_ms = self.wait.as_millis() as u64,
+            );
+            self.acquire(owner).instrument(span).await
+        })
+    }
+}
+
+/// The key of slot `slot` of semaphore `key` of `permits` permits.
+fn slot_key(key: &str, permits: u32, slot: u32) -> String {
+    format!("{key}\x1f{permits}.{slot}")
+}
+
+/// The permits and slot of a slot key of `key` (`None`: the row is another key's).
+fn parse_slot(key: &str, row_key: &str) -> Option<(u32, u32)> {
+    let rest = row_key.strip_prefix(key)?.strip_prefix('\x1f')?;
+    let (permits, slot) = rest.split_once('.')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(permits) || !digits(slot) {
+        return None;
+    }
+    Some((permits.parse().ok()?, slot.parse().ok()?))
+}
+
+impl SemaphoreRequest {
+    async fn acquire(self, owner: Owner) -> Result<LockGuard, LockError> {
+        LockError::require_runtime()?;
+        self.shared.check_open()?;
+        validate::key(&self.key)?;
+        if self.key.len() > MAX_SEMAPHORE_KEY_LEN {
+            return Err(LockError::invalid_key(
+                &self.key,
+                "a semaphore key is at most 233 bytes (its permits' rows add a suffix)",
+            ));
+        }
+        if self.permits == 0 {
+            return Err(LockError::Config(format!(
+                "semaphore `{}` needs at least one permit",
+                self.key
+            )));
+        }
+        validate::ttl_micros(self.ttl)?;
+        let permits = self.shared.permits().clone();
+        let backend = permits.backend()?;
+        let started = Instant::now();
+        let deadline = started + self.wait.min(FOREVER);
+        let (from, to) = (format!("{}\x1f", self.key), format!("{}\x20", self.key));
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            // Re-entry: the slot this owner holds, again.
+            if let Some(slot) = permits.held_with_prefix(&from, &owner) {
+                if parse_slot(&self.key, &slot).is_some_and(|(n, _)| n == self.permits) {
+                    return self.take(&permits, slot, &owner).await;
+                }
+            }
+            let live = permits
+                .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
+                .await?;
+            let mut taken = vec![false; self.permits as usize];
+            for row in &live {
+                let Some((n, slot)) = parse_slot(&self.key, &row.key) else {
+                    continue;
+                };
+                if n != self.permits {
+                    return Err(LockError::PermitsMismatch {
+                        key: self.key.clone(),
+                        asked: self.permits,
+                        in_use: n,
+                    });
+                }
+                if let Some(t) = taken.get_mut(slot as usize) {
+                    *t = true;
+                }
+            }
+            let mut free: Vec<u32> = (0..self.permits).filter(|&i| !taken[i as usize]).collect();
+            if !free.is_empty() {
+                let start = fastrand::usize(..free.len());
+                free.rotate_left(start);
+            }
+            for slot in free.into_iter().take(TRIES_PER_READ) {
+                let row = slot_key(&self.key, self.permits, slot);
+                match self.take(&permits, row, &owner).await {
+                    Err(LockError::Busy { .. }) => continue,
+                    other => return other,
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LockError::Busy {
+                    key: self.key.clone(),
+                    waited: now - started,
+                });
+            }
+            let pause = backoff.mul_f64(0.5 + fastrand::f64());
+            tokio::time::sleep_until((now + pause).min(deadline)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// One attempt at slot row `row`, as `owner`: the lock's own acquire.
+    async fn take(
+        &self,
+        permits: &Arc<Shared>,
+        row: String,
+        owner: &Owner,
+    ) -> Result<LockGuard, LockError> {
+        let mut request = LockRequest::new(permits.clone(), row)
+            .ttl(self.ttl)
+            .owner(owner)
+            .metrics_key(
+                self.metrics_key
+                    .clone()
+                    .unwrap_or(Cow::Borrowed("(semaphore)")),
+            );
+        if let Some(label) = &self.label {
+            request = request.holder(label.clone());
+        }
+        let guard = request.await?;
+        let _ = guard.hold().shown.set(self.key.clone());
+        Ok(guard)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_keys_are_read_back_only_for_their_own_key() {
+        let row = slot_key("exports", 3, 2);
+        assert_eq!(parse_slot("exports", &row), Some((3, 2)));
+        assert_eq!(parse_slot("export", &row), None);
+        // A key that itself contains the separator never reads as another key's slot.
+        let other = slot_key("exports\x1f3.2", 5, 0);
+        assert_eq!(parse_slot("exports", &other), None);
+        assert_eq!(parse_slot("exports\x1f3.2", &other), Some((5, 0)));
+        assert_eq!(parse_slot("exports", "exports\x1f3."), None);
+        assert_eq!(
+            slot_key(&"k".repeat(MAX_SEMAPHORE_KEY_LEN), u32::MAX, u32::MAX - 1).len(),
+            validate::MAX_KEY_LEN
+        );
+    }
+}

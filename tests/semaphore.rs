@@ -1,0 +1,274 @@
+//! Counting semaphores (`Locker::semaphore`) on every backend: never more holders than permits,
+//! in one process and across three, a killed holder's permit back at its ttl, re-entry, and the
+//! typed error for two numbers of permits on one key.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dblock::LockError;
+
+const PERMITS: u32 = 4;
+
+fn now_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// Runs only inside a child process (ignored in normal runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process entry point, started by the other tests"]
+async fn child_entry() {
+    let (role, locker) = common::child_locker().await;
+    let dir = PathBuf::from(std::env::var("DBLOCK_CHILD_DIR").unwrap());
+    match role.as_str() {
+        "churn" => {
+            let tasks: Vec<_> = (0..3)
+                .map(|_| {
+                    let (locker, log) = (locker.clone(), dir.join("history"));
+                    tokio::spawn(async move {
+                        for _ in 0..6 {
+                            let permit = locker
+                                .semaphore("pool", PERMITS)
+                                .wait(Duration::from_secs(60))
+                                .await
+                                .unwrap();
+                            let from = now_us();
+                            tokio::time::sleep(Duration::from_millis(fastrand::u64(5..25))).await;
+                            let to = now_us();
+                            let mut f = std::fs::OpenOptions::new()
+                                .append(true)
+                                .create(true)
+                                .open(&log)
+                                .unwrap();
+                            writeln!(f, "{from} {to}").unwrap();
+                            drop(f);
+                            permit.release().await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        }
+        "holder" => {
+            let a = locker
+                .semaphore("doomed", 2)
+                .ttl(Duration::from_millis(1500))
+                .await
+                .unwrap();
+            let b = locker
+                .semaphore("doomed", 2)
+                .ttl(Duration::from_millis(1500))
+                .await
+                .unwrap();
+            println!("HELD {} {}", a.fencing_token(), b.fencing_token());
+            std::io::stdout().flush().unwrap();
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            drop((a, b));
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_holders_than_permits_and_every_task_gets_its_turn() {
+    let (dbs, _dir) = common::all("semaphore_churn").await;
+    for db in &dbs {
+        let inside = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..12)
+            .map(|_| {
+                let (locker, inside, most) = (db.locker.clone(), inside.clone(), most.clone());
+                tokio::spawn(async move {
+                    for _ in 0..5 {
+                        let permit = locker
+                            .semaphore("exports", PERMITS)
+                            .wait(Duration::from_secs(60))
+                            .await
+                            .unwrap();
+                        assert_eq!(permit.key(), "exports");
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(fastrand::u64(2..15))).await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        permit.release().await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let most = most.load(Ordering::SeqCst);
+        assert!(
+            most <= PERMITS as usize,
+            "{}: {most} holders at once",
+            db.name
+        );
+        assert!(
+            most >= 2,
+            "{}: never more than one holder ({most})",
+            db.name
+        );
+    }
+}
+
+/// The largest number of intervals that overlap at one instant.
+fn most_at_once(intervals: &[(u128, u128)]) -> usize {
+    let mut edges: Vec<(u128, i32)> = intervals
+        .iter()
+        .flat_map(|&(from, to)| [(from, 1), (to, -1)])
+        .collect();
+    // At equal times an end comes before a start: touching intervals do not overlap.
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_never_hold_more_than_the_permits() {
+    let (dbs, _dir) = common::all("semaphore_processes").await;
+    for db in &dbs {
+        let work = tempfile::tempdir().unwrap();
+        let mut children: Vec<_> = (0..3)
+            .map(|_| {
+                common::child_command(db, "churn")
+                    .env("DBLOCK_CHILD_DIR", work.path())
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in &mut children {
+            assert!(c.wait().unwrap().success(), "{}: a child failed", db.name);
+        }
+        let intervals = read_intervals(&work.path().join("history"));
+        assert_eq!(
+            intervals.len(),
+            3 * 3 * 6,
+            "{}: not every task got its permits",
+            db.name
+        );
+        let most = most_at_once(&intervals);
+        assert!(
+            most <= PERMITS as usize,
+            "{}: {most} holders at once",
+            db.name
+        );
+        println!(
+            "{}: at most {most} of {PERMITS} permits held at once",
+            db.name
+        );
+    }
+}
+
+fn read_intervals(log: &Path) -> Vec<(u128, u128)> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (a, b) = l.split_once(' ').unwrap();
+            (a.parse().unwrap(), b.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn the_overlap_count_counts() {
+    assert_eq!(most_at_once(&[(0, 10), (5, 15), (9, 20)]), 3);
+    assert_eq!(most_at_once(&[(0, 10), (10, 20)]), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holders_permits_come_back_at_their_ttl() {
+    let (dbs, _dir) = common::all("semaphore_sigkill").await;
+    for db in &dbs {
+        let work = tempfile::tempdir().unwrap();
+        let mut c = common::child_command(db, "holder")
+            .env("DBLOCK_CHILD_DIR", work.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let line = common::read_marker(&mut c, "HELD ").await;
+        let held_at = std::time::Instant::now();
+        c.kill().unwrap(); // SIGKILL: no release
+        c.wait().unwrap();
+        let err = db.locker.semaphore("doomed", 2).await.unwrap_err();
+        assert!(err.is_busy(), "{}: a permit was free: {err}", db.name);
+        let permit = db
+            .locker
+            .semaphore("doomed", 2)
+            .wait(Duration::from_secs(10))
+            .await
+            .expect("a permit once the ttl ran out");
+        let after = held_at.elapsed();
+        assert!(
+            after < Duration::from_millis(1500 + 1000),
+            "{}: took {after:?} after a 1.5 s ttl",
+            db.name
+        );
+        let dead: Vec<u64> = line.split(' ').map(|t| t.parse().unwrap()).collect();
+        assert!(
+            dead.iter().any(|&t| permit.fencing_token() > t),
+            "{}: token {} not above the dead holder's {dead:?}",
+            db.name,
+            permit.fencing_token()
+        );
+        permit.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_are_leases_reentrant_per_owner_and_refuse_a_second_number() {
+    let (dbs, _dir) = common::all("semaphore_rules").await;
+    for db in &dbs {
+        let locker = &db.locker;
+        let me = dblock::Owner::new();
+        let a = locker.semaphore("exports", 2).owner(&me).await.unwrap();
+        let again = locker.semaphore("exports", 2).owner(&me).await.unwrap();
+        assert_eq!(again.hold_count(), 2, "{}", db.name);
+        assert_eq!(again.fencing_token(), a.fencing_token(), "{}", db.name);
+        let b = locker.semaphore("exports", 2).await.unwrap();
+        assert!(
+            locker.semaphore("exports", 2).await.unwrap_err().is_busy(),
+            "{}: a third holder of two permits",
+            db.name
+        );
+        // Another number of permits for the same key is refused, naming both.
+        match locker.semaphore("exports", 5).await {
+            Err(LockError::PermitsMismatch { asked, in_use, .. }) => {
+                assert_eq!((asked, in_use), (5, 2), "{}", db.name);
+            }
+            other => panic!("{}: {other:?}", db.name),
+        }
+        // A lock of the same name is another lock.
+        let lock = locker.lock("exports").await.unwrap();
+        again.release().await.unwrap();
+        a.release().await.unwrap();
+        b.release().await.unwrap();
+        lock.release().await.unwrap();
+        let five = locker.semaphore("exports", 5).await.unwrap();
+        five.release().await.unwrap();
+        assert!(matches!(
+            locker.semaphore("exports", 0).await,
+            Err(LockError::Config(_))
+        ));
+        assert!(matches!(
+            locker.semaphore("k".repeat(234), 2).await,
+            Err(LockError::InvalidKey { .. })
+        ));
+    }
+}
