@@ -272,3 +272,54 @@ async fn permits_are_leases_reentrant_per_owner_and_refuse_a_second_number() {
         ));
     }
 }
+
+/// `permits = 2` on a function: at most two bodies at once, each under its own permit.
+#[cfg(feature = "macros")]
+#[dblock::distributed_lock(key = "report:{region}", permits = 2, locker = locker, wait = "60s")]
+async fn export(
+    locker: &dblock::Locker,
+    region: &str,
+    inside: &AtomicUsize,
+    most: &AtomicUsize,
+) -> Result<u64, LockError> {
+    let held = dblock::current().expect("inside a locked body");
+    assert_eq!(held.key, format!("report:{region}"));
+    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+    most.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(2..15))).await;
+    inside.fetch_sub(1, Ordering::SeqCst);
+    Ok(held.fencing_token)
+}
+
+#[cfg(feature = "macros")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_runs_at_most_permits_bodies_at_once() {
+    let (dbs, _dir) = common::all("semaphore_attribute").await;
+    for db in &dbs {
+        let (inside, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let tasks: Vec<_> = (0..6)
+            .map(|_| {
+                let (locker, inside, most) = (db.locker.clone(), inside.clone(), most.clone());
+                tokio::spawn(async move {
+                    for _ in 0..4 {
+                        export(&locker, "eu", &inside, &most).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let most = most.load(Ordering::SeqCst);
+        assert!(
+            (1..=2).contains(&most),
+            "{}: {most} bodies at once",
+            db.name
+        );
+        assert!(
+            db.locker.semaphore("report:eu", 2).await.is_ok(),
+            "{}: a permit left behind",
+            db.name
+        );
+    }
+}

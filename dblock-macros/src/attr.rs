@@ -1,5 +1,5 @@
 //! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ...,
-//! min_hold = ..., once = ..., fair = ..., crate = ...`.
+//! min_hold = ..., once = ..., fair = ..., permits = ..., crate = ...`.
 
 use std::time::Duration;
 
@@ -12,7 +12,8 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
 use crate::duration;
 use crate::errors::Errors;
 
-const VALID: &str = "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `fair`, `crate`";
+const VALID: &str =
+    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `fair`, `permits`, `crate`";
 
 pub(crate) enum Key {
     /// A string literal: a template checked against the parameters.
@@ -40,6 +41,8 @@ pub(crate) struct Args {
     pub min_hold: Option<Dur>,
     pub once: Option<Expr>,
     pub fair: Option<Expr>,
+    /// `permits = N`: a permit of a counting semaphore instead of the lock.
+    pub permits: Option<Expr>,
     pub krate: Option<Path>,
 }
 
@@ -98,6 +101,7 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             }
             "once" => set(&mut args.once, Some(value), &name, errors),
             "fair" => set(&mut args.fair, Some(value), &name, errors),
+            "permits" => set(&mut args.permits, Some(value), &name, errors),
             "crate" => {
                 let p = crate_path(value, errors);
                 set(&mut args.krate, p, &name, errors)

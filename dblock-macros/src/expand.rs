@@ -47,6 +47,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     };
 
     check_signature(&func, &mut errors);
+    check_permits(&args, &mut errors);
     let params = parameter_names(&func);
     let key = match &args.key {
         None => {
@@ -106,6 +107,45 @@ fn one_key(key: &Key, params: &[String], args: &Args, errors: &mut Errors) -> Op
                 "a key list cannot hold another list",
             ));
             None
+        }
+    }
+}
+
+/// `permits = N` takes a permit of a semaphore: one key, at least one permit, and none of the
+/// options that only a lock has.
+fn check_permits(args: &Args, errors: &mut Errors) {
+    let Some(permits) = &args.permits else {
+        return;
+    };
+    if let syn::Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Int(n),
+        ..
+    }) = permits
+    {
+        if n.base10_parse::<u32>().is_ok_and(|n| n == 0) {
+            errors.push(syn::Error::new(
+                n.span(),
+                "`permits` must be at least 1: a semaphore of no permits can never be taken",
+            ));
+        }
+    }
+    if let Some(Key::List(_, span)) = &args.key {
+        errors.push(syn::Error::new(
+            *span,
+            "`permits` takes one key: a semaphore is one key with several holders, not a list of keys",
+        ));
+    }
+    let lock_only = [
+        ("min_hold", args.min_hold.is_some()),
+        ("once", args.once.is_some()),
+        ("fair", args.fair.is_some()),
+    ];
+    for (name, given) in lock_only {
+        if given {
+            errors.push(syn::Error::new(
+                permits.span(),
+                format!("`permits` cannot be combined with `{name}`: `{name}` is an option of the exclusive lock"),
+            ));
         }
     }
 }
@@ -367,6 +407,17 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
         ),
     };
 
+    // The lock (one key or a list), or a permit of a semaphore (`permits = N`).
+    let take = match &args.permits {
+        None => quote!(#krate::__private::request),
+        Some(n) => {
+            let p = Ident::new("__dblock_permits", Span::mixed_site());
+            quote_spanned! {n.span()=> {
+                let #p: u32 = #n;
+                move |locker, keys, function| #krate::__private::semaphore(locker, keys, #p, function)
+            }}
+        }
+    };
     let request_var = Ident::new("__dblock_request", Span::mixed_site());
     quote! {
         #(#attrs)*
@@ -375,7 +426,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
             #return_check
             let #key_var: ::std::vec::Vec<::std::string::String> = #key;
             let #locker_var = #locker;
-            let #request_var = #krate::__private::request(
+            let #request_var = #take(
                 #locker_var,
                 #key_var,
                 ::core::concat!(::core::module_path!(), "::", #function),

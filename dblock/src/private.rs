@@ -11,7 +11,8 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::locker::Locker;
 use crate::multi::LockAllRequest;
-use crate::owner::Context;
+use crate::owner::{Context, Owner};
+use crate::semaphore::SemaphoreRequest;
 
 /// The attribute's lock request on `locker` (one key, or all of a list), labelled with the
 /// function (`module::path::fn`); the generated code sets the rest (`ttl`, `wait`, ...) with the
@@ -22,6 +23,46 @@ pub fn request(
     function: &'static str,
 ) -> Result<LockAllRequest, LockError> {
     Ok(locker?.lock_all(keys).holder(function))
+}
+
+/// The attribute's request for a permit of the semaphore `keys[0]` of `permits` permits
+/// (`permits = N`; the macro allows one key only).
+pub fn semaphore(
+    locker: Result<Locker, LockError>,
+    keys: Vec<String>,
+    permits: u32,
+    function: &'static str,
+) -> Result<SemaphoreRequest, LockError> {
+    let key = keys.into_iter().next().unwrap_or_default();
+    Ok(locker?.semaphore(key, permits).holder(function))
+}
+
+/// What the attribute takes before its body runs: the locks of a key list, or a permit.
+pub trait Take: Send + Sized + 'static {
+    /// Taken as `owner` (the enclosing scope's, or a fresh one).
+    fn owner(self, owner: &Owner) -> Self;
+    /// Takes it: the guards the body runs under.
+    fn take(self) -> impl Future<Output = Result<Vec<LockGuard>, LockError>> + Send;
+}
+
+impl Take for LockAllRequest {
+    fn owner(self, owner: &Owner) -> Self {
+        LockAllRequest::owner(self, owner)
+    }
+
+    async fn take(self) -> Result<Vec<LockGuard>, LockError> {
+        self.await
+    }
+}
+
+impl Take for SemaphoreRequest {
+    fn owner(self, owner: &Owner) -> Self {
+        SemaphoreRequest::owner(self, owner)
+    }
+
+    async fn take(self) -> Result<Vec<LockGuard>, LockError> {
+        Ok(vec![self.await?])
+    }
 }
 
 /// Resolves when any of `guards` is lost (with renewal: found gone, its lease over, or a
@@ -131,8 +172,8 @@ pub const fn must_return_result<R: LockResult>() -> ReturnType<R> {
 ///   guard's `Drop` releases in the background at once.
 /// - With `renew`, the lease is extended while `body` runs, and `body` is dropped (the call
 ///   returning `Lost`) if an extension finds the lock gone.
-pub async fn locked<R, F>(
-    request: Result<LockAllRequest, LockError>,
+pub async fn locked<Q: Take, R, F>(
+    request: Result<Q, LockError>,
     renew: bool,
     function: &'static str,
     returns: ReturnType<R>,
@@ -148,7 +189,7 @@ where
     };
     let outer = Context::get();
     let owner = outer.as_ref().map(|c| c.owner.clone()).unwrap_or_default();
-    let guards = match request.owner(&owner).await {
+    let guards = match request.owner(&owner).take().await {
         Ok(guards) => guards,
         Err(e) => return on_error(e),
     };
