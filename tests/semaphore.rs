@@ -323,3 +323,38 @@ async fn the_attribute_runs_at_most_permits_bodies_at_once() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_process_get_permits_in_arrival_order() {
+    let (dbs, _dir) = common::all("semaphore_order").await;
+    for db in &dbs {
+        let held = db.locker.semaphore("line", 1).await.unwrap();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..6 {
+            let (locker, order) = (db.locker.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let permit = locker
+                    .semaphore("line", 1)
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                permit.release().await.unwrap();
+            }));
+            // Arrive one after another (each has found every permit taken by now).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        held.release().await.unwrap();
+        for w in waiters {
+            w.await.unwrap();
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            vec![0, 1, 2, 3, 4, 5],
+            "{}",
+            db.name
+        );
+    }
+}

@@ -230,6 +230,30 @@ impl SemaphoreRequest {
         let deadline = started + self.wait.min(FOREVER);
         let (from, to) = (format!("{}\x1f", self.key), format!("{}\x20", self.key));
         let mut backoff = FIRST_BACKOFF;
+        // This process's waiters for the semaphore line up (`line.rs`, under the semaphore's
+        // key in the permits' table): only the head reads and attempts, a permit given back by
+        // this process wakes it at once, and they get permits in arrival order.
+        let line = crate::line::of(permits.space(), &self.key);
+        let mut turn = None;
+        if permits.held_with_prefix(&from, &owner).is_none() {
+            if let Some(head) = line.try_turn() {
+                // Nobody of this process waits: no line to keep (the turn is given back at the
+                // first busy answer's wait, below, or with the call).
+                drop(head);
+            } else {
+                // Earlier waiters of this process go first; with no wait, every permit is
+                // taken for this call.
+                match tokio::time::timeout_at(deadline, line.turn()).await {
+                    Ok(head) => turn = Some(head),
+                    Err(_) => {
+                        return Err(LockError::Busy {
+                            key: self.key.clone(),
+                            waited: started.elapsed(),
+                        })
+                    }
+                }
+            }
+        }
         loop {
             // Re-entry: the slot this owner holds, again.
             if let Some(slot) = permits.held_with_prefix(&from, &owner) {
@@ -268,16 +292,35 @@ impl SemaphoreRequest {
                     other => return other,
                 }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(LockError::Busy {
-                    key: self.key.clone(),
-                    waited: now - started,
-                });
+            let busy = || LockError::Busy {
+                key: self.key.clone(),
+                waited: started.elapsed(),
+            };
+            if Instant::now() >= deadline {
+                return Err(busy());
+            }
+            if turn.is_none() {
+                match line.try_turn() {
+                    Some(head) => turn = Some(head),
+                    None => match tokio::time::timeout_at(deadline, line.turn()).await {
+                        Ok(head) => {
+                            // At the head after earlier waiters: ask at once.
+                            turn = Some(head);
+                            backoff = FIRST_BACKOFF;
+                            continue;
+                        }
+                        Err(_) => return Err(busy()),
+                    },
+                }
             }
             let pause = backoff.mul_f64(0.5 + fastrand::f64());
-            tokio::time::sleep_until((now + pause).min(deadline)).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            let until = (Instant::now() + pause).min(deadline);
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                () = line.freed() => backoff = FIRST_BACKOFF,
+            }
         }
     }
 

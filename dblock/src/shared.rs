@@ -452,6 +452,10 @@ impl Shared {
         // next waiter for it.
         if matches!(released, Ok(Released::Free)) {
             crate::line::freed(&self.space, &hold.key);
+            // A semaphore's permit: its waiters line up under the semaphore's key.
+            if let Some(shown) = hold.shown.get() {
+                crate::line::freed(&self.space, shown);
+            }
         }
         released
     }
