@@ -36,6 +36,71 @@ fn admin(db: &common::Db, args: &[&str]) -> String {
     text
 }
 
+/// A semaphore in the operator's view: each permit a row of kind `permit i/n`, a line per
+/// semaphore with the permits in use, `release KEY` frees them all, `purge` deletes them.
+#[cfg(feature = "admin")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphores_show_their_permits_in_use() {
+    let (dbs, _dir) = common::all("admin_semaphore").await;
+    for db in dbs.iter().filter(|d| d.name != "mysql8-path") {
+        let a = db
+            .locker
+            .semaphore("exports", 3)
+            .holder("export-a")
+            .await
+            .unwrap();
+        let b = db
+            .locker
+            .semaphore("exports", 3)
+            .holder("export-b")
+            .await
+            .unwrap();
+        let in_use = db.locker.permits("exports").await.unwrap();
+        assert_eq!(in_use.len(), 2, "{}", db.name);
+        assert!(in_use
+            .iter()
+            .all(|p| p.key == "exports"
+                && matches!(p.kind, dblock::LockKind::Permit { permits: 3, .. })));
+        assert_eq!(
+            db.locker.held().await.unwrap().len(),
+            2,
+            "{}: held() lists the permits",
+            db.name
+        );
+
+        let list = admin(db, &["list"]);
+        assert!(list.contains("permit "), "{}: {list}", db.name);
+        assert!(
+            list.contains("export-a") && list.contains("export-b"),
+            "{}: {list}",
+            db.name
+        );
+        assert!(
+            list.contains("semaphore \"exports\": 2 of 3 permits in use"),
+            "{}: {list}",
+            db.name
+        );
+        let show = admin(db, &["show", "exports"]);
+        assert!(show.contains("2 of 3 permits"), "{}: {show}", db.name);
+
+        let out = admin(db, &["release", "exports"]);
+        assert!(out.contains("released"), "{}: {out}", db.name);
+        assert!(
+            db.locker.permits("exports").await.unwrap().is_empty(),
+            "{}",
+            db.name
+        );
+        assert!(
+            a.release().await.is_err(),
+            "{}: a released permit still held",
+            db.name
+        );
+        assert!(b.release().await.is_err(), "{}", db.name);
+        let out = admin(db, &["purge", "0s"]);
+        assert!(out.contains("purged 2 rows"), "{}: {out}", db.name);
+    }
+}
+
 #[cfg(feature = "admin")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_releases_and_purges() {

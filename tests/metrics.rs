@@ -37,8 +37,11 @@ mod measured {
     /// (metric name, key label, outcome label) → what was recorded.
     type Seen = HashMap<(String, String, String), DebugValue>;
 
-    /// What was recorded, and each series' name with its `backend` label (`None`: it has none).
-    fn seen(snapshot: metrics_util::debugging::Snapshot) -> (Seen, Vec<(String, Option<String>)>) {
+    /// Each series' name, `backend` label (`None`: it has none), `key` and `kind` labels.
+    type Series = Vec<(String, Option<String>, String, String)>;
+
+    /// What was recorded, and each series' labels.
+    fn seen(snapshot: metrics_util::debugging::Snapshot) -> (Seen, Series) {
         let mut backends = Vec::new();
         let seen = snapshot
             .into_vec()
@@ -51,7 +54,12 @@ mod measured {
                         .map(|l| l.value().to_owned())
                 };
                 let label = |name: &str| find(name).unwrap_or_default();
-                backends.push((key.name().to_owned(), find("backend")));
+                backends.push((
+                    key.name().to_owned(),
+                    find("backend"),
+                    label("key"),
+                    label("kind"),
+                ));
                 (
                     (key.name().to_owned(), label("key"), label("outcome")),
                     value,
@@ -128,6 +136,14 @@ mod measured {
         drop(g);
         tokio::time::sleep(Duration::from_millis(200)).await;
 
+        // A semaphore's permit: labelled `kind = permit`.
+        let permit = locker
+            .semaphore("exports:7", 2)
+            .metrics_key("exports:{n}")
+            .await
+            .unwrap();
+        permit.release().await.unwrap();
+
         let (seen, backends) = seen(snapshotter.snapshot());
         let keys: Vec<&String> = seen.keys().map(|(_, k, _)| k).collect();
         assert!(
@@ -171,9 +187,21 @@ mod measured {
         // Every series is dblock's and says which backend.
         assert!(seen.keys().all(|(name, _, _)| name.starts_with("dblock_")));
         assert_eq!(backends.len(), seen.len());
+        assert_eq!(
+            samples(&seen, "dblock_acquire_seconds", "exports:{n}", "acquired"),
+            1
+        );
+        for (name, _, key, kind) in &backends {
+            let expected = match key.as_str() {
+                "exports:{n}" => "permit",
+                "" => "", // the renewal counter: backend only
+                _ => "lock",
+            };
+            assert_eq!(kind, expected, "{name} {key}");
+        }
         let unlabelled: Vec<_> = backends
             .iter()
-            .filter(|(_, backend)| backend.as_deref() != Some("sqlite"))
+            .filter(|(_, backend, _, _)| backend.as_deref() != Some("sqlite"))
             .collect();
         assert!(
             unlabelled.is_empty(),

@@ -125,6 +125,14 @@ impl std::error::Error for OutcomeUnknown {
 }
 
 impl LockError {
+    /// A table the statement needs is not there (PostgreSQL undefined_table, MySQL 1146
+    /// ER_NO_SUCH_TABLE, SQLite "no such table"): not migrated.
+    pub(crate) fn is_missing_table(&self) -> bool {
+        matches!(self, LockError::Database(sqlx::Error::Database(db))
+            if matches!(db.code().as_deref(), Some("42P01") | Some("42S02"))
+                || db.message().contains("no such table"))
+    }
+
     /// `true` for [`LockError::Busy`].
     ///
     /// ```

@@ -194,10 +194,7 @@ fn lease_us() -> i64 {
 
 /// A queue table that is not there: the error names the fix.
 fn missing_table_hint(e: LockError, table: &str) -> LockError {
-    let missing = matches!(&e, LockError::Database(sqlx::Error::Database(db))
-        if matches!(db.code().as_deref(), Some("42P01") | Some("42S02"))
-            || db.message().contains("no such table"));
-    if missing {
+    if e.is_missing_table() {
         LockError::Config(format!(
             "fair waiting needs the queue table `{}` of lock table `{table}` (migration 0004): \
              run Locker::migrate() or apply migrations/<backend>/0004_fair_queue.sql ({e})",

@@ -45,6 +45,40 @@ pub struct LockInfo {
     pub last_outcome: Option<Outcome>,
     /// When the last finished hold ended (for a lease that ran out: its end). Database clock.
     pub finished_at: Option<SystemTime>,
+    /// What kind of hold the row is: a lock (also a leadership), or one permit of a semaphore.
+    pub kind: LockKind,
+}
+
+/// What a [`LockInfo`] row is.
+///
+/// ```
+/// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+/// let permit = locker.semaphore("exports", 3).await?;
+/// for info in locker.held().await? {
+///     match info.kind {
+///         dblock::LockKind::Permit { slot, permits } => {
+///             println!("{}: permit {slot} of {permits}, held by {:?}", info.key, info.holder)
+///         }
+///         _ => println!("{}: lock held by {:?}", info.key, info.holder),
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// An exclusive lock ([`Locker::lock`](crate::Locker::lock)), or a leadership
+    /// ([`Locker::leader`](crate::Locker::leader)), which is one.
+    #[default]
+    Lock,
+    /// One permit of the semaphore of the row's key
+    /// ([`Locker::semaphore`](crate::Locker::semaphore)): slot `slot` of `permits`.
+    Permit {
+        /// Which of the semaphore's slots (`0..permits`).
+        slot: u32,
+        /// The semaphore's number of permits.
+        permits: u32,
+    },
 }
 
 /// How a hold ended, as the row records it: the attribute's body returned `Ok` (or
@@ -124,6 +158,7 @@ impl From<LockRow> for LockInfo {
             },
             last_outcome: r.last_outcome.and_then(Outcome::from_code),
             finished_at: r.finished_at_us.map(time_from_micros),
+            kind: LockKind::Lock,
         }
     }
 }

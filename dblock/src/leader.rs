@@ -155,7 +155,7 @@ impl LeaderRequest {
                 .ttl(self.ttl)
                 .wait(FOREVER)
                 .owner(&owner)
-                .metrics_key("(leader)");
+                .kind("leader");
             if let Some(label) = &self.label {
                 request = request.holder(label.clone());
             }

@@ -84,7 +84,7 @@ pub use connect::ConnectOptions;
 pub use default_locker::{default_locker, set_default};
 pub use error::{LockError, Result};
 pub use guard::LockGuard;
-pub use info::{LockInfo, Outcome};
+pub use info::{LockInfo, LockKind, Outcome};
 pub use leader::{LeaderRequest, Leadership, Observe};
 pub use locker::Locker;
 pub use multi::LockAllRequest;

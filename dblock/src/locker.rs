@@ -421,10 +421,37 @@ impl Locker {
         LockError::require_runtime()?;
         self.shared.check_open()?;
         let backend = self.shared.backend()?;
-        self.shared.once("held", |limit| backend.held(limit)).await
+        let mut held = self
+            .shared
+            .once("held", |limit| backend.held(limit))
+            .await?;
+        held.extend(crate::semaphore::all_live(&self.shared).await?);
+        held.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(held)
     }
 
-    /// Frees `key` whoever holds it (operator action). Returns `true` if a live lock was freed.
+    /// The live permits of the semaphore `key` (see [`semaphore`](Locker::semaphore)), each a
+    /// [`LockInfo`] with [`LockKind::Permit`](crate::LockKind::Permit): how many of its permits
+    /// are in use, and by whom. Read-only.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let permit = locker.semaphore("exports", 3).holder("export-job").await?;
+    /// let in_use = locker.permits("exports").await?;
+    /// assert_eq!(in_use.len(), 1);
+    /// assert!(matches!(in_use[0].kind, dblock::LockKind::Permit { permits: 3, .. }));
+    /// assert_eq!(in_use[0].key, "exports");
+    /// # Ok(()) }
+    /// ```
+    pub async fn permits(&self, key: &str) -> Result<Vec<LockInfo>, LockError> {
+        LockError::require_runtime()?;
+        self.shared.check_open()?;
+        validate::key(key)?;
+        crate::semaphore::live(&self.shared, key).await
+    }
+
+    /// Frees `key` whoever holds it (operator action): the lock of that key, and every permit
+    /// of the semaphore of that key. Returns `true` if anything live was freed.
     /// The old holder's release and extend then fail with [`LockError::NotHeld`]; the fencing
     /// token is kept, so the next owner still gets a larger one.
     ///
@@ -444,8 +471,9 @@ impl Locker {
             .shared
             .once("force_release", |limit| backend.force_release(key, limit))
             .await?;
-        tracing::info!(key, freed, "force_release");
-        Ok(freed)
+        let permits = crate::semaphore::force_release(&self.shared, key).await?;
+        tracing::info!(key, freed, permits, "force_release");
+        Ok(freed || permits > 0)
     }
 
     /// Makes a key that is not held runnable again: forgets how its last hold ended (a
@@ -506,7 +534,8 @@ impl Locker {
         }
     }
 
-    /// Deletes rows that have been free (or expired) for longer than `older_than`;
+    /// Deletes rows that have been free (or expired) for longer than `older_than` (locks and
+    /// semaphore permits);
     /// `Duration::ZERO` deletes every row that is not held. Returns how many were deleted.
     /// Fencing tokens of purged keys still never go backwards (new rows are seeded from the
     /// database clock in microseconds).
@@ -530,7 +559,8 @@ impl Locker {
         let n = self
             .shared
             .once("purge", |limit| backend.purge(us, limit))
-            .await?;
+            .await?
+            + crate::semaphore::purge(&self.shared, us).await?;
         tracing::info!(deleted = n, ?older_than, "purge");
         Ok(n)
     }

@@ -13,8 +13,9 @@
 //!
 //! Every metric has the labels `key` — the key **template** (`order:{order_id}`, as the
 //! attribute writes it; for the handle API what [`LockRequest::metrics_key`] gave, else
-//! `(handle)`), never the concrete key, so the number of series stays bounded — and `backend`
-//! (`postgres`, `mysql`, `sqlite`); the renewal counter has `backend` only.
+//! `(handle)`), never the concrete key, so the number of series stays bounded — `backend`
+//! (`postgres`, `mysql`, `sqlite`) and `kind` (`lock`, `permit` for a semaphore's, `leader`); the
+//! renewal counter has `backend` only.
 //!
 //! [`LockRequest::metrics_key`]: crate::LockRequest::metrics_key
 
@@ -28,6 +29,8 @@ pub(crate) struct Label {
     key: Cow<'static, str>,
     #[cfg(feature = "metrics")]
     backend: &'static str,
+    #[cfg(feature = "metrics")]
+    kind: &'static str,
 }
 
 /// The `key` label of calls that did not name one.
@@ -35,14 +38,21 @@ pub(crate) struct Label {
 pub(crate) const UNNAMED: &str = "(handle)";
 
 impl Label {
-    pub(crate) fn new(key: Option<&Cow<'static, str>>, backend: &'static str) -> Label {
+    /// `kind`: `"lock"`, `"permit"` (a semaphore's) or `"leader"`.
+    pub(crate) fn new(
+        key: Option<&Cow<'static, str>>,
+        backend: &'static str,
+        kind: &'static str,
+    ) -> Label {
         #[cfg(not(feature = "metrics"))]
-        let _ = (key, backend);
+        let _ = (key, backend, kind);
         Label {
             #[cfg(feature = "metrics")]
             key: key.cloned().unwrap_or(Cow::Borrowed(UNNAMED)),
             #[cfg(feature = "metrics")]
             backend,
+            #[cfg(feature = "metrics")]
+            kind,
         }
     }
 
@@ -55,6 +65,7 @@ impl Label {
         vec![
             metrics::Label::new("key", key),
             metrics::Label::new("backend", self.backend),
+            metrics::Label::new("kind", self.kind),
         ]
     }
 }

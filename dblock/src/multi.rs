@@ -208,7 +208,11 @@ impl IntoFuture for LockAllRequest {
                 )
             };
             let started = Instant::now();
-            let meter = meter::Label::new(self.metrics_key.as_ref(), self.shared.backend_name());
+            let meter = meter::Label::new(
+                self.metrics_key.as_ref(),
+                self.shared.backend_name(),
+                "lock",
+            );
             // One key: that key's request reports the call, with its own wait.
             let report = self.keys.len() > 1;
             let mut waiting_since = None;

@@ -75,6 +75,8 @@ pub struct LockRequest {
     metrics_key: Option<Cow<'static, str>>,
     /// `false` for one key of a `lock_all` call, which reports the call as a whole.
     record_call: bool,
+    /// The `kind` label of its metrics: `"lock"`, or what the call is part of.
+    kind: &'static str,
 }
 
 impl LockRequest {
@@ -91,6 +93,7 @@ impl LockRequest {
             fair: false,
             metrics_key: None,
             record_call: true,
+            kind: "lock",
         }
     }
 
@@ -106,6 +109,13 @@ impl LockRequest {
     /// ```
     pub fn metrics_key(mut self, template: impl Into<Cow<'static, str>>) -> Self {
         self.metrics_key = Some(template.into());
+        self
+    }
+
+    /// The attempt of another kind of hold built on the lock (`"permit"`, `"leader"`), as its
+    /// metrics are labelled.
+    pub(crate) fn kind(mut self, kind: &'static str) -> Self {
+        self.kind = kind;
         self
     }
 
@@ -287,7 +297,11 @@ impl LockRequest {
         self.shared.check_open()?;
         validate::key(&self.key)?;
         let request = Request {
-            meter: meter::Label::new(self.metrics_key.as_ref(), self.shared.backend_name()),
+            meter: meter::Label::new(
+                self.metrics_key.as_ref(),
+                self.shared.backend_name(),
+                self.kind,
+            ),
             record_call: self.record_call,
             ttl_us: validate::ttl_micros(self.ttl)?,
             min_hold_us: validate::min_hold_micros(self.min_hold)?,

@@ -34,6 +34,7 @@ use tracing::Instrument;
 
 use crate::error::LockError;
 use crate::guard::LockGuard;
+use crate::info::{LockInfo, LockKind};
 use crate::owner::{Context, Owner};
 use crate::request::{LockRequest, DEFAULT_TTL};
 use crate::shared::Shared;
@@ -195,6 +196,100 @@ fn slot_key(key: &str, permits: u32, slot: u32) -> String {
     format!("{key}\x1f{permits}.{slot}")
 }
 
+/// A permits table that is not there: the error names the fix.
+fn missing_table_hint(e: LockError, table: &str) -> LockError {
+    if e.is_missing_table() {
+        LockError::Config(format!(
+            "semaphores need the permits table `{}` of lock table `{table}` (migration 0005): \
+             run Locker::migrate() or apply migrations/<backend>/0005_permits.sql ({e})",
+            crate::backend::permits_table(table)
+        ))
+    } else {
+        e
+    }
+}
+
+/// A row of the permits' table as the operator sees it: the semaphore's key, and which permit.
+/// `None` for a row that is no slot (not written by dblock).
+pub(crate) fn as_permit(mut info: LockInfo) -> Option<LockInfo> {
+    let (key, _) = info.key.rsplit_once('\x1f')?;
+    let (permits, slot) = parse_slot(key, &info.key)?;
+    info.key = key.to_owned();
+    info.kind = LockKind::Permit { slot, permits };
+    Some(info)
+}
+
+/// The live permits of semaphore `key` (any number of permits), as the operator sees them;
+/// none where the permits' table was never made.
+pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, LockError> {
+    let permits = shared.permits();
+    let backend = permits.backend()?;
+    let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
+    let rows = match permits
+        .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
+        .await
+    {
+        Err(e) if e.is_missing_table() => return Ok(Vec::new()),
+        other => other?,
+    };
+    Ok(rows
+        .into_iter()
+        .filter(|r| parse_slot(key, &r.key).is_some())
+        .filter_map(as_permit)
+        .collect())
+}
+
+/// Every live permit of every semaphore, as the operator sees them; none where the permits'
+/// table was never made.
+pub(crate) async fn all_live(shared: &Shared) -> Result<Vec<LockInfo>, LockError> {
+    let permits = shared.permits();
+    let backend = permits.backend()?;
+    match permits.once("held", |limit| backend.held(limit)).await {
+        Err(e) if e.is_missing_table() => Ok(Vec::new()),
+        other => Ok(other?.into_iter().filter_map(as_permit).collect()),
+    }
+}
+
+/// Frees every live permit of semaphore `key` (operator action); how many.
+pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, LockError> {
+    let permits = shared.permits();
+    let backend = permits.backend()?;
+    let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
+    let rows = match permits
+        .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
+        .await
+    {
+        Err(e) if e.is_missing_table() => return Ok(0),
+        other => other?,
+    };
+    let mut freed = 0;
+    for row in rows.iter().filter(|r| parse_slot(key, &r.key).is_some()) {
+        if permits
+            .once("force_release", |limit| {
+                backend.force_release(&row.key, limit)
+            })
+            .await?
+        {
+            freed += 1;
+        }
+    }
+    Ok(freed)
+}
+
+/// Purges the permits' table as [`Locker::purge`](crate::Locker::purge) does the lock table;
+/// 0 where it was never made.
+pub(crate) async fn purge(shared: &Shared, older_than_us: i64) -> Result<u64, LockError> {
+    let permits = shared.permits();
+    let backend = permits.backend()?;
+    match permits
+        .once("purge", |limit| backend.purge(older_than_us, limit))
+        .await
+    {
+        Err(e) if e.is_missing_table() => Ok(0),
+        other => other,
+    }
+}
+
 /// The permits and slot of a slot key of `key` (`None`: the row is another key's).
 fn parse_slot(key: &str, row_key: &str) -> Option<(u32, u32)> {
     let rest = row_key.strip_prefix(key)?.strip_prefix('\x1f')?;
@@ -263,7 +358,8 @@ impl SemaphoreRequest {
             }
             let live = permits
                 .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
-                .await?;
+                .await
+                .map_err(|e| missing_table_hint(e, &self.shared.table))?;
             let mut taken = vec![false; self.permits as usize];
             for row in &live {
                 let Some((n, slot)) = parse_slot(&self.key, &row.key) else {
@@ -332,13 +428,12 @@ impl SemaphoreRequest {
         owner: &Owner,
     ) -> Result<LockGuard, LockError> {
         let mut request = LockRequest::new(permits.clone(), row)
+            .kind("permit")
             .ttl(self.ttl)
-            .owner(owner)
-            .metrics_key(
-                self.metrics_key
-                    .clone()
-                    .unwrap_or(Cow::Borrowed("(semaphore)")),
-            );
+            .owner(owner);
+        if let Some(key) = &self.metrics_key {
+            request = request.metrics_key(key.clone());
+        }
         if let Some(label) = &self.label {
             request = request.holder(label.clone());
         }

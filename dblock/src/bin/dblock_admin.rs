@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use dblock::{LockError, LockInfo, Locker};
 
 const USAGE: &str =
-    "usage: dblock-admin <URL> [--table NAME] [--pooler] list | show KEY | release KEY | reset KEY | purge [OLDER_THAN]
+    "usage: dblock-admin <URL> [--table NAME] [--pooler] list | show KEY | release KEY (a lock, and a semaphore's permits) | reset KEY | purge [OLDER_THAN]
   URL         postgres://…, mysql://…, sqlite://path?mode=rw
   --pooler    the PostgreSQL URL is a pooler in transaction mode (PgBouncer): no prepared statements
   OLDER_THAN  like 1d, 12h, 30m, 0s (default 1d)";
@@ -77,17 +77,26 @@ async fn run(args: &[String]) -> Result<(), String> {
             let held = locker.held().await.map_err(failed)?;
             print_table(&held);
             println!("{} held", held.len());
+            print_semaphores(&held);
         }
-        ["show", key] => match locker.inspect(key).await.map_err(failed)? {
-            Some(info) => print_table(&[info]),
-            // Nothing matched: a failure, so that scripts can tell.
-            None => {
+        ["show", key] => {
+            let mut rows: Vec<LockInfo> = locker
+                .inspect(key)
+                .await
+                .map_err(failed)?
+                .into_iter()
+                .collect();
+            rows.extend(locker.permits(key).await.map_err(failed)?);
+            if rows.is_empty() {
+                // Nothing matched: a failure, so that scripts can tell.
                 return Err(format!(
-                    "no lock row for key {key:?} in table {:?}",
+                    "no lock row for key {key:?} in table {:?}, and no live permit of a semaphore of that key",
                     locker.table_name()
-                ))
+                ));
             }
-        },
+            print_table(&rows);
+            print_semaphores(&rows);
+        }
         ["release", key] => {
             let freed = locker.force_release(key).await.map_err(failed)?;
             println!(
@@ -117,6 +126,25 @@ async fn run(args: &[String]) -> Result<(), String> {
         other => return Err(format!("unknown command {other:?}\n{USAGE}")),
     }
     Ok(())
+}
+
+/// One line per semaphore among `rows`: how many of its permits are in use.
+fn print_semaphores(rows: &[LockInfo]) {
+    let mut seen: Vec<(&str, u32, usize)> = Vec::new();
+    for r in rows {
+        if let dblock::LockKind::Permit { permits, .. } = r.kind {
+            match seen
+                .iter_mut()
+                .find(|(k, n, _)| *k == r.key && *n == permits)
+            {
+                Some((_, _, used)) => *used += 1,
+                None => seen.push((&r.key, permits, 1)),
+            }
+        }
+    }
+    for (key, permits, used) in seen {
+        println!("semaphore {key:?}: {used} of {permits} permits in use");
+    }
 }
 
 async fn purge(locker: &Locker, older_than: Duration) -> Result<(), LockError> {
@@ -220,8 +248,9 @@ fn parse_age(s: &str) -> Result<Duration, String> {
 /// The columns of `list` and `show`: name, and the width a value usually fits in. A column
 /// whose values are wider (a long key, a long host name) grows to the widest, header and rows
 /// alike, so every row lines up with the header.
-const COLUMNS: [(&str, usize, Align); 9] = [
+const COLUMNS: [(&str, usize, Align); 10] = [
     ("KEY", 40, Align::Left),
+    ("KIND", 4, Align::Left),
     ("HELD", 4, Align::Left),
     ("OWNER", 36, Align::Left),
     ("HOLDER", 30, Align::Left),
@@ -263,8 +292,13 @@ fn print_table(rows: &[LockInfo]) {
                 ),
                 _ => "-".into(),
             };
+            let kind = match r.kind {
+                dblock::LockKind::Permit { slot, permits } => format!("permit {slot}/{permits}"),
+                _ => "lock".into(),
+            };
             [
                 r.key.clone(),
+                kind,
                 if r.held { "yes" } else { "no" }.into(),
                 r.owner.as_deref().unwrap_or("-").into(),
                 r.holder.as_deref().unwrap_or("-").into(),
