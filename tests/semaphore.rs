@@ -48,7 +48,8 @@ async fn child_entry() {
                                 .create(true)
                                 .open(&log)
                                 .unwrap();
-                            writeln!(f, "{from} {to}").unwrap();
+                            // One write per line: the processes append to one file at once.
+                            f.write_all(format!("{from} {to}\n").as_bytes()).unwrap();
                             drop(f);
                             permit.release().await.unwrap();
                         }
