@@ -1,5 +1,5 @@
 //! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ...,
-//! min_hold = ..., once = ..., fair = ..., permits = ..., crate = ...`.
+//! min_hold = ..., once = ..., fair = ..., permits = ..., shared = ..., crate = ...`.
 
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use crate::duration;
 use crate::errors::Errors;
 
 const VALID: &str =
-    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `fair`, `permits`, `crate`";
+    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `fair`, `permits`, `shared`, `crate`";
 
 pub(crate) enum Key {
     /// A string literal: a template checked against the parameters.
@@ -43,6 +43,8 @@ pub(crate) struct Args {
     pub fair: Option<Expr>,
     /// `permits = N`: a permit of a counting semaphore instead of the lock.
     pub permits: Option<Expr>,
+    /// `shared = true`: a shared (read) hold instead of the lock.
+    pub shared: Option<Expr>,
     pub krate: Option<Path>,
 }
 
@@ -102,6 +104,7 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             "once" => set(&mut args.once, Some(value), &name, errors),
             "fair" => set(&mut args.fair, Some(value), &name, errors),
             "permits" => set(&mut args.permits, Some(value), &name, errors),
+            "shared" => set(&mut args.shared, Some(value), &name, errors),
             "crate" => {
                 let p = crate_path(value, errors);
                 set(&mut args.krate, p, &name, errors)

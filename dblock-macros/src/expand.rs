@@ -48,6 +48,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
 
     check_signature(&func, &mut errors);
     check_permits(&args, &mut errors);
+    check_shared(&args, &mut errors);
     let params = parameter_names(&func);
     let key = match &args.key {
         None => {
@@ -145,6 +146,58 @@ fn check_permits(args: &Args, errors: &mut Errors) {
             errors.push(syn::Error::new(
                 permits.span(),
                 format!("`permits` cannot be combined with `{name}`: `{name}` is an option of the exclusive lock"),
+            ));
+        }
+    }
+}
+
+/// Whether `shared = true` was written (a literal: the kind of hold is decided at compile time).
+fn is_shared(args: &Args) -> bool {
+    matches!(
+        &args.shared,
+        Some(syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(b), .. })) if b.value
+    )
+}
+
+/// `shared = true` takes a read hold: a literal `true`/`false`, one key, and none of the options
+/// of the exclusive lock or of a semaphore.
+fn check_shared(args: &Args, errors: &mut Errors) {
+    let Some(shared) = &args.shared else {
+        return;
+    };
+    if !matches!(
+        shared,
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Bool(_),
+            ..
+        })
+    ) {
+        errors.push(syn::Error::new(
+            shared.span(),
+            "`shared` takes `true` or `false`, written out: whether the body reads or writes is known when it is written",
+        ));
+        return;
+    }
+    if !is_shared(args) {
+        return;
+    }
+    if let Some(Key::List(_, span)) = &args.key {
+        errors.push(syn::Error::new(
+            *span,
+            "`shared = true` takes one key: a read hold is of one key, not a list",
+        ));
+    }
+    let others = [
+        ("min_hold", args.min_hold.is_some()),
+        ("once", args.once.is_some()),
+        ("fair", args.fair.is_some()),
+        ("permits", args.permits.is_some()),
+    ];
+    for (name, given) in others {
+        if given {
+            errors.push(syn::Error::new(
+                shared.span(),
+                format!("`shared = true` cannot be combined with `{name}`"),
             ));
         }
     }
@@ -409,6 +462,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
 
     // The lock (one key or a list), or a permit of a semaphore (`permits = N`).
     let take = match &args.permits {
+        None if is_shared(args) => quote!(#krate::__private::read),
         None => quote!(#krate::__private::request),
         Some(n) => {
             let p = Ident::new("__dblock_permits", Span::mixed_site());

@@ -64,6 +64,15 @@ pub enum LockError {
         finished_at: Option<std::time::SystemTime>,
     },
 
+    /// The owner asked for a key in a way that would wait for a hold of its own: the write lock
+    /// of a key it reads ([`Locker::read`](crate::Locker::read)), or a read of a key it holds for
+    /// writing. Refused at once; release the one it holds first.
+    #[error("`{key}` is held by this owner in the other mode (read or write): waiting for it would wait for itself; release that hold first")]
+    WouldWaitForItself {
+        /// The key.
+        key: String,
+    },
+
     /// A semaphore was asked for with another number of permits than its live holders took it
     /// with ([`Locker::semaphore`](crate::Locker::semaphore)): two numbers for one key would let
     /// more holders in than either allows, so the call is refused instead. Nothing was taken.

@@ -42,10 +42,19 @@ pub(crate) struct Hold {
     settled: AtomicBool,
     /// Who asked for it (to tell a task that is about to wait for itself).
     pub(crate) caller: Caller,
+    /// A shared (read) hold: its id among the key's readers and the owner that reads (the
+    /// row's owner, `owner` above, is the readers' marker). `None` for every other hold.
+    pub(crate) reader: Option<Reader>,
     /// What its metrics are labelled with.
     pub(crate) meter: meter::Label,
     /// When the grant arrived (for the hold time).
     pub(crate) granted: Instant,
+}
+
+/// What a read hold adds (see [`Hold::reader`]).
+pub(crate) struct Reader {
+    pub(crate) id: i64,
+    pub(crate) owner: Owner,
 }
 
 /// The code that called `lock()`: its tokio task, or — for the future a runtime's `block_on`
@@ -106,9 +115,16 @@ impl Hold {
             revoked: AtomicBool::new(false),
             settled: AtomicBool::new(false),
             caller: Caller::current(),
+            reader: None,
             meter,
             granted: Instant::now(),
         }
+    }
+
+    /// The same grant as a read hold.
+    pub(crate) fn reading(mut self, reader: Reader) -> Self {
+        self.reader = Some(reader);
+        self
     }
 
     fn lease(&self) -> MutexGuard<'_, Lease> {

@@ -330,6 +330,24 @@ impl Locker {
         LockRequest::new(self.shared.clone(), key.into())
     }
 
+    /// A shared (read) hold of `key`: any number of readers at once; [`lock`](Locker::lock) of
+    /// the same key is the writer, which excludes them and which they exclude. Once a writer
+    /// waits, readers that arrive after it wait behind it (recorded in the database, so across
+    /// processes), and the writer gets the key when the readers already in leave. The guard is
+    /// a lease like a lock's (ttl, renewal, release, the read tenure's fencing token). See
+    /// [`ReadRequest`](crate::ReadRequest).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let snapshot = locker.read("config").wait(std::time::Duration::from_secs(5)).await?;
+    /// // ... read the configuration; writers wait ...
+    /// snapshot.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn read(&self, key: impl Into<String>) -> crate::ReadRequest {
+        crate::ReadRequest::new(self.shared.clone(), key.into())
+    }
+
     /// A counting semaphore on `key` with `permits` permits: at most that many holders at once,
     /// across processes. `.await` the request for a permit (a [`LockGuard`](crate::LockGuard)); each permit is a
     /// lease of its own (owner, ttl, renewal, its own fencing token). Every call on one key must

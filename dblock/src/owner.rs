@@ -70,6 +70,13 @@ pub struct Owner {
 }
 
 impl Owner {
+    /// The row owner of a key held by readers (`backend::shared::READERS`): never an owner's id.
+    pub(crate) fn readers() -> Self {
+        Owner {
+            id: Arc::from(crate::backend::shared::READERS),
+        }
+    }
+
     /// A fresh owner with a new random id.
     ///
     /// ```

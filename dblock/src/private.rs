@@ -12,6 +12,7 @@ use crate::guard::LockGuard;
 use crate::locker::Locker;
 use crate::multi::LockAllRequest;
 use crate::owner::{Context, Owner};
+use crate::read::ReadRequest;
 use crate::semaphore::SemaphoreRequest;
 
 /// The attribute's lock request on `locker` (one key, or all of a list), labelled with the
@@ -37,6 +38,17 @@ pub fn semaphore(
     Ok(locker?.semaphore(key, permits).holder(function))
 }
 
+/// The attribute's request for a shared (read) hold of `keys[0]` (`shared = true`; the macro
+/// allows one key only).
+pub fn read(
+    locker: Result<Locker, LockError>,
+    keys: Vec<String>,
+    function: &'static str,
+) -> Result<ReadRequest, LockError> {
+    let key = keys.into_iter().next().unwrap_or_default();
+    Ok(locker?.read(key).holder(function))
+}
+
 /// What the attribute takes before its body runs: the locks of a key list, or a permit.
 pub trait Take: Send + Sized + 'static {
     /// Taken as `owner` (the enclosing scope's, or a fresh one).
@@ -52,6 +64,16 @@ impl Take for LockAllRequest {
 
     async fn take(self) -> Result<Vec<LockGuard>, LockError> {
         self.await
+    }
+}
+
+impl Take for ReadRequest {
+    fn owner(self, owner: &Owner) -> Self {
+        ReadRequest::owner(self, owner)
+    }
+
+    async fn take(self) -> Result<Vec<LockGuard>, LockError> {
+        Ok(vec![self.await?])
     }
 }
 

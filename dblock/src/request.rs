@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::backend::shared::{Intent, Withdraw, INTENT_LEASE};
 use crate::backend::{Acquire, Attempt, Interest};
 use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
@@ -44,6 +45,9 @@ pub(crate) const ATTEMPT_FLOOR: Duration = Duration::from_secs(1);
 /// local monotonic clock, counted from the send): at most [`MAX_MARGIN`].
 const MARGIN_DIVISOR: u32 = 10;
 const MAX_MARGIN: Duration = Duration::from_secs(1);
+/// How often a waiting writer looks whether readers hold the key, and renews its intent
+/// (`backend/shared.rs`) while they do: well within the intent's lease.
+const INTENT_EVERY: Duration = Duration::from_millis(400);
 /// How long past its deadline a call waits for its last attempt's own answer (an error that
 /// names the cause), before it reports "no answer".
 const ANSWER_GRACE: Duration = Duration::from_millis(50);
@@ -533,7 +537,24 @@ impl Request {
         let started = Instant::now();
         let mut first_busy = None;
         let (meter, record) = (self.meter.clone(), self.record_call);
-        let result = self.wait_for(shared, started, &mut first_busy).await;
+        let (key, owner) = (self.key.clone(), self.owner.clone());
+        let mut intent = false;
+        let result = self
+            .wait_for(shared.clone(), started, &mut first_busy, &mut intent)
+            .await;
+        if intent && result.is_err() {
+            // A writer that gives up withdraws its intent: readers need not wait it out.
+            if let Ok(backend) = shared.backend() {
+                let (backend, timeout) = (backend.clone(), shared.statement_timeout);
+                tokio::spawn(async move {
+                    let withdraw = Withdraw {
+                        key: &key,
+                        owner: owner.id(),
+                    };
+                    let _ = backend.run(&withdraw, Instant::now() + timeout).await;
+                });
+            }
+        }
         if record {
             meter::call_ended(
                 &meter,
@@ -551,7 +572,11 @@ impl Request {
         shared: Arc<Shared>,
         started: Instant,
         first_busy: &mut Option<Instant>,
+        intent: &mut bool,
     ) -> Result<LockGuard, LockError> {
+        // When this writer last recorded (or looked to record) its intent on a read-held key,
+        // and whether it holds it.
+        let mut intent_at: Option<Instant> = None;
         let wait_until = started + self.wait.min(FOREVER);
         let call_until = wait_until.max(started + ATTEMPT_FLOOR.min(shared.statement_timeout));
         let mut backoff = FIRST_BACKOFF;
@@ -671,7 +696,31 @@ impl Request {
                     }
                     seen = Seen::Busy;
                     let now = Instant::now();
+                    if first_busy.is_none() && shared.read_tenure(&self.key, &self.owner).is_some()
+                    {
+                        // The owner reads the key: the writer would wait for itself.
+                        return Err(LockError::WouldWaitForItself {
+                            key: self.key.clone(),
+                        });
+                    }
                     first_busy.get_or_insert(now);
+                    if may_try
+                        && now < wait_until
+                        && intent_at.is_none_or(|at| now >= at + INTENT_EVERY)
+                    {
+                        // Held by readers? Then record this writer's intent (renewed while it
+                        // waits), so that readers who come later wait behind it.
+                        let statement = Intent {
+                            key: &self.key,
+                            owner: self.owner.id(),
+                            lease_us: INTENT_LEASE.as_micros() as i64,
+                        };
+                        let limit = (now + shared.statement_timeout).min(wait_until);
+                        *intent =
+                            matches!(shared.backend()?.run(&statement, limit).await, Ok(true))
+                                || *intent;
+                        intent_at = Some(now);
+                    }
                     if now >= wait_until {
                         let waited = now - started;
                         tracing::debug!(?waited, attempts, "busy: giving up");

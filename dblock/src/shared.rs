@@ -156,6 +156,19 @@ impl Shared {
             .any(|h| !h.is_lost() && matches(&h))
     }
 
+    /// The read tenure in which `owner` reads `key` (a live read hold of this locker's table
+    /// that this process tracks): a new read of the owner is then a re-entry.
+    pub(crate) fn read_tenure(&self, key: &str, owner: &Owner) -> Option<u64> {
+        self.live()
+            .values()
+            .filter(|(_, of)| of.upgrade().is_some_and(|of| of.space == self.space))
+            .filter_map(|(h, _)| h.upgrade())
+            .find(|h| {
+                !h.is_lost() && h.key == key && h.reader.as_ref().is_some_and(|r| r.owner == *owner)
+            })
+            .map(|h| h.fencing_token)
+    }
+
     /// The guard of `hold` is giving it back (or dropped).
     pub(crate) fn untrack(&self, hold: &Arc<Hold>) {
         self.live().remove(&(Arc::as_ptr(hold) as usize));
@@ -379,6 +392,9 @@ impl Shared {
         outcome: Option<Outcome>,
         until: Instant,
     ) -> Result<Released, LockError> {
+        if let Some(reader) = &hold.reader {
+            return self.release_read(hold, reader.id, outcome, until).await;
+        }
         let backend = self.backend()?;
         let current = tracked.tenure == Some(hold.fencing_token);
         let remaining = if current {
@@ -456,6 +472,52 @@ impl Shared {
             if let Some(shown) = hold.shown.get() {
                 crate::line::freed(&self.space, shown);
             }
+        }
+        released
+    }
+
+    /// Gives one read hold back: its id leaves the key's readers (`backend/shared.rs`). A resend
+    /// after a lost reply finds the id gone and counts as done; nothing can be removed twice.
+    async fn release_read(
+        &self,
+        hold: &Hold,
+        id: i64,
+        outcome: Option<Outcome>,
+        until: Instant,
+    ) -> Result<Released, LockError> {
+        use crate::backend::shared::{ReadRelease, ReadReleased};
+        let backend = self.backend()?;
+        let statement = ReadRelease {
+            key: &hold.key,
+            token: hold.fencing_token as i64,
+            id,
+            outcome,
+        };
+        let policy = Policy {
+            rolled_back: retry::ROLLBACK_RESENDS,
+            per_send: self.statement_timeout / 2,
+            send_until: until,
+            resolve_until: until,
+            report: None,
+        };
+        let tried = retry::run(
+            policy,
+            |f| backend.classify(f),
+            |limit| backend.run(&statement, limit),
+        )
+        .await;
+        let released = match tried.result {
+            Ok(ReadReleased::Free) => Ok(Released::Free),
+            Ok(ReadReleased::StillHeld(n)) => Ok(Released::StillHeld(n)),
+            Ok(ReadReleased::Gone) => {
+                tracing::debug!(key = %hold.key, "read release after a lost reply: the earlier send took effect");
+                Ok(Released::StillHeld(0))
+            }
+            Ok(ReadReleased::NotHeld) => Ok(Released::NotHeld),
+            Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),
+        };
+        if matches!(released, Ok(Released::Free)) {
+            crate::line::freed(&self.space, &hold.key);
         }
         released
     }

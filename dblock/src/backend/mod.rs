@@ -25,6 +25,7 @@ pub(crate) mod fence;
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub(crate) mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
@@ -340,6 +341,39 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 }
 
+/// A statement as a value: what it binds, and for each backend how it is sent and its answer
+/// read (in that backend's file for the statement's kind, e.g. `postgres/shared.rs`). One
+/// executor runs every such statement ([`Backend::run`]): a new statement is a type and one
+/// function per backend, not a `Dialect` method, a forwarder and a call site.
+pub(crate) trait Statement: Sync {
+    /// What the statement answers.
+    type Output: Send;
+
+    /// Sent on the pool releases use (lazily durable where the backend has one).
+    const ON_RELEASE_POOL: bool = false;
+
+    #[cfg(feature = "postgres")]
+    fn postgres(
+        &self,
+        pg: &postgres::Pg,
+        conn: &mut sqlx::PgConnection,
+    ) -> impl Future<Output = Result<Self::Output, sqlx::Error>> + Send;
+
+    #[cfg(feature = "mysql")]
+    fn mysql(
+        &self,
+        my: &mysql::My,
+        conn: &mut sqlx::MySqlConnection,
+    ) -> impl Future<Output = Result<Self::Output, sqlx::Error>> + Send;
+
+    #[cfg(feature = "sqlite")]
+    fn sqlite(
+        &self,
+        lite: &sqlite::Lite,
+        conn: &mut sqlx::SqliteConnection,
+    ) -> impl Future<Output = Result<Self::Output, sqlx::Error>> + Send;
+}
+
 /// The answer to [`Dialect::acquire_many`] from the grants a statement returned (by key): one
 /// attempt per key of `all`, in its order; a key without a grant was busy.
 pub(crate) fn per_key(
@@ -443,6 +477,43 @@ impl Backend {
 
     pub(crate) fn name(&self) -> &'static str {
         dispatch!(self, _b, D => D::NAME)
+    }
+
+    /// Runs statement `s` on a pooled connection within `deadline` (see [`Statement`]).
+    pub(crate) async fn run<S: Statement>(
+        &self,
+        s: &S,
+        deadline: Instant,
+    ) -> Result<S::Output, Failed> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => {
+                let pool = if S::ON_RELEASE_POOL {
+                    b.release_pool()
+                } else {
+                    b.pool()
+                };
+                run(b, pool, deadline, async |c| s.postgres(b, c).await).await
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql(b) => {
+                let pool = if S::ON_RELEASE_POOL {
+                    b.release_pool()
+                } else {
+                    b.pool()
+                };
+                run(b, pool, deadline, async |c| s.mysql(b, c).await).await
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(b) => {
+                let pool = if S::ON_RELEASE_POOL {
+                    b.release_pool()
+                } else {
+                    b.pool()
+                };
+                run(b, pool, deadline, async |c| s.sqlite(b, c).await).await
+            }
+        }
     }
 
     /// See [`Dialect::database`].
@@ -785,8 +856,8 @@ pub(crate) fn bad_url(url: &str, e: sqlx::Error) -> LockError {
 mod tests {
     use super::*;
 
-    /// The files in `migrations/` (0001, 0003 and 0004) end with what `Locker::migrate()` runs, for
-    /// the default table.
+    /// The files in `migrations/` (0001, 0003, 0004 and 0006) end with what `Locker::migrate()`
+    /// runs, for the default table.
     #[test]
     fn migration_files_match_the_ddl_migrate_runs() {
         #[allow(unused_mut)]
@@ -808,6 +879,11 @@ mod tests {
                 postgres::QUEUE,
                 "\"dblock_locks_queue\"",
             ),
+            (
+                include_str!("../../../migrations/postgres/0006_shared.sql"),
+                postgres::SHARED,
+                "\"dblock_locks\"",
+            ),
         ]);
         #[cfg(feature = "mysql")]
         pairs.extend([
@@ -826,6 +902,11 @@ mod tests {
                 mysql::QUEUE,
                 "`dblock_locks_queue`",
             ),
+            (
+                include_str!("../../../migrations/mysql/0006_shared.sql"),
+                mysql::SHARED,
+                "`dblock_locks`",
+            ),
         ]);
         #[cfg(feature = "sqlite")]
         pairs.extend([
@@ -843,6 +924,11 @@ mod tests {
                 include_str!("../../../migrations/sqlite/0004_fair_queue.sql"),
                 sqlite::QUEUE,
                 "\"dblock_locks_queue\"",
+            ),
+            (
+                include_str!("../../../migrations/sqlite/0006_shared.sql"),
+                sqlite::SHARED,
+                "\"dblock_locks\"",
             ),
         ]);
         for (file, sql, table) in pairs {

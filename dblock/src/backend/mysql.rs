@@ -17,6 +17,8 @@ use sqlx::{AssertSqlSafe, Pool, Row, SqlSafeStr, SqlStr};
 use tokio::sync::OnceCell;
 
 use super::admin::AdminSql;
+
+pub(crate) mod shared;
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,
     RenewItem,
@@ -86,6 +88,15 @@ pub(crate) const QUEUE: &str = "CREATE TABLE IF NOT EXISTS {table} (
 ) ENGINE = InnoDB;
 ";
 
+/// Migration 0006: shared (read) locks: the readers' ids of a read-held row, and a waiting
+/// writer's intent (`backend/shared.rs`).
+pub(crate) const SHARED: &str = "ALTER TABLE {table}
+    ADD COLUMN readers      TEXT CHARACTER SET ascii NULL,
+    ADD COLUMN intent_until DATETIME(6) NULL,
+    ADD COLUMN intent_token BIGINT      NULL,
+    ADD COLUMN intent_owner VARCHAR(36) CHARACTER SET ascii COLLATE ascii_bin NULL;
+";
+
 /// Migration 0003: a success committed in the caller's transaction (`succeed_in`: the tenure it
 /// belongs to), keys taken with `once` (kept by `purge`), and the last release (its id and
 /// tenure: a resend after a lost reply tells its own earlier effect from a lease that ran out).
@@ -108,6 +119,8 @@ pub(crate) struct My {
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
+    /// The statements of shared (read) locks (`mysql/shared.rs`).
+    shared_sql: Arc<shared::Sql>,
     /// `true` when the server takes `INSERT ... RETURNING` (MariaDB ≥ 10.5); decided once.
     returning: Arc<OnceCell<bool>>,
 }
@@ -121,6 +134,7 @@ struct Statements {
     outcomes: SqlStr,
     exactly_once: SqlStr,
     queue: SqlStr,
+    shared: SqlStr,
     has_queue: SqlStr,
     queue_join: SqlStr,
     queue_ahead: SqlStr,
@@ -427,10 +441,13 @@ impl My {
             outcomes: sql(OUTCOMES, &t),
             exactly_once: sql(EXACTLY_ONCE, &t),
             queue: sql(QUEUE, &q),
+            shared: sql(SHARED, &t),
             // Both tables with their newest columns (a lock table dropped by hand beside its
             // queue is made again).
             has_queue: sql(
-                &format!("SELECT t.release_token, q.ticket FROM {{table}} AS t, {q} AS q LIMIT 0"),
+                &format!(
+                    "SELECT t.intent_owner, q.ticket FROM {{table}} AS t, {q} AS q LIMIT 0"
+                ),
                 &t,
             ),
             // The fair waiters' queue: one statement each on one key's rows (primary key
@@ -576,6 +593,7 @@ WHERE lock_key = ? AND NOT (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6))
         };
         My {
             pool,
+            shared_sql: Arc::new(shared::Sql::new(&t)),
             table: t.into(),
             sql: Arc::new(statements),
             returning: Arc::new(OnceCell::new()),
@@ -708,10 +726,10 @@ impl Dialect for My {
         sqlx::raw_sql(self.sql.ddl.clone())
             .execute(&mut *conn)
             .await?;
-        // Migrations 0002 and 0003 (MySQL 8 has no ADD COLUMN IF NOT EXISTS; each ALTER adds
+        // Migrations 0002, 0003 and 0006 (MySQL 8 has no ADD COLUMN IF NOT EXISTS; each ALTER adds
         // all its columns or none): a column already there, added before or by a racing
         // process, is fine (1060, duplicate column).
-        for add in [&self.sql.outcomes, &self.sql.exactly_once] {
+        for add in [&self.sql.outcomes, &self.sql.exactly_once, &self.sql.shared] {
             match sqlx::raw_sql(add.clone()).execute(&mut *conn).await {
                 Err(sqlx::Error::Database(e))
                     if e.try_downcast_ref::<MySqlDatabaseError>()

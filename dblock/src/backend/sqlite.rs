@@ -16,6 +16,8 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 
 use super::admin::AdminSql;
+
+pub(crate) mod shared;
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,
     RenewItem,
@@ -69,6 +71,14 @@ ALTER TABLE {table} ADD COLUMN release_id INTEGER;
 ALTER TABLE {table} ADD COLUMN release_token INTEGER;
 ";
 
+/// Migration 0006: shared (read) locks: the readers' ids of a read-held row, and a waiting
+/// writer's intent (`backend/shared.rs`).
+pub(crate) const SHARED: &str = "ALTER TABLE {table} ADD COLUMN readers TEXT;
+ALTER TABLE {table} ADD COLUMN intent_until INTEGER;
+ALTER TABLE {table} ADD COLUMN intent_token INTEGER;
+ALTER TABLE {table} ADD COLUMN intent_owner TEXT;
+";
+
 /// Migration 0004: the fair waiters' queue (`LockRequest::fair`), `{table}` being the queue
 /// table (`<lock table>_queue`). One row per waiting caller, its ticket in arrival order
 /// (AUTOINCREMENT: never reused), its lease renewed while it waits. No index on the key: the
@@ -103,6 +113,8 @@ pub(crate) struct Lite {
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
+    /// The statements of shared (read) locks (`sqlite/shared.rs`).
+    shared_sql: Arc<shared::Sql>,
 }
 
 #[derive(Debug)]
@@ -112,6 +124,8 @@ struct Statements {
     exactly_once: SqlStr,
     has_outcomes: SqlStr,
     has_exactly_once: SqlStr,
+    has_shared: SqlStr,
+    shared: SqlStr,
     queue: SqlStr,
     queue_join: SqlStr,
     queue_ahead: SqlStr,
@@ -236,6 +250,8 @@ impl Lite {
             exactly_once: sql(EXACTLY_ONCE, &t),
             has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
             has_exactly_once: sql("SELECT release_token FROM {table} LIMIT 0", &t),
+            has_shared: sql("SELECT intent_owner FROM {table} LIMIT 0", &t),
+            shared: sql(SHARED, &t),
             queue: sql(QUEUE, &q),
             // The fair waiters' queue: each statement runs under SQLite's one write lock (or
             // reads one snapshot). The queue orders attempts only: exclusion stays the
@@ -363,6 +379,7 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
         Lite {
             release_pool: pool.clone(),
             pool,
+            shared_sql: Arc::new(shared::Sql::new(&t)),
             table: t.into(),
             sql: Arc::new(statements),
         }
@@ -470,12 +487,13 @@ impl Dialect for Lite {
         sqlx::raw_sql(self.sql.ddl.clone())
             .execute(&mut *conn)
             .await?;
-        // Migrations 0002 and 0003, each unless its columns are there: checked again and
+        // Migrations 0002, 0003 and 0006, each unless its columns are there: checked again and
         // applied under the database's write lock (BEGIN IMMEDIATE), so racing processes add
         // them once.
         for (has, add) in [
             (&self.sql.has_outcomes, &self.sql.outcomes),
             (&self.sql.has_exactly_once, &self.sql.exactly_once),
+            (&self.sql.has_shared, &self.sql.shared),
         ] {
             if sqlx::query(has.clone()).execute(&mut *conn).await.is_ok() {
                 continue;

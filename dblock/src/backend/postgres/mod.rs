@@ -32,6 +32,7 @@ use crate::retry::{Failed, Failure};
 
 pub(crate) mod notify;
 pub(crate) mod pooler;
+pub(crate) mod shared;
 
 pub(crate) use pooler::Arg;
 use pooler::{Mode, Template};
@@ -106,6 +107,15 @@ pub(crate) const EXACTLY_ONCE: &str = "ALTER TABLE {table}
     ADD COLUMN IF NOT EXISTS release_token BIGINT;
 ";
 
+/// Migration 0006: shared (read) locks: the readers' ids of a read-held row, and a waiting
+/// writer's intent (`backend/shared.rs`).
+pub(crate) const SHARED: &str = "ALTER TABLE {table}
+    ADD COLUMN IF NOT EXISTS readers      TEXT,
+    ADD COLUMN IF NOT EXISTS intent_until TIMESTAMPTZ,
+    ADD COLUMN IF NOT EXISTS intent_token BIGINT,
+    ADD COLUMN IF NOT EXISTS intent_owner TEXT;
+";
+
 /// Migration 0004: the fair waiters' queue (`LockRequest::fair`), `{table}` being the queue
 /// table (`<lock table>_queue`). One row per waiting caller, its ticket in arrival order, its
 /// lease renewed while it waits.
@@ -134,6 +144,8 @@ pub(crate) struct Pg {
     /// NOTIFY channel for releases of this table (see [`notify_channel`]).
     channel: Arc<str>,
     sql: Arc<Statements>,
+    /// The statements of shared (read) locks (`shared.rs`).
+    shared_sql: Arc<shared::Sql>,
     /// The LISTEN connection that wakes this locker's waiters; `None` when turned off.
     notifier: Option<Arc<notify::Notifier>>,
     settings: Settings,
@@ -207,6 +219,7 @@ struct Statements {
     outcomes: SqlStr,
     exactly_once: SqlStr,
     queue: SqlStr,
+    shared: SqlStr,
     /// `$1`, `$2` = the quoted queue and lock tables: are both there, with the newest columns?
     exists: Stmt,
     acquire: Stmt,
@@ -673,11 +686,12 @@ impl Pg {
             outcomes: sql(OUTCOMES, &t),
             exactly_once: sql(EXACTLY_ONCE, &t),
             queue: sql(QUEUE, &q),
+            shared: sql(SHARED, &t),
             // Both tables with their newest columns (a lock table dropped by hand beside its
             // queue is made again).
             exists: stmt(
                 "SELECT to_regclass($1) IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute
-             WHERE attrelid = to_regclass($2) AND attname = 'release_token' AND NOT attisdropped)",
+             WHERE attrelid = to_regclass($2) AND attname = 'intent_owner' AND NOT attisdropped)",
                 &t,
             ),
 
@@ -937,6 +951,7 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_t
             pool,
             channel,
             sql: Arc::new(statements),
+            shared_sql: Arc::new(shared::Sql::new(&t)),
             settings,
         }
     }
@@ -1179,12 +1194,13 @@ impl Dialect for Pg {
             // transaction (no explicit one to leave open on a shared server connection, and
             // fine in statement pooling mode too).
             let script = format!(
-                "{}{MIGRATE_LOCK};\nSET LOCAL client_min_messages = warning;\n{}{}{}{}",
+                "{}{MIGRATE_LOCK};\nSET LOCAL client_min_messages = warning;\n{}{}{}{}{}",
                 p.prefix(),
                 self.sql.ddl.as_str(),
                 self.sql.outcomes.as_str(),
                 self.sql.exactly_once.as_str(),
-                self.sql.queue.as_str()
+                self.sql.queue.as_str(),
+                self.sql.shared.as_str()
             );
             sqlx::raw_sql(AssertSqlSafe(script)).execute(conn).await?;
             return Ok(());
@@ -1204,6 +1220,9 @@ impl Dialect for Pg {
             .execute(&mut *tx)
             .await?;
         sqlx::raw_sql(self.sql.queue.clone())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(self.sql.shared.clone())
             .execute(&mut *tx)
             .await?;
         tx.commit().await

@@ -1,0 +1,187 @@
+//! Shared (read) locks on SQLite: the readers' statements and the writer's intent (the model is
+//! in `backend/shared.rs`). Each is one statement, run under the database's write lock: nothing
+//! else writes between its read of the row and its write. Times in ms, as the lock's.
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
+
+use super::{ms_ceil, Lite, NOW};
+use crate::backend::shared::{
+    Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
+};
+use crate::backend::Grant;
+
+/// The statements of one table.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    acquire: SqlStr,
+    release: SqlStr,
+    gone: SqlStr,
+    intent: SqlStr,
+    withdraw: SqlStr,
+}
+
+const JOINING: &str = "(l.owner = '(readers)' AND l.expires_at > {now})";
+const SEEN: &str = "(instr(coalesce(l.readers, ''), ',' || $4 || ',') > 0)";
+const INTENT: &str = "coalesce(l.intent_until > {now} AND l.intent_token = l.fencing_token, 0)";
+
+/// A reader's acquire: `$1` key, `$2` holder, `$3` ttl ms, `$4` the hold's id, `$5` the read
+/// tenure the owner already reads in (or NULL). Inserts the row, or on conflict joins the live
+/// read phase (unless a writer's intent holds new readers back) or starts a new one on a row
+/// whose lease ended; `WHERE` false (busy) returns no row. All `SET` expressions read the old
+/// row.
+const ACQUIRE: &str = "INSERT INTO {table} AS l
+    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
+     readers)
+VALUES ($1, '(readers)', 1, {now} * 1000, {now} + $3, {now}, $2, $4, ',' || $4 || ',')
+ON CONFLICT (lock_key) DO UPDATE SET
+    hold_count    = CASE WHEN {joining} THEN l.hold_count + CASE WHEN {seen} THEN 0 ELSE 1 END
+                         ELSE 1 END,
+    fencing_token = CASE WHEN {joining} THEN l.fencing_token ELSE l.fencing_token + 1 END,
+    acquired_at   = CASE WHEN {joining} THEN l.acquired_at ELSE {now} END,
+    holder        = CASE WHEN {joining} THEN l.holder ELSE excluded.holder END,
+    expires_at    = CASE WHEN {joining} THEN max(l.expires_at, {now} + $3) ELSE {now} + $3 END,
+    last_outcome  = CASE WHEN NOT {joining} AND {ran_out_l} THEN 2 ELSE l.last_outcome END,
+    finished_at   = CASE WHEN NOT {joining} AND {ran_out_l} THEN l.expires_at ELSE l.finished_at END,
+    available_at  = CASE WHEN {joining} THEN l.available_at END,
+    readers       = CASE WHEN {joining}
+                         THEN CASE WHEN {seen} THEN l.readers ELSE l.readers || $4 || ',' END
+                         ELSE ',' || $4 || ',' END,
+    attempt_id    = excluded.attempt_id,
+    owner         = '(readers)'
+WHERE CASE WHEN {joining} THEN {seen} OR $5 IS l.fencing_token OR NOT {intent}
+           ELSE l.expires_at <= {now} AND NOT {intent} END
+RETURNING hold_count, fencing_token, expires_at * 1000";
+
+/// A reader's release: `$1` key, `$2` read tenure, `$3` the hold's id, `$4` outcome (when it
+/// ends the phase). The last reader frees the row.
+const RELEASE: &str = "UPDATE {table} SET
+    hold_count   = hold_count - 1,
+    owner        = CASE WHEN hold_count > 1 THEN owner END,
+    expires_at   = CASE WHEN hold_count > 1 THEN expires_at ELSE {now} END,
+    readers      = replace(readers, ',' || $3 || ',', ','),
+    last_outcome = CASE WHEN hold_count > 1 THEN last_outcome ELSE coalesce($4, last_outcome) END,
+    finished_at  = CASE WHEN hold_count > 1 OR $4 IS NULL THEN finished_at ELSE {now} END,
+    release_id   = $3,
+    release_token = fencing_token
+WHERE lock_key = $1 AND owner = '(readers)' AND fencing_token = $2 AND expires_at > {now}
+  AND instr(readers, ',' || $3 || ',') > 0
+RETURNING hold_count";
+
+/// After a release that matched nothing: is the read tenure live without this id (released
+/// before, by a send whose reply was lost)?
+const GONE: &str = "SELECT 1 FROM {table} AS l WHERE l.lock_key = $1 AND l.owner = '(readers)'
+   AND l.fencing_token = $2 AND l.expires_at > {now}
+   AND instr(coalesce(l.readers, ''), ',' || $3 || ',') = 0";
+
+const INTENT_SQL: &str = "UPDATE {table} AS l SET
+    intent_until = {now} + $3, intent_token = l.fencing_token, intent_owner = $2
+WHERE l.lock_key = $1 AND {joining} AND (l.intent_owner IS $2 OR NOT {intent})";
+
+const WITHDRAW: &str =
+    "UPDATE {table} SET intent_until = NULL WHERE lock_key = $1 AND intent_owner = $2";
+
+fn sql(template: &str, table: &str) -> SqlStr {
+    let text = template
+        .replace("{joining}", JOINING)
+        .replace("{seen}", SEEN)
+        .replace("{intent}", INTENT)
+        .replace("{ran_out_l}", &super::ran_out("l."))
+        .replace("{now}", NOW)
+        .replace("{table}", table);
+    AssertSqlSafe(text).into_sql_str()
+}
+
+impl Sql {
+    pub(crate) fn new(table: &str) -> Sql {
+        debug_assert!(ACQUIRE.contains(READERS));
+        Sql {
+            acquire: sql(ACQUIRE, table),
+            release: sql(RELEASE, table),
+            gone: sql(GONE, table),
+            intent: sql(INTENT_SQL, table),
+            withdraw: sql(WITHDRAW, table),
+        }
+    }
+}
+
+pub(crate) async fn acquire(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    a: &ReadAcquire<'_>,
+) -> Result<ReadAttempt, sqlx::Error> {
+    let row = sqlx::query(lite.shared_sql.acquire.clone())
+        .bind(a.key)
+        .bind(a.holder)
+        .bind(ms_ceil(a.ttl_us))
+        .bind(a.id)
+        .bind(a.reentry)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(match row {
+        Some(row) => ReadAttempt::Granted(Grant {
+            hold_count: row.try_get::<i64, _>(0)?.max(0) as u32,
+            fencing_token: row.try_get::<i64, _>(1)? as u64,
+            expires_at_us: row.try_get(2)?,
+        }),
+        None => ReadAttempt::Busy { retry_after: None },
+    })
+}
+
+pub(crate) async fn release(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    r: &ReadRelease<'_>,
+) -> Result<ReadReleased, sqlx::Error> {
+    let left: Option<i64> = sqlx::query_scalar(lite.shared_sql.release.clone())
+        .bind(r.key)
+        .bind(r.token)
+        .bind(r.id)
+        .bind(r.outcome.map(|o| o.code()))
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(match left {
+        Some(0) => ReadReleased::Free,
+        Some(n) => ReadReleased::StillHeld(n.max(0) as u32),
+        None => {
+            let gone = sqlx::query(lite.shared_sql.gone.clone())
+                .bind(r.key)
+                .bind(r.token)
+                .bind(r.id)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if gone.is_some() {
+                ReadReleased::Gone
+            } else {
+                ReadReleased::NotHeld
+            }
+        }
+    })
+}
+
+pub(crate) async fn intent(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    i: &Intent<'_>,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(lite.shared_sql.intent.clone())
+        .bind(i.key)
+        .bind(i.owner)
+        .bind(ms_ceil(i.lease_us))
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+pub(crate) async fn withdraw(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    w: &Withdraw<'_>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(lite.shared_sql.withdraw.clone())
+        .bind(w.key)
+        .bind(w.owner)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,377 @@
+//! Shared (read) locks: [`Locker::read`](crate::Locker::read) and [`ReadRequest`]. The
+//! statements and the table model are in `backend/shared.rs`; the writer is the plain
+//! [`Locker::lock`](crate::Locker::lock), whose wait loop records the writer's intent
+//! (`request.rs`).
+
+use std::borrow::Cow;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::shared::{ReadAcquire, ReadAttempt};
+use crate::backend::Interest;
+use crate::detach::{Detached, Unreceived};
+use crate::error::LockError;
+use crate::guard::LockGuard;
+use crate::hold::{Hold, Reader};
+use crate::line;
+use crate::meter;
+use crate::owner::{Context, Owner};
+use crate::request::DEFAULT_TTL;
+use crate::retry::{self, Policy};
+use crate::shared::Shared;
+use crate::validate;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// A grant is returned only while its lease has at least this share of its ttl left (at most
+/// [`MAX_MARGIN`]), as the lock's.
+const MARGIN_DIVISOR: u32 = 10;
+const MAX_MARGIN: Duration = Duration::from_secs(1);
+
+/// One `locker.read(key)` call being configured; `.await` it for a shared (read) hold of `key`.
+/// Any number of readers hold a key at once; [`Locker::lock`](crate::Locker::lock) of the same
+/// key is the writer, which excludes them and which they exclude. A writer that waits is not
+/// starved: readers that arrive after it wait behind it.
+///
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// use std::time::Duration;
+/// let locker = dblock::Locker::connect("sqlite::memory:").await?;
+/// locker.migrate().await?;
+///
+/// let a = locker.read("config").await?;           // readers share the key
+/// let b = locker.read("config").await?;
+/// assert!(locker.lock("config").await.is_err());  // the writer waits for them
+/// a.release().await?;
+/// b.release().await?;
+/// let writer = locker.lock("config").wait(Duration::from_secs(1)).await?;
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+#[must_use = "a read request does nothing until it is awaited"]
+pub struct ReadRequest {
+    shared: Arc<Shared>,
+    key: String,
+    ttl: Duration,
+    wait: Duration,
+    owner: Option<Owner>,
+    label: Option<String>,
+    metrics_key: Option<Cow<'static, str>>,
+}
+
+impl ReadRequest {
+    pub(crate) fn new(shared: Arc<Shared>, key: String) -> Self {
+        ReadRequest {
+            shared,
+            key,
+            ttl: DEFAULT_TTL,
+            wait: Duration::ZERO,
+            owner: None,
+            label: None,
+            metrics_key: None,
+        }
+    }
+
+    /// This reader's lease (default 30 s); the read hold ends when it runs out unless renewed.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let r = locker.read("config").ttl(std::time::Duration::from_secs(5)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to keep trying while a writer holds the key or waits for it; zero (the
+    /// default) means one attempt.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let r = locker.read("config").wait(std::time::Duration::from_secs(5)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Reads as this owner instead of the scope's (or a fresh) one. An owner that reads a key
+    /// and asks again gets another read hold at once, even while a writer waits (it would
+    /// otherwise wait for itself); it must not ask for the write lock while it reads
+    /// ([`LockError::WouldWaitForItself`]).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let me = dblock::Owner::new();
+    /// let a = locker.read("config").owner(&me).await?;
+    /// let b = locker.read("config").owner(&me).await?;
+    /// assert_eq!(b.hold_count(), 2); // read holds of the key, all readers together
+    /// # Ok(()) }
+    /// ```
+    pub fn owner(mut self, owner: &Owner) -> Self {
+        self.owner = Some(owner.clone());
+        self
+    }
+
+    /// A label stored in the `holder` column after `host/pid` when this reader starts a read
+    /// phase, for operators.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let r = locker.read("config").holder("config-reader").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn holder(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// The `key` label of this call's metrics (feature `metrics`), as
+    /// [`LockRequest::metrics_key`](crate::LockRequest::metrics_key).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let r = locker.read("config:eu").metrics_key("config:{region}").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn metrics_key(mut self, template: impl Into<Cow<'static, str>>) -> Self {
+        self.metrics_key = Some(template.into());
+        self
+    }
+}
+
+impl IntoFuture for ReadRequest {
+    type Output = Result<LockGuard, LockError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'static>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let owner = self
+                .owner
+                .clone()
+                .or_else(|| Context::get().map(|c| c.owner))
+                .unwrap_or_default();
+            let span = tracing::debug_span!(
+                "dblock.read",
+                key = %self.key,
+                backend = self.shared.backend_name(),
+                owner = %owner,
+                ttl_ms = self.ttl.as_millis() as u64,
+                wait_ms = self.wait.as_millis() as u64,
+            );
+            let started = Instant::now();
+            let meter = meter::Label::new(
+                self.metrics_key.as_ref(),
+                self.shared.backend_name(),
+                "read",
+            );
+            let mut first_busy = None;
+            let result = self
+                .acquire(owner, meter.clone(), &mut first_busy)
+                .instrument(span)
+                .await;
+            meter::call_ended(
+                &meter,
+                meter::CallOutcome::of(&result),
+                started.elapsed(),
+                first_busy.map(|t: Instant| t.elapsed()),
+            );
+            result
+        })
+    }
+}
+
+/// What one reader's attempt came to, with the hold already inside a guard.
+enum Try {
+    Got(LockGuard),
+    Busy(Option<Duration>),
+    /// Granted when the lease could have ended: given back.
+    Stale,
+    Failed(LockError),
+}
+
+impl Unreceived for Try {
+    async fn unreceived(self) {
+        if let Try::Got(guard) = self {
+            tracing::debug!(key = %guard.key(), "read granted to a call that is gone; given back");
+            let _ = guard.give_back_unused().await;
+        }
+    }
+}
+
+impl ReadRequest {
+    async fn acquire(
+        self,
+        owner: Owner,
+        meter: meter::Label,
+        first_busy: &mut Option<Instant>,
+    ) -> Result<LockGuard, LockError> {
+        LockError::require_runtime()?;
+        self.shared.check_open()?;
+        validate::key(&self.key)?;
+        let ttl_us = validate::ttl_micros(self.ttl)?;
+        let backend = self.shared.backend()?.clone();
+        let shared = self.shared.clone();
+        let holder: Arc<str> = shared.holder_for(self.label.as_deref()).into();
+        let started = Instant::now();
+        let deadline = started + self.wait.min(FOREVER);
+        // The call's whole time: its wait, or one attempt's floor.
+        let call_until = started + self.wait.min(FOREVER).max(crate::request::ATTEMPT_FLOOR);
+        // This call's id: kept among the row's readers, the same in every resend.
+        let id = fastrand::i64(1..i64::MAX);
+        let busy = |first: &Option<Instant>| LockError::Busy {
+            key: self.key.clone(),
+            waited: first.map_or(started.elapsed(), |_| started.elapsed()),
+        };
+        let mut backoff = FIRST_BACKOFF;
+        let line = line::of(shared.space(), &self.key);
+        let mut turn = None;
+        let mut interest: Option<Interest> = None;
+        loop {
+            shared.check_open()?;
+            // A re-entry: this owner already reads the key (as this process tracks it).
+            let reentry = shared.read_tenure(&self.key, &owner);
+            let attempt = {
+                let (shared, backend, key, holder, owner, meter) = (
+                    shared.clone(),
+                    backend.clone(),
+                    self.key.clone(),
+                    holder.clone(),
+                    owner.clone(),
+                    meter.clone(),
+                );
+                let (ttl, waiting) = (self.ttl, interest.is_some());
+                Detached::new(async move {
+                    let sent = Instant::now();
+                    let statement = ReadAcquire {
+                        key: &key,
+                        holder: &holder,
+                        ttl_us,
+                        id,
+                        reentry: reentry.map(|t| t as i64),
+                        waiting,
+                    };
+                    let policy = Policy {
+                        rolled_back: retry::ROLLBACK_RESENDS,
+                        per_send: shared.statement_timeout,
+                        send_until: call_until,
+                        resolve_until: sent + ttl + shared.statement_timeout,
+                        report: None,
+                    };
+                    let tried = retry::run(
+                        policy,
+                        |f| backend.classify(f),
+                        |limit| backend.run(&statement, limit),
+                    )
+                    .await;
+                    match tried.result {
+                        Ok(ReadAttempt::Granted(grant)) => {
+                            let hold = Hold::new(key, Owner::readers(), grant, ttl, sent, meter)
+                                .reading(Reader { id, owner });
+                            let margin = (ttl / MARGIN_DIVISOR).min(MAX_MARGIN);
+                            let live = Instant::now() + margin < hold.deadline();
+                            match LockGuard::new(hold, shared) {
+                                Ok(guard) if live => Try::Got(guard),
+                                Ok(guard) => {
+                                    tracing::warn!(key = %guard.key(), "read grant arrived when its lease could have ended; given back");
+                                    let _ = guard.give_back_unused().await;
+                                    Try::Stale
+                                }
+                                Err(refused) => Try::Failed(refused.give_back(None).await),
+                            }
+                        }
+                        Ok(ReadAttempt::Busy { retry_after }) => Try::Busy(retry_after),
+                        Err(f) => Try::Failed(LockError::database(
+                            f.error,
+                            tried.after_unknown,
+                            &format!("read of `{key}`"),
+                        )),
+                    }
+                })
+            };
+            let outcome = match tokio::time::timeout_at(
+                call_until + Duration::from_millis(50),
+                attempt,
+            )
+            .await
+            {
+                Ok(outcome) => outcome,
+                Err(_) => return Err(busy(first_busy)),
+            };
+            let retry_after = match outcome {
+                Try::Got(guard) => return Ok(guard),
+                Try::Failed(e) => return Err(e),
+                Try::Stale | Try::Busy(None) => None,
+                Try::Busy(Some(left)) => Some(left),
+            };
+            let now = Instant::now();
+            first_busy.get_or_insert(now);
+            // The owner holds the key for writing: waiting would be for itself.
+            if shared.held_by_owner(&self.key, &owner) {
+                return Err(LockError::WouldWaitForItself {
+                    key: self.key.clone(),
+                });
+            }
+            if now >= deadline {
+                return Err(busy(first_busy));
+            }
+            // This process's waiters line up (re-entries do not: they would wait for a writer
+            // that waits for them).
+            if turn.is_none() && reentry.is_none() {
+                match line.try_turn() {
+                    Some(head) => turn = Some(head),
+                    None => match tokio::time::timeout_at(deadline, line.turn()).await {
+                        Ok(head) => {
+                            turn = Some(head);
+                            backoff = FIRST_BACKOFF;
+                            continue;
+                        }
+                        Err(_) => return Err(busy(first_busy)),
+                    },
+                }
+            }
+            if interest.is_none() {
+                interest = tokio::time::timeout_at(deadline, backend.interest(&self.key))
+                    .await
+                    .ok()
+                    .flatten();
+                if interest.is_some() {
+                    continue; // ask again, now asking the writer to notify
+                }
+            }
+            let jittered = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
+            let mut pause = jittered.min(deadline.saturating_duration_since(now));
+            if let Some(left) = retry_after {
+                pause = pause.min(left + Duration::from_millis(1));
+            }
+            let freed = async {
+                if turn.is_some() {
+                    line.freed().await
+                } else {
+                    std::future::pending().await
+                }
+            };
+            match &interest {
+                Some(i) => tokio::select! {
+                    () = i.notified() => {}
+                    () = freed => {}
+                    () = tokio::time::sleep(pause) => {}
+                },
+                None => tokio::select! {
+                    () = freed => {}
+                    () = tokio::time::sleep(pause) => {}
+                },
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
