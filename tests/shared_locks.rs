@@ -28,6 +28,14 @@ async fn readers_share_a_key_and_exclude_the_writer() {
         );
         let info = locker.inspect("config").await.unwrap().unwrap();
         assert!(info.held && info.hold_count == 2, "{}: {info:?}", db.name);
+        assert_eq!(
+            info.kind,
+            dblock::LockKind::Read {
+                writer_waiting: false
+            },
+            "{}",
+            db.name
+        );
         assert!(
             locker.lock("config").await.unwrap_err().is_busy(),
             "{}: a writer beside readers",
@@ -251,6 +259,15 @@ async fn an_owner_never_waits_for_itself_and_re_enters_past_a_waiting_writer() {
             tokio::spawn(async move { locker.lock("k").wait(Duration::from_secs(10)).await })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
+        let info = locker.inspect("k").await.unwrap().unwrap();
+        assert_eq!(
+            info.kind,
+            dblock::LockKind::Read {
+                writer_waiting: true
+            },
+            "{}: the operator sees the waiting writer",
+            db.name
+        );
         let again = locker
             .read("k")
             .owner(&me)
@@ -277,6 +294,12 @@ async fn an_owner_never_waits_for_itself_and_re_enters_past_a_waiting_writer() {
             other => panic!("{}: {other:?}", db.name),
         }
         w.release().await.unwrap();
+        assert_eq!(
+            locker.inspect("k").await.unwrap().unwrap().kind,
+            dblock::LockKind::Lock,
+            "{}",
+            db.name
+        );
         // The intent of a writer that got the key holds nobody back afterwards.
         let after = locker.read("k").await.unwrap();
         after.release().await.unwrap();

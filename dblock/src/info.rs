@@ -71,6 +71,12 @@ pub enum LockKind {
     /// ([`Locker::leader`](crate::Locker::leader)), which is one.
     #[default]
     Lock,
+    /// Held (or last held) by readers ([`Locker::read`](crate::Locker::read)): `hold_count` is
+    /// how many read holds, `owner` is `"(readers)"`.
+    Read {
+        /// A writer waits for the readers to leave; readers that come now wait behind it.
+        writer_waiting: bool,
+    },
     /// One permit of the semaphore of the row's key
     /// ([`Locker::semaphore`](crate::Locker::semaphore)): slot `slot` of `permits`.
     Permit {
@@ -134,10 +140,19 @@ pub(crate) struct LockRow {
     pub(crate) remaining_ms: i64,
     pub(crate) last_outcome: Option<i64>,
     pub(crate) finished_at_us: Option<i64>,
+    /// A writer waits behind the readers (its intent is live).
+    pub(crate) writer_waiting: bool,
 }
 
 impl From<LockRow> for LockInfo {
     fn from(r: LockRow) -> Self {
+        let kind = if r.owner.as_deref() == Some(crate::backend::shared::READERS) {
+            LockKind::Read {
+                writer_waiting: r.writer_waiting && r.held,
+            }
+        } else {
+            LockKind::Lock
+        };
         LockInfo {
             key: r.key,
             owner: if r.held { r.owner } else { None },
@@ -158,7 +173,7 @@ impl From<LockRow> for LockInfo {
             },
             last_outcome: r.last_outcome.and_then(Outcome::from_code),
             finished_at: r.finished_at_us.map(time_from_micros),
-            kind: LockKind::Lock,
+            kind,
         }
     }
 }

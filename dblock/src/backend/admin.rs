@@ -58,7 +58,7 @@ impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
     }
 }
 
-/// Decodes [`LockRow`]'s nine columns, whatever the backend.
+/// Decodes [`LockRow`]'s columns, whatever the backend.
 pub(crate) fn decode<'r, R>(r: &'r R) -> Result<LockRow, sqlx::Error>
 where
     R: Row,
@@ -81,6 +81,7 @@ where
         remaining_ms: r.try_get(8)?,
         last_outcome: r.try_get(9)?,
         finished_at_us: r.try_get(10)?,
+        writer_waiting: r.try_get(11)?,
     })
 }
 

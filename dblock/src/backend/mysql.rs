@@ -177,7 +177,8 @@ const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
        (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)),
        GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000),
        CAST(IF({ran_out}, 2, last_outcome) AS SIGNED),
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', IF({ran_out}, expires_at, finished_at))";
+       TIMESTAMPDIFF(MICROSECOND, '1970-01-01', IF({ran_out}, expires_at, finished_at)),
+       COALESCE(intent_until > UTC_TIMESTAMP(6) AND intent_token <=> fencing_token, 0) <> 0";
 
 /// Acquire, re-entry and takeover as one INSERT ... ON DUPLICATE KEY UPDATE on the primary key.
 ///

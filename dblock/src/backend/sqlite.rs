@@ -182,7 +182,8 @@ const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
        (owner IS NOT NULL AND expires_at > {now}),
        max(0, expires_at - {now}),
        CASE WHEN {ran_out} THEN 2 ELSE last_outcome END,
-       CASE WHEN {ran_out} THEN expires_at ELSE finished_at END * 1000";
+       CASE WHEN {ran_out} THEN expires_at ELSE finished_at END * 1000,
+       coalesce(intent_until > {now} AND intent_token = fencing_token, 0)";
 
 /// Microseconds to whole milliseconds, rounding up so a lease is never shorter than asked.
 fn ms_ceil(us: i64) -> i64 {

@@ -294,6 +294,10 @@ fn print_table(rows: &[LockInfo]) {
             };
             let kind = match r.kind {
                 dblock::LockKind::Permit { slot, permits } => format!("permit {slot}/{permits}"),
+                dblock::LockKind::Read {
+                    writer_waiting: true,
+                } => "read, writer waiting".into(),
+                dblock::LockKind::Read { .. } => "read".into(),
                 _ => "lock".into(),
             };
             [

@@ -372,7 +372,8 @@ const INFO_COLUMNS: &str =
        (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,
        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
        CASE WHEN {ran_out} THEN 2 ELSE last_outcome END::int8,
-       CASE WHEN {ran_out} THEN {us_expires} ELSE {us_finished} END";
+       CASE WHEN {ran_out} THEN {us_expires} ELSE {us_finished} END,
+       coalesce(intent_until > statement_timestamp() AND intent_token = fencing_token, false)";
 
 /// A pool configured for locking: autocommit connections at READ COMMITTED, statement and lock
 /// time-outs and server keepalives (all set at start-up, no extra round trip), no ping before
