@@ -910,3 +910,129 @@ async fn a_server_starting_up_is_waited_out_within_the_acquire_time_out() {
         "gave up after {took:?}"
     );
 }
+
+/// 9. The other kinds of hold through the same lost replies: a read whose reply is lost is
+/// resolved by its id and counted once; a read's release whose reply is lost, while another
+/// reader holds the key, takes away its own hold only (never the other reader's); a permit's
+/// re-entry whose reply is lost counts once; a permit's release whose reply is lost reports
+/// success. (A permit's first acquire is the lock's own statement on its slot: test 1.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_permits_count_once_through_lost_replies() {
+    for s in servers("fault_kinds", options().statement_timeout(2 * SEC)).await {
+        // The readers' and the semaphore's statements prepared on the one connection, before
+        // each fault (a reset connection is replaced by a new one).
+        let warm = || async {
+            s.locker
+                .read("warm-r")
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            let p = s.locker.semaphore("warm-s", 1).await.unwrap();
+            let again = s
+                .locker
+                .semaphore("warm-s", 1)
+                .owner(p.owner())
+                .await
+                .unwrap();
+            again.release().await.unwrap();
+            p.release().await.unwrap();
+            settle().await;
+        };
+        warm().await;
+        // A read: its reply held back, the connections reset, reconnecting refused a while.
+        s.proxy.set(Mode::HoldReplies);
+        let l = s.locker.clone();
+        let call = tokio::spawn(async move { l.read("r").ttl(10 * SEC).wait(5 * SEC).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let row = s.observer.inspect("r").await.unwrap().expect("row");
+        assert!(row.held && row.hold_count == 1, "{}: {row:?}", s.name);
+        s.proxy.set(Mode::Refuse);
+        s.proxy.reset_all();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        s.proxy.set(Mode::Pass);
+        let a = call
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{}: the read did not resolve its success: {e}", s.name));
+        let row = s.observer.inspect("r").await.unwrap().unwrap();
+        assert_eq!(row.hold_count, 1, "{}: the read was counted twice", s.name);
+        assert_eq!(a.fencing_token(), row.fencing_token, "{}", s.name);
+
+        // Another reader; the first one's release commits and its reply is lost.
+        let b = s.observer.read("r").await.unwrap();
+        warm().await;
+        s.proxy.set(Mode::HoldReplies);
+        let release = tokio::spawn(async move { a.release().await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            s.observer.inspect("r").await.unwrap().unwrap().hold_count,
+            1,
+            "{}: the release did not commit",
+            s.name
+        );
+        s.proxy.set(Mode::Refuse);
+        s.proxy.reset_all();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        s.proxy.set(Mode::Pass);
+        let outcome = release.await.unwrap();
+        assert!(outcome.is_ok(), "{}: {outcome:?}", s.name);
+        let row = s.observer.inspect("r").await.unwrap().unwrap();
+        assert!(
+            row.held && row.hold_count == 1,
+            "{}: the resent release took the other reader's hold: {row:?}",
+            s.name
+        );
+        b.release().await.unwrap();
+        assert!(!s.observer.inspect("r").await.unwrap().unwrap().held);
+
+        // A permit's re-entry whose reply is lost.
+        let me = Owner::new();
+        warm().await;
+        let p = s.locker.semaphore("s", 2).owner(&me).await.unwrap();
+        settle().await;
+        s.proxy.set(Mode::HoldReplies);
+        let (l, owner) = (s.locker.clone(), me.clone());
+        let call = tokio::spawn(async move {
+            l.semaphore("s", 2)
+                .owner(&owner)
+                .ttl(10 * SEC)
+                .wait(5 * SEC)
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.proxy.set(Mode::Refuse);
+        s.proxy.reset_all();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        s.proxy.set(Mode::Pass);
+        let again = call.await.unwrap().unwrap();
+        assert_eq!(
+            again.hold_count(),
+            2,
+            "{}: the permit counted twice",
+            s.name
+        );
+        let permits = s.observer.permits("s").await.unwrap();
+        assert_eq!(permits.len(), 1, "{}: {permits:?}", s.name);
+        assert_eq!(permits[0].hold_count, 2, "{}", s.name);
+        again.release().await.unwrap();
+
+        // The permit's release commits; its reply is lost.
+        warm().await;
+        s.proxy.set(Mode::HoldReplies);
+        let release = tokio::spawn(async move { p.release().await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            s.observer.permits("s").await.unwrap().is_empty(),
+            "{}",
+            s.name
+        );
+        s.proxy.set(Mode::Refuse);
+        s.proxy.reset_all();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        s.proxy.set(Mode::Pass);
+        let outcome = release.await.unwrap();
+        assert!(outcome.is_ok(), "{}: {outcome:?}", s.name);
+    }
+}

@@ -349,11 +349,27 @@ impl SemaphoreRequest {
                 }
             }
         }
+        // A failure whose outcome a later attempt may still get past (the database unreachable
+        // for a moment): tried again while the call's time lasts, reported at its end. A
+        // grant such an attempt may have made is given back in the background (the lock's
+        // cancellation safety), never built upon.
+        let mut failure: Option<LockError> = None;
+        let retryable =
+            |e: &LockError| matches!(e, LockError::Database(_)) && Instant::now() < deadline;
         loop {
             // Re-entry: the slot this owner holds, again.
             if let Some(slot) = permits.held_with_prefix(&from, &owner) {
                 if parse_slot(&self.key, &slot).is_some_and(|(n, _)| n == self.permits) {
-                    return self.take(&permits, slot, &owner).await;
+                    match self.take(&permits, slot, &owner).await {
+                        Err(e) if retryable(&e) => {
+                            tracing::debug!(error = %e, "permit re-entry failed; trying again");
+                            failure = Some(e);
+                            tokio::time::sleep(backoff.min(deadline - Instant::now())).await;
+                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                            continue;
+                        }
+                        other => return other,
+                    }
                 }
             }
             let live = permits
@@ -385,6 +401,11 @@ impl SemaphoreRequest {
                 let row = slot_key(&self.key, self.permits, slot);
                 match self.take(&permits, row, &owner).await {
                     Err(LockError::Busy { .. }) => continue,
+                    Err(e) if retryable(&e) => {
+                        tracing::debug!(error = %e, "permit attempt failed; trying again");
+                        failure = Some(e);
+                        break;
+                    }
                     other => return other,
                 }
             }
@@ -393,7 +414,7 @@ impl SemaphoreRequest {
                 waited: started.elapsed(),
             };
             if Instant::now() >= deadline {
-                return Err(busy());
+                return Err(failure.take().unwrap_or_else(busy));
             }
             if turn.is_none() {
                 match line.try_turn() {
