@@ -17,7 +17,7 @@
 //! `cargo bench -p dblock-bench` (release build). Prints Markdown tables and writes the cycle
 //! chart to `benches/results/lock_cycle.svg`. `DBLOCK_BENCH_SECS` sets the measured seconds per
 //! side and cell (default 5); `DBLOCK_BENCH_ONLY=postgres,mariadb` limits the backends;
-//! `DBLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`); `DBLOCK_BENCH_PARTS=cycles,handoff,renewal,fair`
+//! `DBLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`); `DBLOCK_BENCH_PARTS=cycles,handoff,renewal,fair,kinds`
 //! runs only those parts (the chart needs `cycles`).
 
 use std::fmt::Write as _;
@@ -30,6 +30,7 @@ use dblock::{ConnectOptions, Locker};
 use sqlx::AssertSqlSafe;
 
 mod fairness;
+mod kinds;
 
 const TTL: Duration = Duration::from_secs(30);
 const KEYS_PER_OWNER: usize = 64;
@@ -408,6 +409,9 @@ async fn main() {
     }
     if part("fair") {
         fairness::fairness(&fair_targets, secs).await;
+    }
+    if part("kinds") {
+        kinds::kinds(&lockers, secs).await;
     }
     if bars.is_empty() {
         return;
