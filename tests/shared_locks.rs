@@ -378,3 +378,56 @@ async fn the_attribute_reads_together_and_writes_alone() {
         assert!(seen.most_readers.load(Ordering::SeqCst) >= 2, "{}", db.name);
     }
 }
+
+/// Runs only inside a child process (ignored in normal runs).
+#[tokio::test]
+#[ignore = "child process entry point, started by the other tests"]
+async fn child_entry() {
+    use std::io::Write;
+    let (role, locker) = common::child_locker().await;
+    assert_eq!(role, "reader");
+    let r = locker
+        .read("doomed")
+        .ttl(Duration::from_millis(1500))
+        .await
+        .unwrap();
+    println!("HELD {}", r.fencing_token());
+    std::io::stdout().flush().unwrap();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    drop(r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_reader_keeps_the_writer_out_only_until_its_ttl() {
+    let (dbs, _dir) = common::all("read_sigkill").await;
+    for db in &dbs {
+        let mut c = common::child_command(db, "reader")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let token: u64 = common::read_marker(&mut c, "HELD ").await.parse().unwrap();
+        let held_at = std::time::Instant::now();
+        c.kill().unwrap(); // SIGKILL: no release
+        c.wait().unwrap();
+        assert!(
+            db.locker.lock("doomed").await.unwrap_err().is_busy(),
+            "{}: the writer got in beside a live reader",
+            db.name
+        );
+        // Another reader may still join the dead one's phase meanwhile.
+        let w = db
+            .locker
+            .lock("doomed")
+            .wait(Duration::from_secs(10))
+            .await
+            .expect("free after the reader's ttl");
+        let after = held_at.elapsed();
+        assert!(
+            after < Duration::from_millis(1500 + 1000),
+            "{}: took {after:?} after a 1.5 s ttl",
+            db.name
+        );
+        assert!(w.fencing_token() > token, "{}", db.name);
+        w.release().await.unwrap();
+    }
+}
