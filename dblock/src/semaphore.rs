@@ -32,6 +32,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::backend::semaphore::FlagSlots;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::info::{LockInfo, LockKind};
@@ -48,6 +49,9 @@ const TRIES_PER_READ: usize = 3;
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// Up to this many permits, a waiter on PostgreSQL listens for a release of each (beyond, it
+/// polls: a semaphore that large frees a permit often anyway).
+const MAX_LISTENED_SLOTS: usize = 64;
 
 /// One `locker.semaphore(key, permits)` call being configured; `.await` it to take a permit.
 /// The [`LockGuard`] it returns is the permit: release it (or drop it) to give the permit back.
@@ -330,6 +334,9 @@ impl SemaphoreRequest {
         // this process wakes it at once, and they get permits in arrival order.
         let line = crate::line::of(permits.space(), &self.key);
         let mut turn = None;
+        // PostgreSQL: the interests in a release of each slot, once every permit was found
+        // taken (`None`: none yet, or no LISTEN here).
+        let mut wake: Option<Vec<crate::backend::Interest>> = None;
         if permits.held_with_prefix(&from, &owner).is_none() {
             if let Some(head) = line.try_turn() {
                 // Nobody of this process waits: no line to keep (the turn is given back at the
@@ -430,13 +437,57 @@ impl SemaphoreRequest {
                     },
                 }
             }
+            // PostgreSQL: the head of the line listens for a release of any slot, and asks the
+            // live slots' holders to NOTIFY (again each round: a slot taken anew forgets it).
+            if wake.is_none() && (self.permits as usize) <= MAX_LISTENED_SLOTS {
+                let mut interests = Vec::new();
+                for slot in 0..self.permits {
+                    let key = slot_key(&self.key, self.permits, slot);
+                    match tokio::time::timeout_at(deadline, backend.interest(&key)).await {
+                        Ok(Some(i)) => interests.push(i),
+                        _ => break,
+                    }
+                }
+                // Not (yet) listening, e.g. while the LISTEN connection is being made: poll this
+                // round and look again the next.
+                if interests.len() == self.permits as usize {
+                    wake = Some(interests);
+                }
+            }
+            let listening = wake.is_some();
+            if listening {
+                let keys: Vec<String> = (0..self.permits)
+                    .map(|slot| slot_key(&self.key, self.permits, slot))
+                    .collect();
+                let limit = (Instant::now() + permits.statement_timeout).min(deadline);
+                let _ = backend.run(&FlagSlots { keys: &keys }, limit).await;
+            }
             let pause = backoff.mul_f64(0.5 + fastrand::f64());
             let until = (Instant::now() + pause).min(deadline);
+            let notified = async {
+                match wake.as_ref() {
+                    Some(interests) => {
+                        let mut waits: Vec<_> =
+                            interests.iter().map(|i| Box::pin(i.notified())).collect();
+                        std::future::poll_fn(|cx| {
+                            for w in &mut waits {
+                                if w.as_mut().poll(cx).is_ready() {
+                                    return std::task::Poll::Ready(());
+                                }
+                            }
+                            std::task::Poll::Pending
+                        })
+                        .await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = tokio::time::sleep_until(until) => {
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 () = line.freed() => backoff = FIRST_BACKOFF,
+                () = notified => backoff = FIRST_BACKOFF,
             }
         }
     }

@@ -25,6 +25,7 @@ pub(crate) mod fence;
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub(crate) mod semaphore;
 pub(crate) mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;

@@ -33,6 +33,7 @@ use connect::keepalives;
 pub(crate) use connect::{connect, state_shared};
 pub(crate) mod notify;
 pub(crate) mod pooler;
+pub(crate) mod semaphore;
 pub(crate) mod shared;
 
 pub(crate) use pooler::Arg;
@@ -147,6 +148,8 @@ pub(crate) struct Pg {
     sql: Arc<Statements>,
     /// The statements of shared (read) locks (`shared.rs`).
     shared_sql: Arc<shared::Sql>,
+    /// A semaphore's waiters ask for a NOTIFY (`semaphore.rs`).
+    flag_slots: Arc<Stmt>,
     /// The LISTEN connection that wakes this locker's waiters; `None` when turned off.
     notifier: Option<Arc<notify::Notifier>>,
     settings: Settings,
@@ -661,6 +664,7 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_t
             channel,
             sql: Arc::new(statements),
             shared_sql: Arc::new(shared::Sql::new(&t)),
+            flag_slots: Arc::new(semaphore::flag_stmt(&t)),
             settings,
         }
     }

@@ -1,0 +1,27 @@
+//! Semaphores on PostgreSQL: the waiters' request for a NOTIFY (`backend/semaphore.rs`).
+
+use sqlx::postgres::PgConnection;
+
+use super::{stmt, Arg, Pg, Stmt};
+use crate::backend::semaphore::FlagSlots;
+
+/// `$1`: the slot keys. One UPDATE of the live slots among them not flagged yet (a slot taken
+/// anew clears its flag: the lock's acquire keeps it only for its own re-entry).
+const FLAG: &str = "UPDATE {table} SET contended = true
+WHERE lock_key = ANY($1::text[]) AND NOT contended
+  AND owner IS NOT NULL AND expires_at > statement_timestamp()";
+
+pub(crate) fn flag_stmt(table: &str) -> Stmt {
+    stmt(FLAG, table)
+}
+
+pub(crate) async fn flag_slots(
+    pg: &Pg,
+    conn: &mut PgConnection,
+    f: &FlagSlots<'_>,
+) -> Result<(), sqlx::Error> {
+    let keys: Vec<&str> = f.keys.iter().map(String::as_str).collect();
+    pg.execute(conn, &pg.flag_slots, &[Arg::TextArray(&keys)])
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! Semaphores' one statement of their own (the permits are lock rows: `semaphore.rs` at the
+//! crate's root): waiters that found every permit taken ask the holders' releases to wake them.
+
+use super::Statement;
+
+/// A waiter of a semaphore whose permits are all taken asks each live slot's release to NOTIFY
+/// (PostgreSQL, as the lock's waiters ask theirs: the slot rows' `contended` flag). Nothing to
+/// do elsewhere: there the waiters poll.
+pub(crate) struct FlagSlots<'a> {
+    /// The slot rows' keys.
+    pub keys: &'a [String],
+}
+
+impl Statement for FlagSlots<'_> {
+    type Output = ();
+
+    #[cfg(feature = "postgres")]
+    async fn postgres(
+        &self,
+        pg: &super::postgres::Pg,
+        conn: &mut sqlx::PgConnection,
+    ) -> Result<(), sqlx::Error> {
+        super::postgres::semaphore::flag_slots(pg, conn, self).await
+    }
+
+    #[cfg(feature = "mysql")]
+    async fn mysql(
+        &self,
+        _: &super::mysql::My,
+        _: &mut sqlx::MySqlConnection,
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    #[cfg(feature = "sqlite")]
+    async fn sqlite(
+        &self,
+        _: &super::sqlite::Lite,
+        _: &mut sqlx::SqliteConnection,
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+}
