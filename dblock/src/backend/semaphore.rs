@@ -8,6 +8,7 @@ use super::Statement;
 /// do elsewhere: there the waiters poll.
 pub(crate) struct FlagSlots<'a> {
     /// The slot rows' keys.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub keys: &'a [String],
 }
 
