@@ -79,6 +79,7 @@ mod sync;
 #[cfg(feature = "_test-util")]
 pub mod test_util;
 mod validate;
+mod wait;
 
 pub use backend::fence::FenceConnection;
 pub use connect::ConnectOptions;
