@@ -134,6 +134,8 @@ pub use validate::MAX_KEY_LEN;
 /// | `min_hold` | the key stays unavailable to others until this long after it was taken, however quick the body ([`LockRequest::min_hold`]) | none |
 /// | `once` | run until the work succeeds once: after an `Ok`, the call returns `Err(LockError::AlreadyDone)` without running the body ([`LockRequest::once`]) | `false` |
 /// | `fair` | wait in arrival order across processes, by a ticket in the database ([`LockRequest::fair`]) | `false` |
+/// | `permits` | a `u32` expression: the body runs under one permit of the key's counting semaphore, at most that many at once ([`Locker::semaphore`]); one key, none of `min_hold`, `once`, `fair` | none (the lock) |
+/// | `shared` | `true`: the body runs under a shared (read) hold of the key; the lock of the same key (`shared = false`, the default) is its writer ([`Locker::read`]); one key, none of `min_hold`, `once`, `fair`, `permits` | `false` |
 /// | `crate` | path to this crate when re-exported under another name | `::dblock` |
 ///
 /// **`key`**: `{param}` is a parameter, `{param.field.sub}` a field path (`{pair.0}` for tuples),
