@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use dblock::{ConnectOptions, Locker};
 use sqlx::AssertSqlSafe;
 
+mod coalesce;
 mod fairness;
 mod kinds;
 
@@ -182,6 +183,7 @@ async fn main() {
     let mut bars: Vec<Bar> = Vec::new();
     let mut lockers = Vec::new();
     let mut fair_targets = Vec::new();
+    let mut coalesce_targets = Vec::new();
     if part("cycles") {
         println!("| backend | owners | impl | cycles/s | p50 | p99 | ratio |");
         println!("|---|---|---|---|---|---|---|");
@@ -217,6 +219,9 @@ async fn main() {
         drop_table(direct, "dblock_bench").await;
         locker.migrate().await.unwrap();
         lockers.push((name, locker.clone()));
+        if name != "postgres-pooler" {
+            coalesce_targets.push((name, url.to_owned(), options.clone()));
+        }
         if name != "postgres-pooler" {
             let pooler = name.starts_with("postgres-");
             fair_targets.push((name, url.to_owned(), pooler, locker.table_name().to_owned()));
@@ -315,8 +320,9 @@ async fn main() {
                 // statements, and on dblock's own statements, lazily and durably released. The
                 // second over the first is what dblock's SQL costs the server; dblock over the
                 // second is what its client (sqlx, tokio, dblock) costs.
-                let pgb =
-                    |script: String| pgbench(url, owners, Duration::from_secs_f64(secs), script);
+                let pgb = |script: String| {
+                    pgbench(url, owners, Duration::from_secs_f64(secs), script, true)
+                };
                 let minimal = pgb(PGBENCH_SCRIPT.into()).await;
                 let own = match &own_scripts.0 {
                     Some(s) => pgb(s.clone()).await,
@@ -378,12 +384,12 @@ async fn main() {
     }
 
     // Redis: a lock in memory (with an expiry and an owner check, no fencing, no durability).
-    let redis_peers = if only("redis") && part("cycles") {
+    let redis_peers = if only("redis") && (part("cycles") || part("coalesce")) {
         redis_peers(&redis_url).await
     } else {
         Vec::new()
     };
-    for (label, peer) in &redis_peers {
+    for (label, peer) in redis_peers.iter().filter(|_| part("cycles")) {
         for owners in OWNERS {
             let mut p = measure(peer.clone(), owners, secs).await;
             println!(
@@ -413,13 +419,32 @@ async fn main() {
     if part("kinds") {
         kinds::kinds(&lockers, secs).await;
     }
+    if part("coalesce") {
+        let coalesced = coalesce::coalescing(&coalesce_targets, &redis_peers, secs).await;
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/coalesce.svg");
+        std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/results")).unwrap();
+        std::fs::write(
+            path,
+            chart(
+                &coalesced,
+                "lock + unlock cycles/s (log scale), coalesced and not, 1, 8 and 64 owners",
+            ),
+        )
+        .unwrap();
+        println!();
+        println!("Chart written to {path}");
+    }
     if bars.is_empty() {
         return;
     }
 
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/lock_cycle.svg");
     std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/results")).unwrap();
-    std::fs::write(path, chart(&bars)).unwrap();
+    std::fs::write(
+        path,
+        chart(&bars, "lock + unlock cycles/s (log scale), 1 and 8 owners"),
+    )
+    .unwrap();
     println!();
     println!("Chart written to {path}");
 }
@@ -479,7 +504,13 @@ RETURNING hold_count, set_config('synchronous_commit', 'off', true);
 "#;
 
 /// Cycles/s of `pgbench` with `clients` clients on `script` (prepared statements).
-async fn pgbench(url: &str, clients: usize, secs: Duration, script: String) -> Result<f64, String> {
+async fn pgbench(
+    url: &str,
+    clients: usize,
+    secs: Duration,
+    script: String,
+    warm: bool,
+) -> Result<f64, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let path = dir.path().join("cycle.sql");
     std::fs::write(&path, script).map_err(|e| e.to_string())?;
@@ -506,7 +537,9 @@ async fn pgbench(url: &str, clients: usize, secs: Duration, script: String) -> R
             .output()
             .map_err(|e| format!("pgbench not runnable: {e}"))
     };
-    run(args(1))?; // warm-up
+    if warm {
+        run(args(1))?;
+    }
     let measured = args(secs.as_secs().max(1));
     let out = tokio::task::spawn_blocking(move || run(measured))
         .await
@@ -950,7 +983,7 @@ async fn renewal(lockers: &[(&'static str, Locker)]) {
 // Chart
 
 /// A grouped bar chart of cycles/s (log scale), one group per backend and owner count.
-fn chart(bars: &[Bar]) -> String {
+fn chart(bars: &[Bar], title: &str) -> String {
     let mut groups: Vec<(&str, usize)> = Vec::new();
     for b in bars {
         if !groups.contains(&(b.backend, b.owners)) {
@@ -984,7 +1017,7 @@ fn chart(bars: &[Bar]) -> String {
     let _ = write!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = write!(
         svg,
-        r#"<text x="{left}" y="18" font-size="13">lock + unlock cycles/s (log scale), 1 and 8 owners</text>"#
+        r#"<text x="{left}" y="18" font-size="13">{title}</text>"#
     );
     let mut tick = 100.0;
     while tick <= max * 1.5 {

@@ -56,9 +56,35 @@ async fn chaos_worker() {
     history::worker(&WORKLOAD).await;
 }
 
-/// Worker `i`: the odd ones keep one owner and re-enter (the killed one, 0, does not).
-fn worker(i: usize, url: &str, table: &str, log: &Path) -> Child {
-    history::spawn_worker("chaos_worker", url, table, log, i % 2 == 1)
+/// The batch run's workload: many keys, so that the tasks of one worker lock distinct keys at
+/// once and their statements travel together.
+const BATCH_WORKLOAD: Workload = Workload {
+    keys: 32,
+    ..WORKLOAD
+};
+
+/// Loops at once in each worker of the batch run.
+const BATCH_TASKS: usize = 12;
+
+/// The batch run's worker: `BATCH_TASKS` loops at once (`DBLOCK_CHAOS_TASKS`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos worker entry point, started by the chaos test"]
+async fn chaos_batch_worker() {
+    history::worker(&BATCH_WORKLOAD).await;
+}
+
+/// Worker `i`: the odd ones keep one owner and re-enter (the killed one, 0, does not). With
+/// `tasks` > 1, that many loops at once in the process (coalesced statements).
+fn worker(i: usize, url: &str, table: &str, log: &Path, tasks: usize) -> Child {
+    let entry = if tasks > 1 {
+        "chaos_batch_worker"
+    } else {
+        "chaos_worker"
+    };
+    history::worker_command(entry, url, table, log, i % 2 == 1)
+        .env("DBLOCK_CHAOS_TASKS", tasks.to_string())
+        .spawn()
+        .unwrap()
 }
 
 #[cfg(not(any(feature = "postgres", feature = "mysql")))]
@@ -156,15 +182,40 @@ async fn chaos_run_keeps_every_promise() {
     servers.push(("mariadb", common::mysql_url(), common::mysql("chaos").await));
     for (name, direct, db) in servers {
         let Some(db) = db else { continue };
-        run(name, &direct, &db.locker).await;
+        run(name, &direct, &db.locker, 1).await;
     }
 }
 
-async fn run(name: &str, direct: &str, observer: &Locker) {
+/// The same run with `BATCH_TASKS` loops in each worker: their acquires and releases share
+/// statements (2 to 12 rows each), through the same faults; the same checks hold per row.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_run_with_coalesced_statements_keeps_every_promise() {
+    #[allow(unused_mut)]
+    let mut servers: Vec<(&str, String, Option<common::Db>)> = Vec::new();
+    #[cfg(feature = "postgres")]
+    servers.push((
+        "postgres",
+        common::postgres_url(),
+        common::postgres("chaos_batch").await,
+    ));
+    #[cfg(feature = "mysql")]
+    servers.push((
+        "mariadb",
+        common::mysql_url(),
+        common::mysql("chaos_batch").await,
+    ));
+    for (name, direct, db) in servers {
+        let Some(db) = db else { continue };
+        run(name, &direct, &db.locker, BATCH_TASKS).await;
+    }
+}
+
+async fn run(name: &str, direct: &str, observer: &Locker, tasks: usize) {
     let host = common::host_of(direct);
     // Kept if the run fails (removed once every check passed).
     let log = std::env::temp_dir().join(format!(
-        "dblock-chaos-{name}-{}.history",
+        "dblock-chaos-{name}-{tasks}-{}.history",
         std::process::id()
     ));
     let _ = std::fs::remove_file(&log);
@@ -175,7 +226,7 @@ async fn run(name: &str, direct: &str, observer: &Locker) {
     let mut children = Vec::new();
     for i in 0..WORKERS {
         let proxy = Proxy::start(&host).await;
-        children.push(worker(i, &proxy.url(direct), &table, &log));
+        children.push(worker(i, &proxy.url(direct), &table, &log, tasks));
         proxies.push(proxy);
     }
     let started = Instant::now();
@@ -255,11 +306,29 @@ async fn run(name: &str, direct: &str, observer: &Locker) {
         figures.nested >= 20 && figures.owner_came_back >= 20,
         "{name}: too little re-entry to check the counts: {figures:?}"
     );
+    // Statements of several rows the surviving workers sent, and the rows in them.
+    let coalesced = history.lines().fold((0u64, 0u64), |(s, r), l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        match f.get(1) {
+            Some(&"COALESCED") => (
+                s + f[2].parse::<u64>().unwrap(),
+                r + f[3].parse::<u64>().unwrap(),
+            ),
+            _ => (s, r),
+        }
+    });
+    if tasks > 1 && cfg!(feature = "_test-util") {
+        assert!(
+            coalesced.0 > 0,
+            "{name}: {tasks} loops per worker never shared a statement"
+        );
+    }
     std::fs::remove_file(&log).unwrap();
     remove_traces(&log);
     eprintln!(
-        "chaos on {name}: {figures:?}, {rows} rows held (of the killed worker) {} ms after the \
-         workers exited, {counts:?}, faults {faults:?}",
+        "chaos on {name} ({tasks} loops a worker): {figures:?}, {rows} rows held (of the killed \
+         worker) {} ms after the workers exited, {counts:?}, faults {faults:?}, coalesced \
+         statements and their rows {coalesced:?}",
         looked_after.as_millis()
     );
 }

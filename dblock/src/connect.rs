@@ -15,6 +15,7 @@ use std::time::Duration;
 /// | [`listen`](Self::listen) | `true` | PostgreSQL: one connection of the locker's own LISTENs for releases, so waiters wake at once |
 /// | [`durable_release`](Self::durable_release) | `false` | PostgreSQL and SQLite: whether a release waits for its own disk flush (see there) |
 /// | [`pooler`](Self::pooler) | found out | PostgreSQL: the URL is a transaction pooler such as PgBouncer (no prepared statements, no session settings, no LISTEN through it); `Locker::connect` finds out by itself, this forces either way |
+/// | [`coalesce`](Self::coalesce) | `true` | concurrent acquires, releases and extends on distinct keys share one statement and round trip |
 /// | [`listen_url`](Self::listen_url) | none | PostgreSQL: a URL of its own for the LISTEN connection, e.g. straight to the server past the pooler |
 ///
 /// Whatever the options, a `lock()` call returns by its `wait` (an attempt that `wait` cannot
@@ -46,6 +47,7 @@ pub struct ConnectOptions {
     /// `None`: found out on the first connection (`Locker::connect`); `Some`: as the caller says.
     pub(crate) pooler: Option<bool>,
     pub(crate) listen_url: Option<String>,
+    pub(crate) coalesce: bool,
 }
 
 impl Default for ConnectOptions {
@@ -58,6 +60,7 @@ impl Default for ConnectOptions {
             durable_release: false,
             pooler: None,
             listen_url: None,
+            coalesce: true,
         }
     }
 }
@@ -208,6 +211,28 @@ impl ConnectOptions {
     /// ```
     pub fn listen_url(mut self, url: impl Into<String>) -> Self {
         self.listen_url = Some(url.into());
+        self
+    }
+
+    /// Whether concurrent lock statements of this locker share a round trip (default `true`).
+    ///
+    /// With coalescing on, a call that finds no statement of its kind in flight (acquire,
+    /// release, extend; two may be in flight at once) is sent at once, alone: a lone caller
+    /// pays nothing. Calls that arrive while statements are in flight wait for one to end and
+    /// then go together, up to 64 rows in one statement (PostgreSQL: one statement over arrays;
+    /// SQLite, MySQL and MariaDB: one transaction, one commit). No timer, no added latency:
+    /// only what queued anyway travels together. Every guarantee holds per row: each call gets
+    /// its own answer, keeps its own attempt or release id (an unknown outcome is settled row by
+    /// row) and its own deadline; rows take their row locks in key order, and two rows of one
+    /// key never share a statement. `lock_all` keeps its own all-or-nothing statement.
+    ///
+    /// `false` sends every statement on its own, as one round trip per call.
+    ///
+    /// ```
+    /// let options = dblock::ConnectOptions::new().coalesce(false);
+    /// ```
+    pub fn coalesce(mut self, on: bool) -> Self {
+        self.coalesce = on;
         self
     }
 }

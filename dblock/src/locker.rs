@@ -114,12 +114,7 @@ impl Locker {
             .instrument(span)
             .await?;
         Ok(Locker {
-            shared: Shared::with_timeout(
-                Ok(backend),
-                DEFAULT_TABLE,
-                default_holder(),
-                options.statement_timeout,
-            ),
+            shared: Shared::with_options(Ok(backend), DEFAULT_TABLE, default_holder(), &options),
         })
     }
 
@@ -195,12 +190,7 @@ impl Locker {
                 other => other.to_string(),
             });
         Locker {
-            shared: Shared::with_timeout(
-                backend,
-                DEFAULT_TABLE,
-                default_holder(),
-                options.statement_timeout,
-            ),
+            shared: Shared::with_options(backend, DEFAULT_TABLE, default_holder(), &options),
         }
     }
 

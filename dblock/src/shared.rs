@@ -13,8 +13,9 @@ use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
+use crate::backend::coalesce::Coalescer;
 use crate::backend::{Acquire, Attempt, Backend, Failed, LastWrite, Outcome, Released};
-use crate::connect::DEFAULT_STATEMENT_TIMEOUT;
+use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::hold::{Caller, Hold};
 use crate::owner::Owner;
@@ -36,11 +37,23 @@ pub(crate) struct Shared {
     pub(crate) holder: String,
     /// Longest time one statement may take (`ConnectOptions::statement_timeout`).
     pub(crate) statement_timeout: Duration,
+    /// Whether concurrent statements share a round trip (`ConnectOptions::coalesce`).
+    coalesce: bool,
+    /// Where they do (`backend/coalesce.rs`): one per table copy, since a statement writes one
+    /// table.
+    pub(crate) coalescer: Coalescer,
     /// Shared with every `table()` copy: shut down together.
     lifecycle: Arc<Lifecycle>,
     /// The copy on this table's semaphore permits (`backend::permits_table`), made on first
     /// use: one per locker, so that the holds of its guards are found again (re-entry).
     permits: std::sync::OnceLock<Arc<Shared>>,
+}
+
+/// What a locker's core is built with, from its `ConnectOptions`.
+#[derive(Clone, Copy)]
+struct Tuning {
+    statement_timeout: Duration,
+    coalesce: bool,
 }
 
 /// What a locker and all its `table()` copies share: whether `shutdown` ran, every copy (to stop
@@ -58,25 +71,35 @@ type Live = HashMap<usize, (Weak<Hold>, Weak<Shared>)>;
 
 impl Shared {
     pub(crate) fn new(backend: Result<Backend, String>, table: &str, holder: String) -> Arc<Self> {
-        Self::with_timeout(backend, table, holder, DEFAULT_STATEMENT_TIMEOUT)
+        Self::with_options(backend, table, holder, &ConnectOptions::default())
     }
 
-    pub(crate) fn with_timeout(
+    /// A locker's core as `options` say (statement time-out, coalescing).
+    pub(crate) fn with_options(
         backend: Result<Backend, String>,
         table: &str,
         holder: String,
-        statement_timeout: Duration,
+        options: &ConnectOptions,
     ) -> Arc<Self> {
-        Self::in_lifecycle(backend, table, holder, statement_timeout, Arc::default())
+        let tuning = Tuning {
+            statement_timeout: options.statement_timeout,
+            coalesce: options.coalesce,
+        };
+        Self::in_lifecycle(backend, table, holder, tuning, Arc::default())
     }
 
     fn in_lifecycle(
         backend: Result<Backend, String>,
         table: &str,
         holder: String,
-        statement_timeout: Duration,
+        tuning: Tuning,
         lifecycle: Arc<Lifecycle>,
     ) -> Arc<Self> {
+        let Tuning {
+            statement_timeout,
+            coalesce,
+        } = tuning;
+        let coalescer = Coalescer::new(backend.as_ref().ok().cloned(), coalesce);
         let space = match &backend {
             Ok(b) => format!("{}|{table}", b.database()),
             Err(_) => String::new(),
@@ -88,6 +111,8 @@ impl Shared {
             space: space.into(),
             holder,
             statement_timeout,
+            coalesce,
+            coalescer,
             lifecycle,
             permits: std::sync::OnceLock::new(),
         });
@@ -217,6 +242,23 @@ impl Shared {
         while releases.join_next().await.is_some() {}
     }
 
+    /// A core of its own on `backend`, with this one's table, holder and tuning (test hooks
+    /// that change how the backend talks).
+    #[cfg(feature = "_test-util")]
+    pub(crate) fn on_backend(&self, backend: Backend) -> Arc<Self> {
+        let tuning = Tuning {
+            statement_timeout: self.statement_timeout,
+            coalesce: self.coalesce,
+        };
+        Self::in_lifecycle(
+            Ok(backend),
+            &self.table,
+            self.holder.clone(),
+            tuning,
+            Arc::default(),
+        )
+    }
+
     /// The same database and holder, another table (checked here: a bad name makes every call
     /// on the result fail with `Config`).
     pub(crate) fn with_table(&self, name: &str) -> Arc<Self> {
@@ -224,11 +266,15 @@ impl Shared {
             Ok(b) => Ok(b.with_table(name)),
             Err(e) => Err(e.clone()),
         });
+        let tuning = Tuning {
+            statement_timeout: self.statement_timeout,
+            coalesce: self.coalesce,
+        };
         Self::in_lifecycle(
             backend,
             name,
             self.holder.clone(),
-            self.statement_timeout,
+            tuning,
             self.lifecycle.clone(),
         )
     }
@@ -327,7 +373,7 @@ impl Shared {
         let tried = retry::run(
             policy,
             |f| backend.classify(f),
-            |limit| backend.acquire(&a, limit),
+            |limit| self.coalescer.acquire(backend, &a, limit),
         )
         .await;
         if let Ok(attempt) = &tried.result {
@@ -415,7 +461,10 @@ impl Shared {
         let tried = retry::run(
             policy,
             |f| backend.classify(f),
-            |limit| backend.release(&held, remaining, outcome, release_id, limit),
+            |limit| {
+                self.coalescer
+                    .release(backend, &held, remaining, outcome, release_id, limit)
+            },
         )
         .await;
         if current {
@@ -530,11 +579,13 @@ impl Shared {
         let sent = Instant::now();
         let held = hold.as_ref();
         let extended = self
-            .once("extend", |limit| backend.extend(&held, ttl_us, limit))
+            .once("extend", |limit| {
+                self.coalescer.extend(backend, &held, ttl_us, limit)
+            })
             .await?;
         match extended {
             Some(expires_at_us) => {
-                hold.extended(sent, ttl, Some(expires_at_us));
+                hold.extended(sent, ttl, expires_at_us);
                 tracing::trace!(key = %hold.key, "lease extended");
                 Ok(())
             }

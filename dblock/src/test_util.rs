@@ -18,16 +18,11 @@ use tokio::time::Instant;
 
 use crate::backend::{Acquire, Attempt, Backend, HoldRef, Outcome, Released};
 use crate::locker::Locker;
-use crate::shared::Shared;
 
 fn with_backend(locker: &Locker, change: impl FnOnce(&Backend) -> Backend) -> Locker {
     let shared = locker.shared();
     match shared.backend() {
-        Ok(backend) => Locker::from_shared(Shared::new(
-            Ok(change(backend)),
-            &shared.table,
-            shared.holder.clone(),
-        )),
+        Ok(backend) => Locker::from_shared(shared.on_backend(change(backend))),
         Err(_) => locker.clone(),
     }
 }
@@ -48,6 +43,12 @@ pub fn polling_only(locker: &Locker) -> Locker {
 /// server's cost of dblock's SQL with it, apart from the client's).
 pub fn pgbench_script(locker: &Locker) -> Option<String> {
     locker.shared().backend().ok()?.pgbench_script()
+}
+
+/// Coalesced statements (more than one row) the locker has sent on its table, and the rows
+/// in them: acquires, releases and extensions together.
+pub fn coalesced(locker: &Locker) -> (u64, u64) {
+    locker.shared().coalescer.coalesced()
 }
 
 /// Whether the locker sends its statements in pooler mode (PostgreSQL behind a transaction

@@ -141,21 +141,92 @@ pub async fn worker(workload: &Workload) -> Locker {
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    let mut log = Log {
+    let tasks: u32 = std::env::var("DBLOCK_CHAOS_TASKS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1);
+    let until = Instant::now() + workload.run;
+    // DBLOCK_CHAOS_STOP_FILE: the run also ends when this file appears (a run whose faults take
+    // as long as they take: the parent says when it is over).
+    let stop_file = std::env::var_os("DBLOCK_CHAOS_STOP_FILE").map(std::path::PathBuf::from);
+    let open = |label: u32| Log {
         file: std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .unwrap(),
-        pid: std::process::id(),
+        pid: label,
     };
+    let mut logs = if tasks <= 1 {
+        let mut log = open(std::process::id());
+        run_loop(
+            &locker,
+            &mut log,
+            workload,
+            nesting,
+            until,
+            stop_file.as_deref(),
+        )
+        .await;
+        vec![log]
+    } else {
+        // DBLOCK_CHAOS_TASKS=n: n loops at once in this process, each logging as a worker of
+        // its own (`pid * 100 + i`), so that the locker's statements travel in batches.
+        let all: Vec<_> = (0..tasks)
+            .map(|i| {
+                let (locker, stop_file) = (locker.clone(), stop_file.clone());
+                let mut log = open(std::process::id() * 100 + i);
+                let workload = *workload;
+                tokio::spawn(async move {
+                    run_loop(
+                        &locker,
+                        &mut log,
+                        &workload,
+                        nesting,
+                        until,
+                        stop_file.as_deref(),
+                    )
+                    .await;
+                    log
+                })
+            })
+            .collect();
+        let mut logs = Vec::new();
+        for t in all {
+            logs.push(t.await.unwrap());
+        }
+        logs
+    };
+    for log in &mut logs {
+        log.line(format!("STOP {}", now_us()));
+    }
+    // A graceful exit: background releases and resolutions get to finish (the network is back
+    // to normal for the last seconds of the run).
+    tokio::time::sleep(workload.linger).await;
+    #[cfg(feature = "_test-util")]
+    {
+        let (statements, rows) = dblock::test_util::coalesced(&locker);
+        logs[0].line(format!("COALESCED {statements} {rows}"));
+    }
+    for log in &mut logs {
+        log.line(format!("EXIT {}", now_us()));
+    }
+    locker
+}
+
+/// A worker's loop (or one of its tasks'): iterations on random keys until `until` or until
+/// `stop_file` appears.
+async fn run_loop(
+    locker: &Locker,
+    log: &mut Log,
+    workload: &Workload,
+    nesting: bool,
+    until: Instant,
+    stop_file: Option<&Path>,
+) {
     // A nesting worker's one owner, for its whole life: it comes back to keys after every fault.
     let lifelong = Owner::new();
-    let until = Instant::now() + workload.run;
-    // DBLOCK_CHAOS_STOP_FILE: the run also ends when this file appears (a run whose faults take
-    // as long as they take: the parent says when it is over).
-    let stop_file = std::env::var_os("DBLOCK_CHAOS_STOP_FILE").map(std::path::PathBuf::from);
-    while Instant::now() < until && !stop_file.as_ref().is_some_and(|f| f.exists()) {
+    while Instant::now() < until && !stop_file.is_some_and(|f| f.exists()) {
         let (key, ttl) = if fastrand::usize(..4) == 0 {
             let key = format!("long{}", fastrand::usize(..workload.long_keys));
             (key, workload.long_ttl)
@@ -174,15 +245,9 @@ pub async fn worker(workload: &Workload) -> Locker {
         };
         let scoped = owner.clone();
         scoped
-            .scope(iteration(&locker, &mut log, &owner, &key, ttl, wait, depth))
+            .scope(iteration(locker, log, &owner, &key, ttl, wait, depth))
             .await;
     }
-    log.line(format!("STOP {}", now_us()));
-    // A graceful exit: background releases and resolutions get to finish (the network is back
-    // to normal for the last seconds of the run).
-    tokio::time::sleep(workload.linger).await;
-    log.line(format!("EXIT {}", now_us()));
-    locker
 }
 
 /// One iteration, run as `owner` (`Owner::scope`): takes `key` up to `depth` times, nested (each

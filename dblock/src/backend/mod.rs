@@ -19,6 +19,7 @@ pub(crate) use crate::info::Outcome;
 use crate::retry::{self, Failure};
 
 mod admin;
+pub(crate) mod coalesce;
 pub(crate) mod exec;
 pub(crate) mod fence;
 #[cfg(feature = "mysql")]
@@ -340,6 +341,72 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
         conn: &mut Conn<Self>,
         step: QueueStep<'_>,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// What opens the transaction of a coalesced batch sent as one statement after another
+    /// (the default [`acquire_batch`](Self::acquire_batch) and
+    /// [`release_batch`](Self::release_batch)).
+    const BEGIN_BATCH: &'static str = "BEGIN";
+
+    /// Acquires of distinct keys by any owners (sorted by key), each decided on its own as
+    /// [`acquire`](Self::acquire) decides it: one answer per row, in their order.
+    ///
+    /// By default one transaction of one-row statements, in key order: each row is the
+    /// one-key statement with its atomicity argument, under its own row lock, kept to the
+    /// commit; the transaction adds all or nothing (a failure rolls every row back, and every
+    /// row's caller resends) and one commit (one disk flush) for all of them. Rows are locked
+    /// in key order, the order of every batch of every process: batches cannot deadlock.
+    fn acquire_batch(
+        &self,
+        conn: &mut Conn<Self>,
+        rows: &[Acquire<'_>],
+    ) -> impl Future<Output = Result<Vec<Attempt>, sqlx::Error>> + Send {
+        acquire_in_transaction(self, conn, rows)
+    }
+
+    /// Releases of distinct keys (sorted by key), each as [`release`](Self::release) does it;
+    /// by default one transaction, as [`acquire_batch`](Self::acquire_batch).
+    fn release_batch(
+        &self,
+        conn: &mut Conn<Self>,
+        rows: &[coalesce::ReleaseRow],
+    ) -> impl Future<Output = Result<Vec<Released>, sqlx::Error>> + Send {
+        release_in_transaction(self, conn, rows)
+    }
+}
+
+/// [`Dialect::acquire_batch`]'s default: the one-row statements in one transaction.
+pub(crate) async fn acquire_in_transaction<D: Dialect>(
+    d: &D,
+    conn: &mut Conn<D>,
+    rows: &[Acquire<'_>],
+) -> Result<Vec<Attempt>, sqlx::Error> {
+    let begin = sqlx::SqlSafeStr::into_sql_str(D::BEGIN_BATCH);
+    let mut tx = sqlx::Connection::begin_with(conn, begin).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for a in rows {
+        out.push(d.acquire(&mut tx, a).await?);
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// [`Dialect::release_batch`]'s default: the one-row statements in one transaction.
+pub(crate) async fn release_in_transaction<D: Dialect>(
+    d: &D,
+    conn: &mut Conn<D>,
+    rows: &[coalesce::ReleaseRow],
+) -> Result<Vec<Released>, sqlx::Error> {
+    let begin = sqlx::SqlSafeStr::into_sql_str(D::BEGIN_BATCH);
+    let mut tx = sqlx::Connection::begin_with(conn, begin).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        out.push(
+            d.release(&mut tx, &r.hold(), r.remaining, r.outcome, r.release_id)
+                .await?,
+        );
+    }
+    tx.commit().await?;
+    Ok(out)
 }
 
 /// A statement as a value: what it binds, and for each backend how it is sent and its answer
@@ -531,7 +598,11 @@ impl Backend {
     /// certainly did not commit.
     pub(crate) fn classify(&self, failed: &Failed) -> Failure {
         let failure = match &failed.error {
-            sqlx::Error::Database(db) => dispatch!(self, _b, D => D::classify(db.as_ref())),
+            // A row of a coalesced statement that failed: classed as the statement was.
+            sqlx::Error::Database(db) => match db.try_downcast_ref::<coalesce::Copied>() {
+                Some(copied) => copied.class,
+                None => dispatch!(self, _b, D => D::classify(db.as_ref())),
+            },
             other => retry::transport(other),
         };
         match failure {
@@ -550,6 +621,43 @@ impl Backend {
         deadline: Instant,
     ) -> Result<Attempt, Failed> {
         dispatch!(self, b, D => run(b, b.pool(), deadline, async |c| b.acquire(c, a).await).await)
+    }
+
+    /// Coalesced acquires ([`Dialect::acquire_batch`]); one row goes as the one-row statement.
+    pub(crate) async fn acquire_batch(
+        &self,
+        rows: &[Acquire<'_>],
+        deadline: Instant,
+    ) -> Result<Vec<Attempt>, Failed> {
+        if let [one] = rows {
+            return Ok(vec![self.acquire(one, deadline).await?]);
+        }
+        dispatch!(self, b, D => {
+            run(b, b.pool(), deadline, async |c| b.acquire_batch(c, rows).await).await
+        })
+    }
+
+    /// Coalesced releases ([`Dialect::release_batch`]), on the pool releases use.
+    pub(crate) async fn release_batch(
+        &self,
+        rows: &[coalesce::ReleaseRow],
+        deadline: Instant,
+    ) -> Result<Vec<Released>, Failed> {
+        if let [one] = rows {
+            let released = self
+                .release(
+                    &one.hold(),
+                    one.remaining,
+                    one.outcome,
+                    one.release_id,
+                    deadline,
+                )
+                .await?;
+            return Ok(vec![released]);
+        }
+        dispatch!(self, b, D => {
+            run(b, b.release_pool(), deadline, async |c| b.release_batch(c, rows).await).await
+        })
     }
 
     /// See [`Dialect::acquire_many`].

@@ -18,6 +18,7 @@ use tokio::sync::OnceCell;
 
 use super::admin::AdminSql;
 
+pub(crate) mod batch;
 pub(crate) mod shared;
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,
@@ -808,6 +809,18 @@ impl Dialect for My {
                 fencing_token: packed & ((1u64 << COUNT_SHIFT) - 1),
                 expires_at_us: local_us.saturating_add(p.ttl_us.max(p.min_hold_us)),
             }))
+        }
+    }
+
+    async fn acquire_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        rows: &[Acquire<'_>],
+    ) -> Result<Vec<Attempt>, sqlx::Error> {
+        if self.supports_returning(conn).await? {
+            batch::acquire(self, conn, rows).await
+        } else {
+            super::acquire_in_transaction(self, conn, rows).await
         }
     }
 

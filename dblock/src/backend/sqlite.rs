@@ -388,6 +388,10 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
 }
 
 impl Dialect for Lite {
+    /// A batch takes SQLite's write lock at once: a deferred transaction that reads first could
+    /// not upgrade beside another writer.
+    const BEGIN_BATCH: &'static str = "BEGIN IMMEDIATE";
+
     const NAME: &'static str = "sqlite";
     type Db = Sqlite;
 

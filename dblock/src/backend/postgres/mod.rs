@@ -28,6 +28,7 @@ use crate::error::LockError;
 use crate::info::LockInfo;
 use crate::retry::{Failed, Failure};
 
+pub(crate) mod batch;
 mod connect;
 use connect::keepalives;
 pub(crate) use connect::{connect, state_shared};
@@ -148,6 +149,7 @@ pub(crate) struct Pg {
     sql: Arc<Statements>,
     /// The statements of shared (read) locks (`shared.rs`).
     shared_sql: Arc<shared::Sql>,
+    batch_sql: Arc<batch::Sql>,
     /// A semaphore's waiters ask for a NOTIFY (`semaphore.rs`).
     flag_slots: Arc<Stmt>,
     /// The LISTEN connection that wakes this locker's waiters; `None` when turned off.
@@ -247,13 +249,13 @@ struct Statements {
 
 /// The acquire statement's "a live hold of ours in the tenure this process holds ($7), or one
 /// written by this very attempt ($5)"; never NULL.
-const SAME: &str = "coalesce(l.owner = {owner} AND l.expires_at > statement_timestamp()
+pub(crate) const SAME: &str = "coalesce(l.owner = {owner} AND l.expires_at > statement_timestamp()
                    AND (l.attempt_id = {attempt} OR l.fencing_token = {tenure}), false)";
 
 /// The `SET` of the acquire statements' UPDATE (one key, several keys): re-entry, or a new
 /// tenure. `{owner}`, `{attempt}`, `{tenure}`, `{held}`, `{holder}`, `{ttl}`, `{min_hold}` are
 /// the statement's values for the key.
-const TAKE: &str = "hold_count = CASE WHEN {same}
+pub(crate) const TAKE: &str = "hold_count = CASE WHEN {same}
                           THEN CASE WHEN l.attempt_id = {attempt} THEN l.hold_count ELSE {held} + 1 END
                           ELSE 1 END,
         fencing_token = CASE WHEN {same} THEN l.fencing_token ELSE l.fencing_token + 1 END,
@@ -664,6 +666,7 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_t
             channel,
             sql: Arc::new(statements),
             shared_sql: Arc::new(shared::Sql::new(&t)),
+            batch_sql: Arc::new(batch::Sql::new(&t)),
             flag_slots: Arc::new(semaphore::flag_stmt(&t)),
             settings,
         }
@@ -987,6 +990,22 @@ impl Dialect for Pg {
                 retry_after: Some(crate::info::millis(row.try_get(4)?)),
             })
         }
+    }
+
+    async fn acquire_batch(
+        &self,
+        conn: &mut PgConnection,
+        rows: &[Acquire<'_>],
+    ) -> Result<Vec<Attempt>, sqlx::Error> {
+        batch::acquire(self, conn, rows).await
+    }
+
+    async fn release_batch(
+        &self,
+        conn: &mut PgConnection,
+        rows: &[crate::backend::coalesce::ReleaseRow],
+    ) -> Result<Vec<Released>, sqlx::Error> {
+        batch::release(self, conn, rows).await
     }
 
     async fn acquire_many(

@@ -1,0 +1,165 @@
+//! Part 6 of the benchmark, **coalescing** (`DBLOCK_BENCH_PARTS=coalesce`): lock + unlock
+//! cycles on distinct keys at 1, 8 and 64 owners, by one `Locker` with coalescing (the default)
+//! and by one with `coalesce(false)`, alternating in rounds; ratios are medians of per-round
+//! ratios. PostgreSQL: `pgbench` on the design's minimal statements with as many clients,
+//! interleaved in the same rounds. Beside them, each server's session lock and the Redis lock
+//! at the same owner counts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dblock::{ConnectOptions, Locker};
+
+use crate::{median, merge, pgbench, run, Bar, Cycle, Dblock, Stats, PGBENCH_SCRIPT};
+
+const OWNERS: [usize; 3] = [1, 8, 64];
+const ROUNDS: usize = 5;
+
+/// The part's rows for every backend in `targets` (name, URL, options).
+pub(crate) async fn coalescing(
+    targets: &[(&'static str, String, ConnectOptions)],
+    redis: &[(&'static str, Arc<dyn Cycle>)],
+    secs: f64,
+) -> Vec<Bar> {
+    let mut bars = Vec::new();
+    println!();
+    println!(
+        "Coalescing: lock + unlock cycles on distinct keys, coalesced (the default) and not \
+         (`coalesce(false)`), {ROUNDS} alternating rounds of {:.1} s a side",
+        secs / ROUNDS as f64
+    );
+    println!();
+    println!("| backend | owners | impl | cycles/s | p50 | p99 | ratio |");
+    println!("|---|---|---|---|---|---|---|");
+    let round = Duration::from_secs_f64(secs / ROUNDS as f64);
+    for (name, url, options) in targets {
+        let on = match Locker::connect_with(url, options.clone()).await {
+            Ok(l) => l.table("dblock_bench"),
+            Err(e) => {
+                println!("| {name} | – | skipped: {e} | | | | |");
+                continue;
+            }
+        };
+        on.migrate().await.unwrap();
+        let off = Locker::connect_with(url, options.clone().coalesce(false))
+            .await
+            .unwrap()
+            .table("dblock_bench");
+        let on: Arc<dyn Cycle> = Arc::new(Dblock(on));
+        let off: Arc<dyn Cycle> = Arc::new(Dblock(off));
+        let pg = *name == "postgres";
+        for owners in OWNERS {
+            for imp in [&on, &off] {
+                run(imp.clone(), owners, Duration::from_millis(300), "warm").await;
+            }
+            let (mut a, mut b) = (None::<Stats>, None::<Stats>);
+            let (mut ratio, mut vs_pgbench, mut pgb) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..ROUNDS {
+                let first_on = i % 2 == 0;
+                let mut sides = [(true, &on, "on"), (false, &off, "off")];
+                if !first_on {
+                    sides.reverse();
+                }
+                let (mut x, mut y) = (None, None);
+                for (is_on, imp, tag) in sides {
+                    let s = run(imp.clone(), owners, round, tag).await;
+                    if is_on {
+                        x = Some(s);
+                    } else {
+                        y = Some(s);
+                    }
+                }
+                let (x, y) = (x.unwrap(), y.unwrap());
+                ratio.push(x.rate() / y.rate());
+                if pg {
+                    // pgbench runs whole seconds; its round is one second.
+                    match pgbench(
+                        url,
+                        owners,
+                        Duration::from_secs(1),
+                        PGBENCH_SCRIPT.into(),
+                        false,
+                    )
+                    .await
+                    {
+                        Ok(tps) => {
+                            vs_pgbench.push(x.rate() / tps);
+                            pgb.push(tps);
+                        }
+                        Err(e) => println!("| {name} | {owners} | pgbench: {e} | | | | |"),
+                    }
+                }
+                merge(&mut a, x);
+                merge(&mut b, y);
+            }
+            let (mut a, mut b) = (a.unwrap(), b.unwrap());
+            let row = |imp: &str, s: &mut Stats, note: String| {
+                println!(
+                    "| {name} | {owners} | {imp} | {:.0} | {} | {} | {note} |",
+                    s.rate(),
+                    s.ms(0.50),
+                    s.ms(0.99)
+                );
+            };
+            row("dblock, coalesce(false)", &mut b, String::new());
+            bars.push(Bar {
+                backend: name,
+                owners,
+                imp: "coalesce(false)".into(),
+                rate: b.rate(),
+            });
+            bars.push(Bar {
+                backend: name,
+                owners,
+                imp: "coalesced".into(),
+                rate: a.rate(),
+            });
+            row(
+                "dblock (coalesced)",
+                &mut a,
+                format!("{:.2}× coalesce(false)", median(ratio)),
+            );
+            if !pgb.is_empty() {
+                let tps = median(pgb);
+                println!(
+                    "| {name} | {owners} | pgbench, minimal statements | {tps:.0} | | | coalesced dblock is {:.2}× it |",
+                    median(vs_pgbench)
+                );
+                bars.push(Bar {
+                    backend: name,
+                    owners,
+                    imp: "pgbench, minimal".into(),
+                    rate: tps,
+                });
+            }
+            if let Some((label, peer)) = crate::peer_for(name, url).await {
+                let mut p = crate::measure(peer, owners, secs / ROUNDS as f64).await;
+                row(&format!("peer: {label}"), &mut p, String::new());
+                bars.push(Bar {
+                    backend: name,
+                    owners,
+                    imp: label.into(),
+                    rate: p.rate(),
+                });
+            }
+            if *name == "postgres" {
+                for (label, peer) in redis {
+                    let mut p = crate::measure(peer.clone(), owners, secs / ROUNDS as f64).await;
+                    println!(
+                        "| redis | {owners} | peer: {label} | {:.0} | {} | {} | |",
+                        p.rate(),
+                        p.ms(0.50),
+                        p.ms(0.99)
+                    );
+                    bars.push(Bar {
+                        backend: "redis",
+                        owners,
+                        imp: (*label).into(),
+                        rate: p.rate(),
+                    });
+                }
+            }
+        }
+    }
+    bars
+}

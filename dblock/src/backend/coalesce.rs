@@ -1,0 +1,1084 @@
+//! Coalescing: concurrent statements of one kind on distinct keys share a round trip.
+//!
+//! The dispatcher sits between the callers of one statement (an attempt's retry policy, a
+//! release, an extension) and the backend that runs it. Nothing above it knows whether its row
+//! travelled alone; nothing below it knows who asked.
+//!
+//! - **A lone caller goes at once, alone**: while fewer than [`IN_FLIGHT`] statements of its
+//!   kind are in flight and nobody is queued, a call takes a slot and sends its usual one-row
+//!   statement inline, in its own task. No timer, no hand-off, no copy of its values.
+//! - **Group commit, no timer**: a call that finds every slot taken queues its row (an owned
+//!   copy) and waits. When a statement ends, what queued meanwhile goes out together as the
+//!   next one (at most [`MAX_ROWS`] rows, one row per key), sent by a task of its own so that
+//!   no caller's cancellation can strand the others' rows.
+//! - **Per-row answers**: each row gets its own result. A batch that fails fails each of its
+//!   rows with the same class of failure ([`copy`]): every caller's own retry policy then
+//!   resends its own row with its own attempt or release id, so an unknown outcome is settled
+//!   row by row and nothing is counted twice.
+//! - **Per-row deadlines**: a caller waits for its row at most its own send limit. A row still
+//!   queued by then is taken out and reported as not sent (nothing was); a row in flight is
+//!   reported as an unknown outcome, which the caller's policy resolves like any other (its
+//!   attempt id recognises a grant the batch made, and a grant nobody waits for is given back
+//!   by the attempt's detached task, as for a single statement).
+//! - Rows go into a statement sorted by key (the canonical order in which every batch of every
+//!   process takes its row locks, so two batches cannot deadlock), and never two rows of one
+//!   key: a second row of a key waits for the next statement.
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{Acquire, Attempt, Backend, HoldRef, Released, RenewItem};
+use crate::info::Outcome;
+use crate::retry::{Failed, Failure};
+use crate::sync::lock;
+
+/// Statements of one kind in flight at once, per locker and table. Two: while one batch is on
+/// its way the next one fills, and a lone caller never waits for a slot held by another lone
+/// caller of the same instant. Measured at 64 owners on PostgreSQL (see the README's
+/// benchmark section): one slot serialises the kinds' round trips; more than two split the
+/// queue into smaller batches for no gain in throughput.
+pub(crate) const IN_FLIGHT: usize = 2;
+
+/// Rows in one statement, at most. A bound on what one failure takes down with it and on the
+/// statement's size (its parameters, a pooler's literal text); past 64 rows the per-row cost
+/// of the server dominates and larger batches only raise latency (see the README).
+pub(crate) const MAX_ROWS: usize = 64;
+
+/// One row of a kind of statement that can travel with others.
+pub(crate) trait Row: Send + Sync + Sized + 'static {
+    /// What the row's caller gets back.
+    type Out: Send + 'static;
+
+    /// What sends the statement: the locker's backend.
+    type To: Clone + Send + Sync + std::fmt::Debug + 'static;
+
+    /// The key the row writes: no two rows of one key share a statement.
+    fn key(&self) -> &str;
+
+    /// Sends `rows` (sorted by key, distinct keys, at least one) as one statement; one answer
+    /// per row, in their order.
+    fn send(
+        to: &Self::To,
+        rows: &[Self],
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Vec<Self::Out>, Failed>> + Send;
+
+    /// How a failed statement is classed (the backend's mapping).
+    fn classify(to: &Self::To, failed: &Failed) -> Failure;
+}
+
+/// The statements of one locker (on one table) that may be coalesced: one lane per kind.
+#[derive(Debug)]
+pub(crate) struct Coalescer {
+    pub(crate) acquire: Lane<AcquireRow>,
+    pub(crate) release: Lane<ReleaseRow>,
+    pub(crate) extend: Lane<ExtendRow>,
+}
+
+impl Coalescer {
+    /// Lanes over `backend`; `on = false` (`ConnectOptions::coalesce(false)`): every call goes
+    /// alone, as if nothing else were in flight.
+    pub(crate) fn new(backend: Option<Backend>, on: bool) -> Self {
+        let backend = backend.filter(|_| on);
+        Coalescer {
+            acquire: Lane::new(backend.clone()),
+            release: Lane::new(backend.clone()),
+            extend: Lane::new(backend),
+        }
+    }
+
+    /// Statements of more than one row sent so far, and the rows in them, over every lane.
+    #[cfg_attr(not(feature = "_test-util"), allow(dead_code))]
+    pub(crate) fn coalesced(&self) -> (u64, u64) {
+        let lanes = [
+            self.acquire.coalesced(),
+            self.release.coalesced(),
+            self.extend.coalesced(),
+        ];
+        lanes
+            .iter()
+            .fold((0, 0), |(s, r), (s2, r2)| (s + s2, r + r2))
+    }
+
+    /// One acquire statement for `a`, alone or with others.
+    pub(crate) async fn acquire(
+        &self,
+        backend: &Backend,
+        a: &Acquire<'_>,
+        deadline: Instant,
+    ) -> Result<Attempt, Failed> {
+        // A waiter's attempt that asks for a NOTIFY (PostgreSQL) carries a statement of its own.
+        if a.waiting {
+            return backend.acquire(a, deadline).await;
+        }
+        match self.acquire.enter(|| AcquireRow::from(a), deadline) {
+            Entered::Alone(_slot) => backend.acquire(a, deadline).await,
+            Entered::Queued(turn) => turn.wait().await,
+        }
+    }
+
+    /// One release statement, alone or with others.
+    pub(crate) async fn release(
+        &self,
+        backend: &Backend,
+        h: &HoldRef<'_>,
+        remaining: u32,
+        outcome: Option<Outcome>,
+        release_id: i64,
+        deadline: Instant,
+    ) -> Result<Released, Failed> {
+        let row = || ReleaseRow {
+            key: h.key.to_owned(),
+            owner: h.owner.to_owned(),
+            fencing_token: h.fencing_token,
+            remaining,
+            outcome,
+            release_id,
+        };
+        match self.release.enter(row, deadline) {
+            Entered::Alone(_slot) => {
+                backend
+                    .release(h, remaining, outcome, release_id, deadline)
+                    .await
+            }
+            Entered::Queued(turn) => turn.wait().await,
+        }
+    }
+
+    /// One extension, alone or with others: the new lease end where the statement reads it,
+    /// `Ok(None)` when the hold is no longer this tenure's.
+    pub(crate) async fn extend(
+        &self,
+        backend: &Backend,
+        h: &HoldRef<'_>,
+        ttl_us: i64,
+        deadline: Instant,
+    ) -> Result<Option<Option<i64>>, Failed> {
+        let row = || ExtendRow {
+            key: h.key.to_owned(),
+            owner: h.owner.to_owned(),
+            fencing_token: h.fencing_token,
+            ttl_us,
+        };
+        match self.extend.enter(row, deadline) {
+            Entered::Alone(_slot) => Ok(backend.extend(h, ttl_us, deadline).await?.map(Some)),
+            Entered::Queued(turn) => turn.wait().await,
+        }
+    }
+}
+
+/// The lane of one kind of statement: how many are in flight, and the rows waiting for the
+/// next one.
+#[derive(Debug)]
+pub(crate) struct Lane<R: Row> {
+    inner: Arc<Inner<R>>,
+}
+
+#[derive(Debug)]
+struct Inner<R: Row> {
+    /// `None`: coalescing is off, every call goes alone.
+    to: Option<R::To>,
+    state: Mutex<State<R>>,
+    /// Statements of more than one row sent, and the rows in them.
+    coalesced: [AtomicU64; 2],
+}
+
+struct State<R: Row> {
+    in_flight: usize,
+    queue: VecDeque<Queued<R>>,
+    next_id: u64,
+}
+
+impl<R: Row> std::fmt::Debug for State<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("in_flight", &self.in_flight)
+            .field("queued", &self.queue.len())
+            .finish()
+    }
+}
+
+struct Queued<R: Row> {
+    id: u64,
+    row: R,
+    deadline: Instant,
+    answer: oneshot::Sender<Result<R::Out, Failed>>,
+}
+
+/// How a call entered its lane.
+pub(crate) enum Entered<'a, R: Row> {
+    /// Sends its own statement now; the slot is given back (and the queue sent) when dropped.
+    Alone(Slot<'a, R>),
+    /// Queued for the next statement.
+    Queued(Turn<'a, R>),
+}
+
+/// A slot of a lane taken by a lone caller.
+pub(crate) struct Slot<'a, R: Row> {
+    lane: Option<&'a Arc<Inner<R>>>,
+}
+
+impl<R: Row> Drop for Slot<'_, R> {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane {
+            let mut state = lock(&lane.state);
+            state.in_flight -= 1;
+            lane.send_queued(&mut state);
+        }
+    }
+}
+
+/// A queued row's wait for its answer.
+pub(crate) struct Turn<'a, R: Row> {
+    lane: &'a Arc<Inner<R>>,
+    id: u64,
+    deadline: Instant,
+    answer: oneshot::Receiver<Result<R::Out, Failed>>,
+}
+
+impl<R: Row> Turn<'_, R> {
+    /// The row's answer, or by its deadline: "not sent" if it is still queued (it is taken
+    /// out), "outcome unknown" if it is in flight.
+    pub(crate) async fn wait(mut self) -> Result<R::Out, Failed> {
+        match tokio::time::timeout_at(self.deadline, &mut self.answer).await {
+            Ok(Ok(answer)) => answer,
+            // The batch's task was dropped with the runtime: the row may have been sent.
+            Ok(Err(_)) => Err(Failed {
+                error: sqlx::Error::Io(std::io::Error::other(
+                    "the statement carrying this row was abandoned (runtime shut down)",
+                )),
+                sent: true,
+            }),
+            Err(_) => {
+                let mut state = lock(&self.lane.state);
+                let before = state.queue.len();
+                state.queue.retain(|q| q.id != self.id);
+                let queued = state.queue.len() < before;
+                drop(state);
+                if !queued {
+                    // Sent with others: answered meanwhile, or truly unknown.
+                    if let Ok(answer) = self.answer.try_recv() {
+                        return answer;
+                    }
+                }
+                Err(Failed {
+                    error: sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        if queued {
+                            "no turn for the statement within its time limit"
+                        } else {
+                            "no reply from the database within the statement's time limit"
+                        },
+                    )),
+                    sent: !queued,
+                })
+            }
+        }
+    }
+}
+
+impl<R: Row> Lane<R> {
+    pub(crate) fn new(to: Option<R::To>) -> Self {
+        Lane {
+            inner: Arc::new(Inner {
+                to,
+                coalesced: [AtomicU64::new(0), AtomicU64::new(0)],
+                state: Mutex::new(State {
+                    in_flight: 0,
+                    queue: VecDeque::new(),
+                    next_id: 0,
+                }),
+            }),
+        }
+    }
+
+    /// Takes a slot if one is free and nobody waits; queues `row()` otherwise.
+    pub(crate) fn enter(&self, row: impl FnOnce() -> R, deadline: Instant) -> Entered<'_, R> {
+        if self.inner.to.is_none() {
+            return Entered::Alone(Slot { lane: None });
+        }
+        let mut state = lock(&self.inner.state);
+        if state.in_flight < IN_FLIGHT && state.queue.is_empty() {
+            state.in_flight += 1;
+            return Entered::Alone(Slot {
+                lane: Some(&self.inner),
+            });
+        }
+        let (tx, rx) = oneshot::channel();
+        state.next_id += 1;
+        let id = state.next_id;
+        state.queue.push_back(Queued {
+            id,
+            row: row(),
+            deadline,
+            answer: tx,
+        });
+        // Every slot may have been given back between the caller's look and now: the queue
+        // must not wait for a statement that is not coming.
+        self.inner.send_queued(&mut state);
+        Entered::Queued(Turn {
+            lane: &self.inner,
+            id,
+            deadline,
+            answer: rx,
+        })
+    }
+
+    /// Statements of more than one row this lane sent, and the rows in them.
+    #[cfg_attr(not(feature = "_test-util"), allow(dead_code))]
+    pub(crate) fn coalesced(&self) -> (u64, u64) {
+        let [statements, rows] = &self.inner.coalesced;
+        (
+            statements.load(Ordering::Relaxed),
+            rows.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Rows queued now (for tests).
+    #[cfg(test)]
+    fn queued(&self) -> usize {
+        lock(&self.inner.state).queue.len()
+    }
+}
+
+impl<R: Row> Inner<R> {
+    /// While a slot is free and rows wait: the next batch, in a task of its own.
+    fn send_queued(self: &Arc<Self>, state: &mut State<R>) {
+        let Some(to) = &self.to else { return };
+        while state.in_flight < IN_FLIGHT && !state.queue.is_empty() {
+            let mut batch: Vec<Queued<R>> = Vec::new();
+            let mut keys: HashSet<String> = HashSet::new();
+            let mut later = VecDeque::new();
+            while let Some(q) = state.queue.pop_front() {
+                if q.answer.is_closed() {
+                    // Its caller went away before it was sent: nothing to send.
+                    continue;
+                }
+                if batch.len() >= MAX_ROWS || keys.contains(q.row.key()) {
+                    later.push_back(q);
+                    continue;
+                }
+                keys.insert(q.row.key().to_owned());
+                batch.push(q);
+            }
+            state.queue = later;
+            if batch.is_empty() {
+                return;
+            }
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                // Outside a runtime (a slot dropped there): the rows' callers time out and
+                // resend.
+                return;
+            };
+            state.in_flight += 1;
+            if batch.len() > 1 {
+                self.coalesced[0].fetch_add(1, Ordering::Relaxed);
+                self.coalesced[1].fetch_add(batch.len() as u64, Ordering::Relaxed);
+            }
+            let (lane, to) = (self.clone(), to.clone());
+            runtime.spawn(async move {
+                send_batch(&to, batch).await;
+                let mut state = lock(&lane.state);
+                state.in_flight -= 1;
+                lane.send_queued(&mut state);
+            });
+        }
+    }
+}
+
+/// Sends one batch and answers each of its rows.
+async fn send_batch<R: Row>(to: &R::To, mut batch: Vec<Queued<R>>) {
+    batch.sort_by(|a, b| a.row.key().as_bytes().cmp(b.row.key().as_bytes()));
+    let deadline = batch
+        .iter()
+        .map(|q| q.deadline)
+        .max()
+        .unwrap_or_else(Instant::now);
+    let (rows, answers): (Vec<R>, Vec<_>) = batch.into_iter().map(|q| (q.row, q.answer)).unzip();
+    tracing::trace!(rows = rows.len(), "coalesced statement");
+    match R::send(to, &rows, deadline).await {
+        Ok(outs) if outs.len() == answers.len() => {
+            for (answer, out) in answers.into_iter().zip(outs) {
+                let _ = answer.send(Ok(out));
+            }
+        }
+        Ok(outs) => {
+            let failed = Failed {
+                error: sqlx::Error::Protocol(format!(
+                    "a coalesced statement of {} rows answered {}",
+                    answers.len(),
+                    outs.len()
+                )),
+                sent: true,
+            };
+            for answer in answers {
+                let _ = answer.send(Err(copy(&failed, Failure::Unknown)));
+            }
+        }
+        Err(failed) => {
+            let class = R::classify(to, &failed);
+            for answer in answers {
+                let _ = answer.send(Err(copy(&failed, class)));
+            }
+        }
+    }
+}
+
+/// A failure of a batch, for one of its rows: same text, same `sent`, and classed as the
+/// batch's failure was (`class`, by the backend's mapping), whatever the error's type.
+pub(crate) fn copy(failed: &Failed, class: Failure) -> Failed {
+    let error = match &failed.error {
+        sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+        sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
+        other => sqlx::Error::Database(Box::new(Copied {
+            message: other.to_string(),
+            code: match other {
+                sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+                _ => None,
+            },
+            class,
+        })),
+    };
+    Failed {
+        error,
+        sent: failed.sent,
+    }
+}
+
+/// A server (or other) error of a batch, as each of its rows reports it.
+#[derive(Debug)]
+pub(crate) struct Copied {
+    message: String,
+    code: Option<String>,
+    /// How the batch's failure was classed: [`Backend::classify`] answers this for the copy.
+    pub(crate) class: Failure,
+}
+
+impl std::fmt::Display for Copied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Copied {}
+
+impl sqlx::error::DatabaseError for Copied {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.code.as_deref().map(std::borrow::Cow::Borrowed)
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        sqlx::error::ErrorKind::Other
+    }
+}
+
+/// An acquire's values, owned (a queued row outlives its caller's borrow).
+#[derive(Debug, Clone)]
+pub(crate) struct AcquireRow {
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) ttl_us: i64,
+    pub(crate) holder: String,
+    pub(crate) attempt: i64,
+    pub(crate) tenure: Option<i64>,
+    pub(crate) held: u32,
+    pub(crate) min_hold_us: i64,
+    pub(crate) once: bool,
+}
+
+impl From<&Acquire<'_>> for AcquireRow {
+    fn from(a: &Acquire<'_>) -> Self {
+        AcquireRow {
+            key: a.key.to_owned(),
+            owner: a.owner.to_owned(),
+            ttl_us: a.ttl_us,
+            holder: a.holder.to_owned(),
+            attempt: a.attempt,
+            tenure: a.tenure,
+            held: a.held,
+            min_hold_us: a.min_hold_us,
+            once: a.once,
+        }
+    }
+}
+
+impl AcquireRow {
+    pub(crate) fn as_acquire(&self) -> Acquire<'_> {
+        Acquire {
+            key: &self.key,
+            owner: &self.owner,
+            ttl_us: self.ttl_us,
+            holder: &self.holder,
+            attempt: self.attempt,
+            waiting: false,
+            tenure: self.tenure,
+            held: self.held,
+            min_hold_us: self.min_hold_us,
+            once: self.once,
+        }
+    }
+}
+
+impl Row for AcquireRow {
+    type Out = Attempt;
+    type To = Backend;
+
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn classify(backend: &Backend, failed: &Failed) -> Failure {
+        backend.classify(failed)
+    }
+
+    async fn send(
+        backend: &Backend,
+        rows: &[Self],
+        deadline: Instant,
+    ) -> Result<Vec<Attempt>, Failed> {
+        let all: Vec<Acquire<'_>> = rows.iter().map(AcquireRow::as_acquire).collect();
+        backend.acquire_batch(&all, deadline).await
+    }
+}
+
+/// A release's values, owned.
+#[derive(Debug, Clone)]
+pub(crate) struct ReleaseRow {
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) fencing_token: u64,
+    pub(crate) remaining: u32,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) release_id: i64,
+}
+
+impl ReleaseRow {
+    pub(crate) fn hold(&self) -> HoldRef<'_> {
+        HoldRef {
+            key: &self.key,
+            owner: &self.owner,
+            fencing_token: self.fencing_token,
+        }
+    }
+}
+
+impl Row for ReleaseRow {
+    type Out = Released;
+    type To = Backend;
+
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn classify(backend: &Backend, failed: &Failed) -> Failure {
+        backend.classify(failed)
+    }
+
+    async fn send(
+        backend: &Backend,
+        rows: &[Self],
+        deadline: Instant,
+    ) -> Result<Vec<Released>, Failed> {
+        backend.release_batch(rows, deadline).await
+    }
+}
+
+/// An extension's values, owned.
+#[derive(Debug, Clone)]
+pub(crate) struct ExtendRow {
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) fencing_token: u64,
+    pub(crate) ttl_us: i64,
+}
+
+impl Row for ExtendRow {
+    /// `None`: not this tenure's any more; `Some(None)`: extended (the batch does not read
+    /// the new end).
+    type Out = Option<Option<i64>>;
+    type To = Backend;
+
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn classify(backend: &Backend, failed: &Failed) -> Failure {
+        backend.classify(failed)
+    }
+
+    async fn send(
+        backend: &Backend,
+        rows: &[Self],
+        deadline: Instant,
+    ) -> Result<Vec<Self::Out>, Failed> {
+        if let [one] = rows {
+            let h = HoldRef {
+                key: &one.key,
+                owner: &one.owner,
+                fencing_token: one.fencing_token,
+            };
+            return Ok(vec![backend
+                .extend(&h, one.ttl_us, deadline)
+                .await?
+                .map(Some)]);
+        }
+        let items: Vec<RenewItem<'_>> = rows
+            .iter()
+            .map(|r| RenewItem {
+                key: &r.key,
+                owner: &r.owner,
+                fencing_token: r.fencing_token,
+                ttl_us: r.ttl_us,
+            })
+            .collect();
+        let extended = backend.extend_many(&items, deadline).await?;
+        let live: HashSet<(&str, &str, u64)> = extended
+            .iter()
+            .map(|(k, o, t)| (k.as_str(), o.as_str(), *t))
+            .collect();
+        Ok(rows
+            .iter()
+            .map(|r| {
+                live.contains(&(r.key.as_str(), r.owner.as_str(), r.fencing_token))
+                    .then_some(None)
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A fake database: records each statement's keys, answers each row with its key's length
+    /// after `delay`, or fails every row as `fail` says.
+    #[derive(Clone, Debug, Default)]
+    struct Db {
+        sent: Arc<Mutex<Vec<Vec<String>>>>,
+        delay: Duration,
+        fail: Option<Failure>,
+    }
+
+    #[derive(Debug)]
+    struct Key(String);
+
+    impl Row for Key {
+        type Out = usize;
+        type To = Db;
+
+        fn key(&self) -> &str {
+            &self.0
+        }
+
+        async fn send(db: &Db, rows: &[Self], _deadline: Instant) -> Result<Vec<usize>, Failed> {
+            lock(&db.sent).push(rows.iter().map(|r| r.0.clone()).collect());
+            tokio::time::sleep(db.delay).await;
+            match db.fail {
+                Some(class) => Err(Failed {
+                    error: sqlx::Error::Protocol(format!("{class:?}")),
+                    sent: class != Failure::NotSent,
+                }),
+                None => Ok(rows.iter().map(|r| r.0.len()).collect()),
+            }
+        }
+
+        fn classify(_: &Db, failed: &Failed) -> Failure {
+            match failed.error.to_string() {
+                s if s.contains("Unknown") => Failure::Unknown,
+                s if s.contains("NotCommitted") => Failure::NotCommitted,
+                _ => Failure::Fatal,
+            }
+        }
+    }
+
+    fn lane(db: &Db) -> Arc<Lane<Key>> {
+        Arc::new(Lane::new(Some(db.clone())))
+    }
+
+    /// A call as the dispatcher's users make it: alone, it "sends" its own statement (held
+    /// for `hold`); queued, it waits for its turn.
+    async fn call(
+        lane: Arc<Lane<Key>>,
+        key: &str,
+        hold: Duration,
+        limit: Duration,
+    ) -> Result<usize, Failed> {
+        let deadline = Instant::now() + limit;
+        match lane.enter(|| Key(key.to_owned()), deadline) {
+            Entered::Alone(_slot) => {
+                tokio::time::sleep(hold).await;
+                Ok(key.len())
+            }
+            Entered::Queued(turn) => turn.wait().await,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_caller_goes_alone_at_once() {
+        let db = Db::default();
+        let lane = lane(&db);
+        let t = Instant::now();
+        let got = call(
+            lane.clone(),
+            "a",
+            Duration::from_millis(1),
+            Duration::from_secs(1),
+        )
+        .await;
+        assert_eq!(got.unwrap(), 1);
+        assert_eq!(t.elapsed(), Duration::from_millis(1), "no timer, no wait");
+        assert!(lock(&db.sent).is_empty(), "no batch for a lone caller");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_queues_while_slots_are_taken_goes_together_with_one_answer_each() {
+        let db = Db {
+            delay: Duration::from_millis(3),
+            ..Db::default()
+        };
+        let lane = lane(&db);
+        // Two lone callers take both slots for 10 ms.
+        let alone: Vec<_> = (0..IN_FLIGHT)
+            .map(|i| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    call(
+                        lane,
+                        &format!("alone{i}"),
+                        Duration::from_millis(10),
+                        Duration::from_secs(1),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let queued: Vec<_> = (0..5)
+            .map(|i| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    call(
+                        lane,
+                        &"k".repeat(i + 1),
+                        Duration::ZERO,
+                        Duration::from_secs(1),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(lane.queued(), 5);
+        for (i, q) in queued.into_iter().enumerate() {
+            assert_eq!(q.await.unwrap().unwrap(), i + 1, "each row its own answer");
+        }
+        for a in alone {
+            a.await.unwrap().unwrap();
+        }
+        let sent = lock(&db.sent).clone();
+        assert_eq!(sent.len(), 1, "one statement for the five: {sent:?}");
+        assert_eq!(sent[0], ["k", "kk", "kkk", "kkkk", "kkkkk"], "in key order");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_rows_of_one_key_never_share_a_statement_and_batches_are_bounded() {
+        let db = Db {
+            delay: Duration::from_millis(2),
+            ..Db::default()
+        };
+        let lane = lane(&db);
+        let hold: Vec<_> = (0..IN_FLIGHT)
+            .map(|i| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    call(
+                        lane,
+                        &format!("h{i}"),
+                        Duration::from_millis(5),
+                        Duration::from_secs(1),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let mut queued = Vec::new();
+        for i in 0..(MAX_ROWS + 10) {
+            let lane = lane.clone();
+            queued.push(tokio::spawn(async move {
+                call(
+                    lane,
+                    &format!("key{i:03}"),
+                    Duration::ZERO,
+                    Duration::from_secs(1),
+                )
+                .await
+            }));
+        }
+        let lane2 = lane.clone();
+        queued.push(tokio::spawn(async move {
+            call(lane2, "key000", Duration::ZERO, Duration::from_secs(1)).await
+        }));
+        for q in queued {
+            q.await.unwrap().unwrap();
+        }
+        for h in hold {
+            h.await.unwrap().unwrap();
+        }
+        let sent = lock(&db.sent).clone();
+        for batch in &sent {
+            assert!(batch.len() <= MAX_ROWS, "a batch of {}", batch.len());
+            let distinct: HashSet<&String> = batch.iter().collect();
+            assert_eq!(distinct.len(), batch.len(), "a key twice in {batch:?}");
+        }
+        let rows: usize = sent.iter().map(Vec::len).sum();
+        assert_eq!(rows, MAX_ROWS + 11, "every queued row sent exactly once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_row_whose_deadline_passes_in_the_queue_is_not_sent() {
+        let db = Db::default();
+        let lane = lane(&db);
+        let hold: Vec<_> = (0..IN_FLIGHT)
+            .map(|i| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    call(
+                        lane,
+                        &format!("h{i}"),
+                        Duration::from_millis(50),
+                        Duration::from_secs(1),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let t = Instant::now();
+        let late = call(
+            lane.clone(),
+            "late",
+            Duration::ZERO,
+            Duration::from_millis(10),
+        )
+        .await;
+        assert_eq!(
+            t.elapsed(),
+            Duration::from_millis(10),
+            "answered at its own deadline"
+        );
+        let failed = late.unwrap_err();
+        assert!(!failed.sent, "still queued: certainly not sent");
+        assert_eq!(lane.queued(), 0, "taken out of the queue");
+        for h in hold {
+            h.await.unwrap().unwrap();
+        }
+        assert!(
+            lock(&db.sent).is_empty(),
+            "never sent: {:?}",
+            lock(&db.sent)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_row_in_flight_at_its_deadline_is_an_unknown_outcome() {
+        let db = Db {
+            delay: Duration::from_millis(100),
+            ..Db::default()
+        };
+        let lane = lane(&db);
+        let hold: Vec<_> = (0..IN_FLIGHT)
+            .map(|i| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    call(
+                        lane,
+                        &format!("h{i}"),
+                        Duration::from_millis(5),
+                        Duration::from_secs(1),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let t = Instant::now();
+        let got = call(
+            lane.clone(),
+            "slow",
+            Duration::ZERO,
+            Duration::from_millis(30),
+        )
+        .await;
+        assert_eq!(t.elapsed(), Duration::from_millis(30));
+        let failed = got.unwrap_err();
+        assert!(failed.sent, "in flight: the outcome is unknown");
+        for h in hold {
+            h.await.unwrap().unwrap();
+        }
+        assert_eq!(lock(&db.sent).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_batch_fails_each_row_with_the_batchs_class() {
+        for class in [Failure::Unknown, Failure::NotCommitted, Failure::Fatal] {
+            let db = Db {
+                delay: Duration::from_millis(1),
+                fail: Some(class),
+                ..Db::default()
+            };
+            let lane = lane(&db);
+            let hold: Vec<_> = (0..IN_FLIGHT)
+                .map(|i| {
+                    let lane = lane.clone();
+                    tokio::spawn(async move {
+                        call(
+                            lane,
+                            &format!("h{i}"),
+                            Duration::from_millis(5),
+                            Duration::from_secs(1),
+                        )
+                        .await
+                    })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let rows: Vec<_> = ["a", "b", "c"]
+                .into_iter()
+                .map(|k| {
+                    let lane = lane.clone();
+                    tokio::spawn(async move {
+                        call(lane, k, Duration::ZERO, Duration::from_secs(1)).await
+                    })
+                })
+                .collect();
+            for r in rows {
+                let failed = r.await.unwrap().unwrap_err();
+                let copied = match &failed.error {
+                    sqlx::Error::Database(db) => db.try_downcast_ref::<Copied>().map(|c| c.class),
+                    _ => None,
+                };
+                assert_eq!(copied, Some(class), "{failed:?}");
+                assert!(failed.sent);
+                assert!(failed.error.to_string().contains(&format!("{class:?}")));
+            }
+            for h in hold {
+                h.await.unwrap().unwrap();
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_row_whose_caller_went_away_is_not_sent() {
+        let db = Db::default();
+        let lane = lane(&db);
+        let hold: Vec<_> = (0..IN_FLIGHT)
+            .map(|i| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    call(
+                        lane,
+                        &format!("h{i}"),
+                        Duration::from_millis(20),
+                        Duration::from_secs(1),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let gone = {
+            let lane = lane.clone();
+            tokio::spawn(
+                async move { call(lane, "gone", Duration::ZERO, Duration::from_secs(1)).await },
+            )
+        };
+        let kept = {
+            let lane = lane.clone();
+            tokio::spawn(
+                async move { call(lane, "kept", Duration::ZERO, Duration::from_secs(1)).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        gone.abort();
+        assert_eq!(kept.await.unwrap().unwrap(), 4);
+        for h in hold {
+            h.await.unwrap().unwrap();
+        }
+        assert_eq!(*lock(&db.sent), [vec!["kept".to_owned()]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn off_means_every_call_alone() {
+        let lane: Arc<Lane<Key>> = Arc::new(Lane::new(None));
+        let calls: Vec<_> = (0..8)
+            .map(|i| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    call(
+                        lane,
+                        &format!("k{i}"),
+                        Duration::from_millis(5),
+                        Duration::from_secs(1),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let t = Instant::now();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(
+            t.elapsed(),
+            Duration::from_millis(5),
+            "all at once, none queued"
+        );
+    }
+
+    #[test]
+    fn a_copy_keeps_text_sent_and_transport_kinds() {
+        let io = Failed {
+            error: sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "refused",
+            )),
+            sent: false,
+        };
+        let c = copy(&io, Failure::NotSent);
+        assert!(
+            matches!(&c.error, sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
+        );
+        assert!(!c.sent);
+        let c = copy(
+            &Failed {
+                error: sqlx::Error::PoolTimedOut,
+                sent: false,
+            },
+            Failure::NotSent,
+        );
+        assert!(matches!(c.error, sqlx::Error::PoolTimedOut));
+    }
+}

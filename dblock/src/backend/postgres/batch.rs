@@ -1,0 +1,268 @@
+//! Coalesced statements on PostgreSQL (`backend/coalesce.rs`): the acquires or the releases of
+//! many callers, on distinct keys, as one statement over arrays (`unnest`), one round trip,
+//! one commit. Each row is decided as its one-row statement decides it, and answered on its
+//! own.
+//!
+//! Atomicity, for both statements:
+//! - `locked` row-locks every existing row of the batch's keys in key order (a `LockRows` node
+//!   above the sort) before anything is written: every batch of every process takes its locks
+//!   in that order, so two batches cannot deadlock, and a one-row statement holds one row lock
+//!   at most, so it cannot close a cycle either.
+//! - The UPDATE then writes each row under the lock this statement holds. Under READ COMMITTED
+//!   it re-checks its WHERE against the row's latest committed version when a concurrent
+//!   writer committed after the statement's snapshot: every condition reads only that row's own
+//!   columns and the row's values in `r`, so the re-check sees everything the decision depends
+//!   on. The SET's CASE arms read the old row, as in the one-row statements.
+//! - New keys are inserted in key order with `ON CONFLICT DO NOTHING`: a racing inserter makes
+//!   that row busy, never an error that would fail the whole batch.
+//! - The answer is one row per requested key (a `LEFT JOIN` of the request to what was
+//!   written and to the snapshot's row), so every caller learns its own outcome.
+
+use sqlx::postgres::PgConnection;
+use sqlx::Row;
+
+use super::{ran_out, stmt, Arg, Pg, Stmt, SAME, TAKE};
+use crate::backend::coalesce::ReleaseRow;
+use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
+
+/// The coalesced statements of one table.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    acquire: Stmt,
+    release: Stmt,
+}
+
+/// Acquires: `$1` keys, `$2` owners, `$3` ttls (µs), `$4` holders, `$5` attempt ids, `$6`
+/// tenures the process tracks (-1: none; tokens are positive), `$7` holds it tracks, `$8`
+/// min_hold (µs), `$9` once (0/1). Per row as the one-key statement (`ACQUIRE` in `mod.rs`):
+/// update if free, ours or ours again (re-entry, a resend), else insert if no row, else busy.
+const ACQUIRE: &str = r#"WITH r AS (
+    SELECT k, owner, ttl, holder, attempt, tenure, held, min_hold, once_n <> 0 AS once
+    FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::int8[], $6::int8[],
+                $7::int8[], $8::float8[], $9::int8[])
+         AS q(k, owner, ttl, holder, attempt, tenure, held, min_hold, once_n)
+), locked AS MATERIALIZED (
+    SELECT b.lock_key FROM {table} AS b WHERE b.lock_key = ANY($1)
+    ORDER BY b.lock_key
+    FOR UPDATE
+), upd AS (
+    UPDATE {table} AS l SET
+        {take}
+    FROM r
+    WHERE l.lock_key = r.k AND l.lock_key IN (SELECT lock_key FROM locked)
+      AND (l.expires_at <= statement_timestamp() OR l.owner = r.owner)
+      AND NOT (r.once AND l.last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out_l})
+    RETURNING l.lock_key, l.hold_count, l.fencing_token, l.expires_at
+), ins AS (
+    INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
+                         holder, attempt_id, available_at, once_key)
+    SELECT r.k, r.owner, 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8,
+           statement_timestamp() + greatest(r.ttl, r.min_hold) * interval '1 microsecond',
+           statement_timestamp(), r.holder, r.attempt,
+           CASE WHEN r.min_hold > 0 THEN statement_timestamp() + r.min_hold * interval '1 microsecond' END,
+           r.once
+    FROM r
+    WHERE NOT EXISTS (SELECT 1 FROM {table} AS e WHERE e.lock_key = r.k)
+    ORDER BY r.k COLLATE "C"
+    ON CONFLICT (lock_key) DO NOTHING
+    RETURNING lock_key, hold_count, fencing_token, expires_at
+), got AS (
+    SELECT lock_key, hold_count, fencing_token, expires_at FROM upd
+    UNION ALL
+    SELECT lock_key, hold_count, fencing_token, expires_at FROM ins
+)
+SELECT g.lock_key IS NOT NULL AS acquired,
+       coalesce(g.hold_count, b.hold_count),
+       coalesce(g.fencing_token, b.fencing_token),
+       (extract(epoch FROM coalesce(g.expires_at, b.expires_at)) * 1000000)::int8,
+       greatest(0, ceil(extract(epoch FROM b.expires_at - statement_timestamp()) * 1000))::int8,
+       g.lock_key IS NULL AND r.once AND b.last_outcome IS NOT DISTINCT FROM 1
+           AND NOT {ran_out_b} AS done,
+       (extract(epoch FROM b.finished_at) * 1000000)::int8,
+       b.lock_key IS NOT NULL AS seen,
+       r.k
+FROM r
+LEFT JOIN got AS g ON g.lock_key = r.k
+LEFT JOIN {table} AS b ON b.lock_key = r.k"#;
+
+/// Releases: `$1` keys, `$2` owners, `$3` tenures, `$4` release ids, `$5` holds left, `$6`
+/// outcomes (-1: none), `$7` the NOTIFY channel, `$8` lazily durable. Per row as the one-key
+/// release (`mod.rs`): owner-, tenure- and lease-checked, the count set absolutely, the release
+/// id recorded; a full release of a contended key NOTIFYs at commit.
+const RELEASE: &str = "WITH q AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[])
+        AS q(k, owner, token, release_id, remaining, outcome)
+), locked AS MATERIALIZED (
+    SELECT b.lock_key FROM {table} AS b WHERE b.lock_key = ANY($1)
+    ORDER BY b.lock_key
+    FOR UPDATE
+), r AS (
+    UPDATE {table} AS l SET
+        hold_count   = q.remaining,
+        owner        = CASE WHEN q.remaining > 0 THEN l.owner END,
+        expires_at   = CASE WHEN q.remaining > 0 THEN l.expires_at
+                            ELSE greatest(statement_timestamp(), l.available_at) END,
+        last_outcome = CASE WHEN q.remaining > 0 THEN l.last_outcome
+                            WHEN l.success_token = l.fencing_token THEN 1
+                            ELSE coalesce(nullif(q.outcome, -1)::int2, l.last_outcome) END,
+        finished_at  = CASE WHEN q.remaining > 0 OR q.outcome = -1 THEN l.finished_at
+                            ELSE statement_timestamp() END,
+        attempt_id   = q.release_id,
+        release_id   = q.release_id,
+        release_token = l.fencing_token
+    FROM q
+    WHERE l.lock_key = q.k AND l.lock_key IN (SELECT lock_key FROM locked)
+      AND l.owner = q.owner AND l.fencing_token = q.token
+      AND l.attempt_id IS DISTINCT FROM q.release_id
+      AND l.expires_at > statement_timestamp()
+    RETURNING l.lock_key, l.hold_count, l.contended
+), n AS (
+    SELECT lock_key, hold_count,
+           CASE WHEN hold_count = 0 AND contended THEN pg_notify($7, lock_key)::text END AS notified
+    FROM r
+)
+SELECT n.hold_count, n.notified,
+       -- Lazily durable releases (only ever batched with each other): the transaction commits
+       -- without waiting for its WAL flush, as the one-key release does.
+       CASE WHEN $8 THEN set_config('synchronous_commit', 'off', true) END,
+       q.k
+FROM q LEFT JOIN n ON n.lock_key = q.k";
+
+impl Sql {
+    pub(crate) fn new(table: &str) -> Sql {
+        let take = TAKE
+            .replace("{same}", SAME)
+            .replace("{owner}", "r.owner")
+            .replace("{attempt}", "r.attempt")
+            .replace("{tenure}", "r.tenure")
+            .replace("{held}", "r.held")
+            .replace("{holder}", "r.holder")
+            .replace("{ttl}", "r.ttl")
+            .replace("{min_hold}", "r.min_hold")
+            .replace("{once}", "r.once")
+            .replace("{ran_out}", &ran_out("l."));
+        Sql {
+            acquire: stmt(
+                &ACQUIRE
+                    .replace("{take}", &take)
+                    .replace("{ran_out_l}", &ran_out("l."))
+                    .replace("{ran_out_b}", &ran_out("b.")),
+                table,
+            ),
+            release: stmt(RELEASE, table),
+        }
+    }
+}
+
+pub(crate) async fn acquire(
+    pg: &Pg,
+    conn: &mut PgConnection,
+    rows: &[Acquire<'_>],
+) -> Result<Vec<Attempt>, sqlx::Error> {
+    let keys: Vec<&str> = rows.iter().map(|a| a.key).collect();
+    let owners: Vec<&str> = rows.iter().map(|a| a.owner).collect();
+    let ttls: Vec<f64> = rows.iter().map(|a| a.ttl_us as f64).collect();
+    let holders: Vec<&str> = rows.iter().map(|a| a.holder).collect();
+    let attempts: Vec<i64> = rows.iter().map(|a| a.attempt).collect();
+    let tenures: Vec<i64> = rows.iter().map(|a| a.tenure.unwrap_or(-1)).collect();
+    let held: Vec<i64> = rows.iter().map(|a| i64::from(a.held)).collect();
+    let min_holds: Vec<f64> = rows.iter().map(|a| a.min_hold_us as f64).collect();
+    let once: Vec<i64> = rows.iter().map(|a| i64::from(a.once)).collect();
+    let answer = pg
+        .fetch_all(
+            conn,
+            &pg.batch_sql.acquire,
+            &[
+                Arg::TextArray(&keys),
+                Arg::TextArray(&owners),
+                Arg::Float8Array(&ttls),
+                Arg::TextArray(&holders),
+                Arg::Int8Array(&attempts),
+                Arg::Int8Array(&tenures),
+                Arg::Int8Array(&held),
+                Arg::Float8Array(&min_holds),
+                Arg::Int8Array(&once),
+            ],
+        )
+        .await?;
+    let mut by_key = std::collections::HashMap::with_capacity(answer.len());
+    for row in &answer {
+        by_key.insert(row.try_get::<String, _>(8)?, row);
+    }
+    rows.iter()
+        .map(|a| {
+            let Some(row) = by_key.get(a.key) else {
+                return Err(sqlx::Error::Protocol(format!(
+                    "the coalesced acquire did not answer for key `{}`",
+                    a.key
+                )));
+            };
+            Ok(if row.try_get::<bool, _>(0)? {
+                Attempt::Acquired(Grant {
+                    hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
+                    fencing_token: row.try_get::<i64, _>(2)? as u64,
+                    expires_at_us: row.try_get(3)?,
+                })
+            } else if row.try_get::<bool, _>(5)? {
+                Attempt::Done {
+                    finished_at_us: row.try_get(6)?,
+                }
+            } else if row.try_get::<bool, _>(7)? {
+                Attempt::Busy {
+                    retry_after: Some(crate::info::millis(row.try_get(4)?)),
+                }
+            } else {
+                // Inserted by someone else during this statement.
+                Attempt::Busy { retry_after: None }
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn release(
+    pg: &Pg,
+    conn: &mut PgConnection,
+    rows: &[ReleaseRow],
+) -> Result<Vec<Released>, sqlx::Error> {
+    let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
+    let owners: Vec<&str> = rows.iter().map(|r| r.owner.as_str()).collect();
+    let tokens: Vec<i64> = rows.iter().map(|r| r.fencing_token as i64).collect();
+    let ids: Vec<i64> = rows.iter().map(|r| r.release_id).collect();
+    let remaining: Vec<i64> = rows.iter().map(|r| i64::from(r.remaining)).collect();
+    let outcomes: Vec<i64> = rows
+        .iter()
+        .map(|r| r.outcome.map_or(-1, |o| i64::from(Outcome::code(o))))
+        .collect();
+    let answer = pg
+        .fetch_all(
+            conn,
+            &pg.batch_sql.release,
+            &[
+                Arg::TextArray(&keys),
+                Arg::TextArray(&owners),
+                Arg::Int8Array(&tokens),
+                Arg::Int8Array(&ids),
+                Arg::Int8Array(&remaining),
+                Arg::Int8Array(&outcomes),
+                Arg::Text(&pg.channel),
+                Arg::Bool(pg.settings.lazy_release),
+            ],
+        )
+        .await?;
+    let mut by_key = std::collections::HashMap::with_capacity(answer.len());
+    for row in &answer {
+        let left: Option<i32> = row.try_get(0)?;
+        by_key.insert(row.try_get::<String, _>(3)?, left);
+    }
+    rows.iter()
+        .map(|r| match by_key.get(r.key.as_str()) {
+            None => Err(sqlx::Error::Protocol(format!(
+                "the coalesced release did not answer for key `{}`",
+                r.key
+            ))),
+            Some(None) => Ok(Released::NotHeld),
+            Some(Some(0)) => Ok(Released::Free),
+            Some(Some(n)) => Ok(Released::StillHeld((*n).max(0) as u32)),
+        })
+        .collect()
+}

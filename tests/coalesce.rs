@@ -1,0 +1,292 @@
+//! Coalescing against the real servers and a SQLite file: many tasks of one locker lock,
+//! extend and release distinct keys at once; their rows share statements, and each call still
+//! gets its own answer (granted, busy, done, not held), its own fencing token, and nothing is
+//! orphaned when callers go away.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dblock::{ConnectOptions, LockError, Locker};
+use tokio::sync::Barrier;
+
+const TASKS: usize = 64;
+const SEC: Duration = Duration::from_secs(1);
+
+/// Statements of several rows the locker sent so far (0 where the hook is not built).
+fn coalesced(locker: &Locker) -> u64 {
+    #[cfg(feature = "_test-util")]
+    return dblock::test_util::coalesced(locker).0;
+    #[cfg(not(feature = "_test-util"))]
+    {
+        let _ = locker;
+        0
+    }
+}
+
+/// `TASKS` tasks each run `f(i)` at the same instant.
+async fn at_once<F, Fut, T>(f: F) -> Vec<T>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = T> + Send,
+    T: Send + 'static,
+{
+    let f = Arc::new(f);
+    let start = Arc::new(Barrier::new(TASKS));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (f, start) = (f.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                f(i).await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(TASKS);
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Rounds of 64 tasks locking at once: 8 keys held by another locker (busy rows), 8 keys done
+/// for `once` (done rows), 48 free keys (granted rows), all in the same statements. Each call
+/// gets its own answer; fencing tokens of each key rise round after round; the locker did send
+/// statements of several rows; and after the releases every key is free.
+#[tokio::test]
+async fn concurrent_calls_share_statements_and_each_gets_its_own_answer() {
+    let (dbs, _dir) = common::all("coalesce_answers").await;
+    for db in &dbs {
+        let l = db.locker.clone();
+        let other = common::connect(db).await.table(l.table_name());
+        let tag = format!("{}-{}", db.name, fastrand::u32(..));
+        let mut held_elsewhere = Vec::new();
+        for i in 0..8 {
+            held_elsewhere.push(
+                other
+                    .lock(format!("{tag}:busy:{i}"))
+                    .ttl(30 * SEC)
+                    .await
+                    .unwrap(),
+            );
+        }
+        for i in 0..8 {
+            l.lock(format!("{tag}:done:{i}"))
+                .once()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+        }
+        let before = coalesced(&l);
+        let mut last_token: HashMap<usize, u64> = HashMap::new();
+        for round in 0..5 {
+            let (locker, tag2) = (l.clone(), tag.clone());
+            let got = at_once(move |i| {
+                let (locker, tag) = (locker.clone(), tag2.clone());
+                async move {
+                    let (key, once) = match i {
+                        0..8 => (format!("{tag}:busy:{i}"), false),
+                        8..16 => (format!("{tag}:done:{}", i - 8), true),
+                        _ => (format!("{tag}:free:{i}"), false),
+                    };
+                    let mut req = locker.lock(&key).wait(Duration::ZERO).ttl(30 * SEC);
+                    if once {
+                        req = req.once();
+                    }
+                    req.await
+                }
+            })
+            .await;
+            let mut guards = Vec::new();
+            for (i, g) in got.into_iter().enumerate() {
+                match (i, g) {
+                    (0..8, Err(e)) => assert!(e.is_busy(), "{}: row {i}: {e:?}", db.name),
+                    (8..16, Err(LockError::AlreadyDone { .. })) => {}
+                    (16.., Ok(g)) => {
+                        assert_eq!(g.hold_count(), 1, "{}", db.name);
+                        if let Some(&t) = last_token.get(&i) {
+                            assert!(
+                                g.fencing_token() > t,
+                                "{}: round {round}: token {} after {t}",
+                                db.name,
+                                g.fencing_token()
+                            );
+                        }
+                        last_token.insert(i, g.fencing_token());
+                        guards.push(g);
+                    }
+                    (i, other) => panic!("{}: round {round}: row {i}: {other:?}", db.name),
+                }
+            }
+            // Release them all at once: release rows share statements too.
+            let releases: Vec<_> = guards
+                .into_iter()
+                .map(|g| tokio::spawn(async move { g.release().await }))
+                .collect();
+            for r in releases {
+                r.await.unwrap().unwrap();
+            }
+        }
+        for i in 16..TASKS {
+            let info = l
+                .inspect(&format!("{tag}:free:{i}"))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(!info.held, "{}: {tag}:free:{i} left held", db.name);
+        }
+        for g in held_elsewhere {
+            g.release().await.unwrap();
+        }
+        if cfg!(feature = "_test-util") {
+            assert!(
+                coalesced(&l) > before,
+                "{}: 64 tasks at once never shared a statement",
+                db.name
+            );
+        }
+    }
+}
+
+/// `coalesce(false)`: the same load sends every statement alone.
+#[tokio::test]
+async fn coalesce_false_sends_every_statement_alone() {
+    let (dbs, _dir) = common::all("coalesce_off").await;
+    for db in &dbs {
+        let off = Locker::connect_with(&db.url, ConnectOptions::new().coalesce(false))
+            .await
+            .unwrap();
+        let off = common::as_named(db.name, off).table(db.locker.table_name());
+        let locker = off.clone();
+        let got = at_once(move |i| {
+            let locker = locker.clone();
+            async move {
+                let g = locker
+                    .lock(format!("off:{}:{i}", fastrand::u32(..)))
+                    .wait(10 * SEC)
+                    .await?;
+                g.release().await
+            }
+        })
+        .await;
+        for r in got {
+            r.unwrap();
+        }
+        assert_eq!(coalesced(&off), 0, "{}", db.name);
+    }
+}
+
+/// Extensions and releases of many holds at once, some of which were taken away meanwhile
+/// (force-released by an operator): those rows answer `NotHeld`, each on its own, while the
+/// rows beside them in the same statements succeed.
+#[tokio::test]
+async fn extends_and_releases_answer_per_row() {
+    let (dbs, _dir) = common::all("coalesce_rows").await;
+    for db in &dbs {
+        let l = db.locker.clone();
+        let tag = format!("{}-{}", db.name, fastrand::u32(..));
+        let mut guards = Vec::new();
+        for i in 0..TASKS {
+            guards.push(Arc::new(
+                l.lock(format!("{tag}:{i}")).ttl(30 * SEC).await.unwrap(),
+            ));
+        }
+        // Every 4th hold is taken away.
+        for i in (0..TASKS).step_by(4) {
+            assert!(l.force_release(&format!("{tag}:{i}")).await.unwrap());
+        }
+        let gs = guards.clone();
+        let extended = at_once(move |i| {
+            let g = gs[i].clone();
+            async move { g.extend(60 * SEC).await }
+        })
+        .await;
+        for (i, r) in extended.into_iter().enumerate() {
+            match (i % 4, r) {
+                (0, Err(LockError::NotHeld { .. })) | (1..=3, Ok(())) => {}
+                (_, other) => panic!("{}: extend of row:{i}: {other:?}", db.name),
+            }
+        }
+        for i in (1..TASKS).filter(|i| i % 4 != 0) {
+            let info = l.inspect(&format!("{tag}:{i}")).await.unwrap().unwrap();
+            assert!(
+                info.time_left > 40 * SEC,
+                "{}: {tag}:{i} not extended: {:?}",
+                db.name,
+                info.time_left
+            );
+        }
+        let slots: Arc<std::sync::Mutex<Vec<Option<dblock::LockGuard>>>> =
+            Arc::new(std::sync::Mutex::new(
+                guards
+                    .into_iter()
+                    .map(|g| Some(Arc::into_inner(g).expect("one owner")))
+                    .collect(),
+            ));
+        let released = at_once(move |i| {
+            let g = slots.lock().unwrap()[i].take().unwrap();
+            async move { g.release().await }
+        })
+        .await;
+        for (i, r) in released.into_iter().enumerate() {
+            match (i % 4, r) {
+                (0, Err(LockError::NotHeld { .. })) | (1..=3, Ok(())) => {}
+                (_, other) => panic!("{}: release of row:{i}: {other:?}", db.name),
+            }
+        }
+        for i in 0..TASKS {
+            let info = l.inspect(&format!("{tag}:{i}")).await.unwrap().unwrap();
+            assert!(!info.held, "{}: {tag}:{i} still held", db.name);
+        }
+    }
+}
+
+/// Callers that go away while their rows are queued or in flight (a time-out around `lock()`)
+/// orphan nothing: once their detached attempts have settled, every key is free again.
+#[tokio::test]
+async fn callers_that_go_away_orphan_nothing() {
+    let (dbs, _dir) = common::all("coalesce_gone").await;
+    for db in &dbs {
+        let l = db.locker.clone();
+        let tag = format!("{}-{}", db.name, fastrand::u32(..));
+        for round in 0..3 {
+            let (locker, tag2) = (l.clone(), tag.clone());
+            let got = at_once(move |i| {
+                let (locker, tag) = (locker.clone(), tag2.clone());
+                async move {
+                    // Spread the give-up instants over the queue's and the statements' life.
+                    let patience = Duration::from_micros(fastrand::u64(0..4000));
+                    let key = format!("{tag}:{i}");
+                    tokio::time::timeout(patience, locker.lock(&key).ttl(30 * SEC)).await
+                }
+            })
+            .await;
+            let mut kept = 0;
+            for g in got.into_iter().flatten() {
+                kept += 1;
+                g.unwrap().release().await.unwrap();
+            }
+            // A grant nobody received is given back by its attempt's own task.
+            let deadline = std::time::Instant::now() + 10 * SEC;
+            for i in 0..TASKS {
+                let key = format!("{tag}:{i}");
+                loop {
+                    let held = l.inspect(&key).await.unwrap().is_some_and(|info| info.held);
+                    if !held {
+                        break;
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{}: round {round}: {key} orphaned ({kept} calls kept their guard)",
+                        db.name
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+}
