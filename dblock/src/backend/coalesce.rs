@@ -49,6 +49,10 @@ pub(crate) const IN_FLIGHT: usize = 2;
 /// of the server dominates and larger batches only raise latency (see the README).
 pub(crate) const MAX_ROWS: usize = 64;
 
+/// How long the statements in flight may all hang before the queue is sent beside them (far
+/// above a batch's time on a working connection: a few milliseconds).
+pub(crate) const STUCK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// One row of a kind of statement that can travel with others.
 pub(crate) trait Row: Send + Sync + Sized + 'static {
     /// What the row's caller gets back.
@@ -192,6 +196,8 @@ struct State<R: Row> {
     in_flight: usize,
     queue: VecDeque<Queued<R>>,
     next_id: u64,
+    /// When a statement of the lane last started or ended.
+    progress: Instant,
 }
 
 impl<R: Row> std::fmt::Debug for State<R> {
@@ -228,6 +234,7 @@ impl<R: Row> Drop for Slot<'_, R> {
         if let Some(lane) = self.lane {
             let mut state = lock(&lane.state);
             state.in_flight -= 1;
+            state.progress = Instant::now();
             lane.send_queued(&mut state);
         }
     }
@@ -245,7 +252,26 @@ impl<R: Row> Turn<'_, R> {
     /// The row's answer, or by its deadline: "not sent" if it is still queued (it is taken
     /// out), "outcome unknown" if it is in flight.
     pub(crate) async fn wait(mut self) -> Result<R::Out, Failed> {
-        match tokio::time::timeout_at(self.deadline, &mut self.answer).await {
+        // While queued: every `STUCK`, a lane whose statements have all hung that long (a
+        // connection cut without a word, a demoted server) sends the queue anyway, on another
+        // connection, rather than hold every caller behind them.
+        loop {
+            let look = (Instant::now() + STUCK).min(self.deadline);
+            match tokio::time::timeout_at(look, &mut self.answer).await {
+                Err(_) if look < self.deadline => self.lane.unstick(),
+                answered => return self.answered(answered),
+            }
+        }
+    }
+
+    fn answered(
+        mut self,
+        answered: Result<
+            Result<Result<R::Out, Failed>, oneshot::error::RecvError>,
+            tokio::time::error::Elapsed,
+        >,
+    ) -> Result<R::Out, Failed> {
+        match answered {
             Ok(Ok(answer)) => answer,
             // The batch's task was dropped with the runtime: the row may have been sent.
             Ok(Err(_)) => Err(Failed {
@@ -292,6 +318,7 @@ impl<R: Row> Lane<R> {
                     in_flight: 0,
                     queue: VecDeque::new(),
                     next_id: 0,
+                    progress: Instant::now(),
                 }),
             }),
         }
@@ -305,6 +332,7 @@ impl<R: Row> Lane<R> {
         let mut state = lock(&self.inner.state);
         if state.in_flight < IN_FLIGHT && state.queue.is_empty() {
             state.in_flight += 1;
+            state.progress = Instant::now();
             return Entered::Alone(Slot {
                 lane: Some(&self.inner),
             });
@@ -347,10 +375,32 @@ impl<R: Row> Lane<R> {
 }
 
 impl<R: Row> Inner<R> {
+    /// Sends the queue beside statements that have hung for `STUCK` (no statement of the lane
+    /// started or ended since): one more statement in flight, once per `STUCK`.
+    fn unstick(self: &Arc<Self>) {
+        let mut state = lock(&self.state);
+        if state.queue.is_empty() || state.progress.elapsed() < STUCK {
+            return;
+        }
+        tracing::debug!(
+            in_flight = state.in_flight,
+            queued = state.queue.len(),
+            "coalesced statements hang; the queue goes beside them"
+        );
+        let limit = state.in_flight + 1;
+        self.send_batches(&mut state, limit);
+    }
+
     /// While a slot is free and rows wait: the next batch, in a task of its own.
     fn send_queued(self: &Arc<Self>, state: &mut State<R>) {
+        self.send_batches(state, IN_FLIGHT);
+    }
+
+    /// Batches of the queue, each in a task of its own, while fewer than `limit` statements are
+    /// in flight.
+    fn send_batches(self: &Arc<Self>, state: &mut State<R>, limit: usize) {
         let Some(to) = &self.to else { return };
-        while state.in_flight < IN_FLIGHT && !state.queue.is_empty() {
+        while state.in_flight < limit && !state.queue.is_empty() {
             let mut batch: Vec<Queued<R>> = Vec::new();
             let mut keys: HashSet<String> = HashSet::new();
             let mut later = VecDeque::new();
@@ -376,6 +426,7 @@ impl<R: Row> Inner<R> {
                 return;
             };
             state.in_flight += 1;
+            state.progress = Instant::now();
             if batch.len() > 1 {
                 self.coalesced[0].fetch_add(1, Ordering::Relaxed);
                 self.coalesced[1].fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -385,6 +436,7 @@ impl<R: Row> Inner<R> {
                 send_batch(&to, batch).await;
                 let mut state = lock(&lane.state);
                 state.in_flight -= 1;
+                state.progress = Instant::now();
                 lane.send_queued(&mut state);
             });
         }
@@ -1028,6 +1080,42 @@ mod tests {
             h.await.unwrap().unwrap();
         }
         assert_eq!(*lock(&db.sent), [vec!["kept".to_owned()]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_behind_hung_statements_goes_beside_them() {
+        let db = Db {
+            delay: Duration::from_millis(1),
+            ..Db::default()
+        };
+        let lane = lane(&db);
+        // Both slots hang for 10 s (a connection cut without a word).
+        let hung: Vec<_> = (0..IN_FLIGHT)
+            .map(|i| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    call(
+                        lane,
+                        &format!("h{i}"),
+                        Duration::from_secs(10),
+                        Duration::from_secs(20),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let t = Instant::now();
+        let got = call(lane.clone(), "next", Duration::ZERO, Duration::from_secs(5)).await;
+        assert_eq!(got.unwrap(), 4);
+        let waited = t.elapsed();
+        assert!(
+            waited >= STUCK - Duration::from_millis(1) && waited < STUCK * 3,
+            "sent beside the hung statements after {waited:?}"
+        );
+        for h in hung {
+            h.await.unwrap().unwrap();
+        }
     }
 
     #[tokio::test(start_paused = true)]
