@@ -45,13 +45,20 @@ pub(crate) async fn coalescing(
             .await
             .unwrap()
             .table("dblock_bench");
+        let counted = on.clone();
         let on: Arc<dyn Cycle> = Arc::new(Dblock(on));
         let off: Arc<dyn Cycle> = Arc::new(Dblock(off));
         let pg = *name == "postgres";
-        for owners in OWNERS {
+        // DBLOCK_BENCH_OWNERS=64: only these owner counts.
+        let owner_counts: Vec<usize> = std::env::var("DBLOCK_BENCH_OWNERS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|n| n.parse().ok()).collect())
+            .unwrap_or_else(|| OWNERS.to_vec());
+        for owners in owner_counts {
             for imp in [&on, &off] {
                 run(imp.clone(), owners, Duration::from_millis(300), "warm").await;
             }
+            let before = dblock::test_util::coalesced(&counted);
             let (mut a, mut b) = (None::<Stats>, None::<Stats>);
             let (mut ratio, mut vs_pgbench, mut pgb) = (Vec::new(), Vec::new(), Vec::new());
             for i in 0..ROUNDS {
@@ -114,10 +121,18 @@ pub(crate) async fn coalescing(
                 imp: "coalesced".into(),
                 rate: a.rate(),
             });
+            let after = dblock::test_util::coalesced(&counted);
+            let (statements, rows) = (after.0 - before.0, after.1 - before.1);
+            // Calls that went alone are the rest of the cycles' two statements each.
+            let alone = (a.cycles as u64 * 2).saturating_sub(rows);
             row(
                 "dblock (coalesced)",
                 &mut a,
-                format!("{:.2}× coalesce(false)", median(ratio)),
+                format!(
+                    "{:.2}× coalesce(false); {statements} coalesced statements of {:.1} rows, {alone} alone",
+                    median(ratio),
+                    rows as f64 / statements.max(1) as f64
+                ),
             );
             if !pgb.is_empty() {
                 let tps = median(pgb);

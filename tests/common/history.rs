@@ -132,19 +132,24 @@ pub async fn worker(workload: &Workload) -> Locker {
     }
     // A statement may take longer than the ttl (as a commit waiting for a stalled synchronous
     // standby can): grants can then arrive after their lease could have ended.
-    let options = ConnectOptions::new()
+    let tasks: u32 = std::env::var("DBLOCK_CHAOS_TASKS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1);
+    let mut options = ConnectOptions::new()
         .statement_timeout(Duration::from_secs(4))
         .acquire_timeout(Duration::from_secs(1));
+    if tasks > 1 {
+        // Fewer connections than loops: a locker keeps one statement of a kind in flight per
+        // connection, so the loops' statements queue and travel in batches.
+        options = options.max_connections(3);
+    }
     let locker = loop {
         match Locker::connect_with(&url, options.clone()).await {
             Ok(l) => break l.table(&table),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    let tasks: u32 = std::env::var("DBLOCK_CHAOS_TASKS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(1);
     let until = Instant::now() + workload.run;
     // DBLOCK_CHAOS_STOP_FILE: the run also ends when this file appears (a run whose faults take
     // as long as they take: the parent says when it is over).

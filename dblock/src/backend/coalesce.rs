@@ -4,8 +4,8 @@
 //! release, an extension) and the backend that runs it. Nothing above it knows whether its row
 //! travelled alone; nothing below it knows who asked.
 //!
-//! - **A lone caller goes at once, alone**: while fewer than [`IN_FLIGHT`] statements of its
-//!   kind are in flight and nobody is queued, a call takes a slot and sends its usual one-row
+//! - **A lone caller goes at once, alone**: while fewer statements of its kind are in flight
+//!   than the lane has slots ([`Backend::coalesce_slots`]) and nobody is queued, a call takes a slot and sends its usual one-row
 //!   statement inline, in its own task. No timer, no hand-off, no copy of its values.
 //! - **Group commit, no timer**: a call that finds every slot taken queues its row (an owned
 //!   copy) and waits. When a statement ends, what queued meanwhile goes out together as the
@@ -36,13 +36,6 @@ use super::{Acquire, Attempt, Backend, HoldRef, Released, RenewItem};
 use crate::info::Outcome;
 use crate::retry::{Failed, Failure};
 use crate::sync::lock;
-
-/// Statements of one kind in flight at once, per locker and table. Two: while one batch is on
-/// its way the next one fills, and a lone caller never waits for a slot held by another lone
-/// caller of the same instant. Measured at 64 owners on PostgreSQL (see the README's
-/// benchmark section): one slot serialises the kinds' round trips; more than two split the
-/// queue into smaller batches for no gain in throughput.
-pub(crate) const IN_FLIGHT: usize = 2;
 
 /// Rows in one statement, at most. A bound on what one failure takes down with it and on the
 /// statement's size (its parameters, a pooler's literal text); past 64 rows the per-row cost
@@ -89,10 +82,11 @@ impl Coalescer {
     /// alone, as if nothing else were in flight.
     pub(crate) fn new(backend: Option<Backend>, on: bool) -> Self {
         let backend = backend.filter(|_| on);
+        let slots = backend.as_ref().map_or(1, Backend::coalesce_slots);
         Coalescer {
-            acquire: Lane::new(backend.clone()),
-            release: Lane::new(backend.clone()),
-            extend: Lane::new(backend),
+            acquire: Lane::new(backend.clone(), slots),
+            release: Lane::new(backend.clone(), slots),
+            extend: Lane::new(backend, slots),
         }
     }
 
@@ -187,6 +181,8 @@ pub(crate) struct Lane<R: Row> {
 struct Inner<R: Row> {
     /// `None`: coalescing is off, every call goes alone.
     to: Option<R::To>,
+    /// Statements of the lane in flight at once before calls queue.
+    slots: usize,
     state: Mutex<State<R>>,
     /// Statements of more than one row sent, and the rows in them.
     coalesced: [AtomicU64; 2],
@@ -309,10 +305,11 @@ impl<R: Row> Turn<'_, R> {
 }
 
 impl<R: Row> Lane<R> {
-    pub(crate) fn new(to: Option<R::To>) -> Self {
+    pub(crate) fn new(to: Option<R::To>, slots: usize) -> Self {
         Lane {
             inner: Arc::new(Inner {
                 to,
+                slots: slots.max(1),
                 coalesced: [AtomicU64::new(0), AtomicU64::new(0)],
                 state: Mutex::new(State {
                     in_flight: 0,
@@ -330,7 +327,7 @@ impl<R: Row> Lane<R> {
             return Entered::Alone(Slot { lane: None });
         }
         let mut state = lock(&self.inner.state);
-        if state.in_flight < IN_FLIGHT && state.queue.is_empty() {
+        if state.in_flight < self.inner.slots && state.queue.is_empty() {
             state.in_flight += 1;
             state.progress = Instant::now();
             return Entered::Alone(Slot {
@@ -393,7 +390,7 @@ impl<R: Row> Inner<R> {
 
     /// While a slot is free and rows wait: the next batch, in a task of its own.
     fn send_queued(self: &Arc<Self>, state: &mut State<R>) {
-        self.send_batches(state, IN_FLIGHT);
+        self.send_batches(state, self.slots);
     }
 
     /// Batches of the queue, each in a task of its own, while fewer than `limit` statements are
@@ -765,8 +762,11 @@ mod tests {
         }
     }
 
+    /// Slots of the test lanes.
+    const IN_FLIGHT: usize = 2;
+
     fn lane(db: &Db) -> Arc<Lane<Key>> {
-        Arc::new(Lane::new(Some(db.clone())))
+        Arc::new(Lane::new(Some(db.clone()), IN_FLIGHT))
     }
 
     /// A call as the dispatcher's users make it: alone, it "sends" its own statement (held
@@ -1120,7 +1120,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn off_means_every_call_alone() {
-        let lane: Arc<Lane<Key>> = Arc::new(Lane::new(None));
+        let lane: Arc<Lane<Key>> = Arc::new(Lane::new(None, IN_FLIGHT));
         let calls: Vec<_> = (0..8)
             .map(|i| {
                 let lane = lane.clone();

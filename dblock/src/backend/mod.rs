@@ -547,6 +547,26 @@ impl Backend {
         dispatch!(self, _b, D => D::NAME)
     }
 
+    /// Statements of one kind a locker keeps in flight before further calls queue and travel
+    /// together (`backend/coalesce.rs`). SQLite: one, since it has one writer at a time and a
+    /// second statement would only wait for the file's write lock (in its busy handler's
+    /// sleeps). A server: one per pooled connection, so that coalescing takes away no
+    /// parallelism: only a call that would have waited for a connection waits for a batch
+    /// instead. (Measured at 64 owners: fewer slots make larger batches, but on PostgreSQL a
+    /// batched row costs the server about what a one-row statement does, and the lost
+    /// parallelism cost more than the saved round trips: 8 owners fell to 0.5 of
+    /// `coalesce(false)` with two slots.)
+    pub(crate) fn coalesce_slots(&self) -> usize {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.pool().options().get_max_connections() as usize,
+            #[cfg(feature = "mysql")]
+            Backend::MySql(b) => b.pool().options().get_max_connections() as usize,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => 1,
+        }
+    }
+
     /// Runs statement `s` on a pooled connection within `deadline` (see [`Statement`]).
     pub(crate) async fn run<S: Statement>(
         &self,

@@ -266,3 +266,17 @@ pub(crate) async fn release(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod print_tests {
+    #[test]
+    #[ignore = "prints the statements"]
+    fn print() {
+        let s = super::Sql::new("\"dblock_bench\"");
+        println!(
+            "{}\n----\n{}",
+            s.acquire.sql.as_str(),
+            s.release.sql.as_str()
+        );
+    }
+}
