@@ -34,6 +34,7 @@ mod fairness;
 mod kinds;
 
 const TTL: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(10);
 const KEYS_PER_OWNER: usize = 64;
 /// Measured rounds per cell, alternating the sides.
 const ROUNDS: usize = 10;
@@ -51,7 +52,14 @@ struct Dblock(Locker);
 impl Cycle for Dblock {
     fn cycle<'a>(&'a self, key: &'a str, _owner: &'a str) -> BoxFut<'a> {
         Box::pin(async move {
-            let g = self.0.lock(key).ttl(TTL).await.expect("dblock lock");
+            // A wait only for SQLite's write lock between owners (keys are never contended).
+            let g = self
+                .0
+                .lock(key)
+                .ttl(TTL)
+                .wait(WAIT)
+                .await
+                .expect("dblock lock");
             g.release().await.expect("dblock release");
         })
     }
