@@ -216,15 +216,16 @@ impl ConnectOptions {
 
     /// Whether concurrent lock statements of this locker share a round trip (default `true`).
     ///
-    /// With coalescing on, a call that finds no statement of its kind in flight (acquire,
-    /// release, extend; two may be in flight at once) is sent at once, alone: a lone caller
-    /// pays nothing. Calls that arrive while statements are in flight wait for one to end and
-    /// then go together, up to 64 rows in one statement (PostgreSQL: one statement over arrays;
-    /// SQLite, MySQL and MariaDB: one transaction, one commit). No timer, no added latency:
-    /// only what queued anyway travels together. Every guarantee holds per row: each call gets
-    /// its own answer, keeps its own attempt or release id (an unknown outcome is settled row by
-    /// row) and its own deadline; rows take their row locks in key order, and two rows of one
-    /// key never share a statement. `lock_all` keeps its own all-or-nothing statement.
+    /// With coalescing on, a call that finds a free slot of its kind (acquire, release, extend;
+    /// one slot per pooled connection, one on SQLite) and nobody queued is sent at once, alone:
+    /// a lone caller pays nothing. Calls that find every slot taken wait for a statement to end
+    /// and then go together, up to 64 rows in one statement (PostgreSQL: one statement over
+    /// arrays; MariaDB: one multi-row upsert; SQLite, MySQL 8 and releases on MySQL/MariaDB:
+    /// one transaction, one commit). No timer: only what would have waited anyway travels
+    /// together. Every guarantee holds per row: each call gets its own answer, keeps its own
+    /// attempt or release id (an unknown outcome is settled row by row) and its own deadline;
+    /// rows take their row locks in key order, and two rows of one key never share a
+    /// statement. `lock_all` keeps its own all-or-nothing statement.
     ///
     /// `false` sends every statement on its own, as one round trip per call.
     ///
