@@ -81,8 +81,21 @@ pub fn error_kind(e: &LockError) -> Result<String, String> {
         ))),
         // The connection's own error (refused, reset, broken pipe, a connect that hung).
         LockError::Database(sqlx::Error::Io(io)) => Ok(word(format!("io:{:?}:{io}", io.kind()))),
+        // A worker with more loops than connections (`DBLOCK_CHAOS_TASKS`): while faults hold
+        // every connection, its pool is truly exhausted (the server answers), and says so.
+        LockError::Database(sqlx::Error::PoolTimedOut) if loops_outnumber_connections() => {
+            Ok("pool-exhausted".into())
+        }
         other => Err(format!("{other:?}")),
     }
+}
+
+/// Whether this worker runs more loops at once than its pool has connections (a batch run).
+fn loops_outnumber_connections() -> bool {
+    std::env::var("DBLOCK_CHAOS_TASKS")
+        .ok()
+        .and_then(|t| t.parse::<u32>().ok())
+        .is_some_and(|t| t > 1)
 }
 
 /// The worker's log: one line per step, appended to the shared history file.
