@@ -46,6 +46,10 @@ pub(crate) const MAX_ROWS: usize = 64;
 /// above a batch's time on a working connection: a few milliseconds).
 pub(crate) const STUCK: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How old a statement's failure may be, when a row queued, to be named as the reason it got
+/// no turn.
+const RECENT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One row of a kind of statement that can travel with others.
 pub(crate) trait Row: Send + Sync + Sized + 'static {
     /// What the row's caller gets back.
@@ -115,7 +119,7 @@ impl Coalescer {
             return backend.acquire(a, deadline).await;
         }
         match self.acquire.enter(|| AcquireRow::from(a), deadline) {
-            Entered::Alone(_slot) => backend.acquire(a, deadline).await,
+            Entered::Alone(slot) => slot.noted(backend.acquire(a, deadline).await),
             Entered::Queued(turn) => turn.wait().await,
         }
     }
@@ -139,11 +143,11 @@ impl Coalescer {
             release_id,
         };
         match self.release.enter(row, deadline) {
-            Entered::Alone(_slot) => {
+            Entered::Alone(slot) => slot.noted(
                 backend
                     .release(h, remaining, outcome, release_id, deadline)
-                    .await
-            }
+                    .await,
+            ),
             Entered::Queued(turn) => turn.wait().await,
         }
     }
@@ -164,7 +168,10 @@ impl Coalescer {
             ttl_us,
         };
         match self.extend.enter(row, deadline) {
-            Entered::Alone(_slot) => Ok(backend.extend(h, ttl_us, deadline).await?.map(Some)),
+            Entered::Alone(slot) => {
+                let extended = slot.noted(backend.extend(h, ttl_us, deadline).await)?;
+                Ok(extended.map(Some))
+            }
             Entered::Queued(turn) => turn.wait().await,
         }
     }
@@ -184,6 +191,9 @@ struct Inner<R: Row> {
     /// Statements of the lane in flight at once before calls queue.
     slots: usize,
     state: Mutex<State<R>>,
+    /// The latest failure of a statement of the lane: what a row that never got its turn
+    /// reports as the cause.
+    last_failure: Mutex<Option<(Instant, std::io::ErrorKind, String)>>,
     /// Statements of more than one row sent, and the rows in them.
     coalesced: [AtomicU64; 2],
 }
@@ -225,6 +235,16 @@ pub(crate) struct Slot<'a, R: Row> {
     lane: Option<&'a Arc<Inner<R>>>,
 }
 
+impl<R: Row> Slot<'_, R> {
+    /// `result`, its failure noted for the rows queued behind it.
+    fn noted<T>(self, result: Result<T, Failed>) -> Result<T, Failed> {
+        if let (Err(failed), Some(lane)) = (&result, self.lane) {
+            lane.note(failed);
+        }
+        result
+    }
+}
+
 impl<R: Row> Drop for Slot<'_, R> {
     fn drop(&mut self) {
         if let Some(lane) = self.lane {
@@ -240,6 +260,7 @@ impl<R: Row> Drop for Slot<'_, R> {
 pub(crate) struct Turn<'a, R: Row> {
     lane: &'a Arc<Inner<R>>,
     id: u64,
+    queued_at: Instant,
     deadline: Instant,
     answer: oneshot::Receiver<Result<R::Out, Failed>>,
 }
@@ -288,15 +309,34 @@ impl<R: Row> Turn<'_, R> {
                         return answer;
                     }
                 }
-                Err(Failed {
-                    error: sqlx::Error::Io(std::io::Error::new(
+                let error = if queued {
+                    // Never sent: the statements ahead of it took the time. Their latest
+                    // failure, if any, is the cause (a refused server, say).
+                    // (A failure up to a second before it queued counts: a caller's last
+                    // resend, with little time left, queues behind the others' resends.)
+                    let last = lock(&self.lane.last_failure).clone();
+                    let recent = |at: &Instant| *at + RECENT >= self.queued_at;
+                    match last.filter(|(at, ..)| recent(at)) {
+                        Some((_, kind, cause)) => std::io::Error::new(
+                            kind,
+                            format!(
+                                "no turn for the statement within its time limit: the \
+                                 statements ahead of it failed: {cause}"
+                            ),
+                        ),
+                        None => std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "no turn for the statement within its time limit",
+                        ),
+                    }
+                } else {
+                    std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
-                        if queued {
-                            "no turn for the statement within its time limit"
-                        } else {
-                            "no reply from the database within the statement's time limit"
-                        },
-                    )),
+                        "no reply from the database within the statement's time limit",
+                    )
+                };
+                Err(Failed {
+                    error: sqlx::Error::Io(error),
                     sent: !queued,
                 })
             }
@@ -311,6 +351,7 @@ impl<R: Row> Lane<R> {
                 to,
                 slots: slots.max(1),
                 coalesced: [AtomicU64::new(0), AtomicU64::new(0)],
+                last_failure: Mutex::new(None),
                 state: Mutex::new(State {
                     in_flight: 0,
                     queue: VecDeque::new(),
@@ -349,6 +390,7 @@ impl<R: Row> Lane<R> {
         Entered::Queued(Turn {
             lane: &self.inner,
             id,
+            queued_at: Instant::now(),
             deadline,
             answer: rx,
         })
@@ -372,6 +414,14 @@ impl<R: Row> Lane<R> {
 }
 
 impl<R: Row> Inner<R> {
+    fn note(&self, failed: &Failed) {
+        let kind = match &failed.error {
+            sqlx::Error::Io(io) => io.kind(),
+            _ => std::io::ErrorKind::Other,
+        };
+        *lock(&self.last_failure) = Some((Instant::now(), kind, failed.error.to_string()));
+    }
+
     /// Sends the queue beside statements that have hung for `STUCK` (no statement of the lane
     /// started or ended since): one more statement in flight, once per `STUCK`.
     fn unstick(self: &Arc<Self>) {
@@ -430,7 +480,7 @@ impl<R: Row> Inner<R> {
             }
             let (lane, to) = (self.clone(), to.clone());
             runtime.spawn(async move {
-                send_batch(&to, batch).await;
+                send_batch(&lane, &to, batch).await;
                 let mut state = lock(&lane.state);
                 state.in_flight -= 1;
                 state.progress = Instant::now();
@@ -441,7 +491,7 @@ impl<R: Row> Inner<R> {
 }
 
 /// Sends one batch and answers each of its rows.
-async fn send_batch<R: Row>(to: &R::To, mut batch: Vec<Queued<R>>) {
+async fn send_batch<R: Row>(lane: &Inner<R>, to: &R::To, mut batch: Vec<Queued<R>>) {
     batch.sort_by(|a, b| a.row.key().as_bytes().cmp(b.row.key().as_bytes()));
     let deadline = batch
         .iter()
@@ -470,6 +520,7 @@ async fn send_batch<R: Row>(to: &R::To, mut batch: Vec<Queued<R>>) {
             }
         }
         Err(failed) => {
+            lane.note(&failed);
             let class = R::classify(to, &failed);
             for answer in answers {
                 let _ = answer.send(Err(copy(&failed, class)));
