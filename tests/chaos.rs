@@ -170,20 +170,7 @@ impl Fault {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_run_keeps_every_promise() {
-    #[allow(unused_mut)]
-    let mut servers: Vec<(&str, String, Option<common::Db>)> = Vec::new();
-    #[cfg(feature = "postgres")]
-    servers.push((
-        "postgres",
-        common::postgres_url(),
-        common::postgres("chaos").await,
-    ));
-    #[cfg(feature = "mysql")]
-    servers.push(("mariadb", common::mysql_url(), common::mysql("chaos").await));
-    for (name, direct, db) in servers {
-        let Some(db) = db else { continue };
-        run(name, &direct, &db.locker, 1).await;
-    }
+    on_every_server("chaos", 1).await;
 }
 
 /// The same run with `BATCH_TASKS` loops in each worker: their acquires and releases share
@@ -191,23 +178,26 @@ async fn chaos_run_keeps_every_promise() {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_run_with_coalesced_statements_keeps_every_promise() {
+    on_every_server("chaos_batch", BATCH_TASKS).await;
+}
+
+/// [`run`] on PostgreSQL and MariaDB, those this build has and this machine reaches, on a
+/// fresh table named after `test`, with `tasks` loops a worker.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn on_every_server(test: &str, tasks: usize) {
     #[allow(unused_mut)]
     let mut servers: Vec<(&str, String, Option<common::Db>)> = Vec::new();
     #[cfg(feature = "postgres")]
     servers.push((
         "postgres",
         common::postgres_url(),
-        common::postgres("chaos_batch").await,
+        common::postgres(test).await,
     ));
     #[cfg(feature = "mysql")]
-    servers.push((
-        "mariadb",
-        common::mysql_url(),
-        common::mysql("chaos_batch").await,
-    ));
+    servers.push(("mariadb", common::mysql_url(), common::mysql(test).await));
     for (name, direct, db) in servers {
         let Some(db) = db else { continue };
-        run(name, &direct, &db.locker, BATCH_TASKS).await;
+        run(name, &direct, &db.locker, tasks).await;
     }
 }
 

@@ -838,6 +838,28 @@ mod tests {
         }
     }
 
+    /// Takes every slot of `lane` for `hold`: lone callers whose statements take that long.
+    fn occupy(
+        lane: &Arc<Lane<Key>>,
+        hold: Duration,
+    ) -> Vec<tokio::task::JoinHandle<Result<usize, Failed>>> {
+        (0..IN_FLIGHT)
+            .map(|i| {
+                let lane = lane.clone();
+                tokio::spawn(async move {
+                    call(lane, &format!("slot{i}"), hold, Duration::from_secs(20)).await
+                })
+            })
+            .collect()
+    }
+
+    /// Waits for the callers of [`occupy`], each of which must have succeeded.
+    async fn finish(callers: Vec<tokio::task::JoinHandle<Result<usize, Failed>>>) {
+        for c in callers {
+            c.await.unwrap().unwrap();
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_lone_caller_goes_alone_at_once() {
         let db = Db::default();
@@ -863,20 +885,7 @@ mod tests {
         };
         let lane = lane(&db);
         // Two lone callers take both slots for 10 ms.
-        let alone: Vec<_> = (0..IN_FLIGHT)
-            .map(|i| {
-                let lane = lane.clone();
-                tokio::spawn(async move {
-                    call(
-                        lane,
-                        &format!("alone{i}"),
-                        Duration::from_millis(10),
-                        Duration::from_secs(1),
-                    )
-                    .await
-                })
-            })
-            .collect();
+        let alone = occupy(&lane, Duration::from_millis(10));
         tokio::time::sleep(Duration::from_millis(1)).await;
         let queued: Vec<_> = (0..5)
             .map(|i| {
@@ -897,9 +906,7 @@ mod tests {
         for (i, q) in queued.into_iter().enumerate() {
             assert_eq!(q.await.unwrap().unwrap(), i + 1, "each row its own answer");
         }
-        for a in alone {
-            a.await.unwrap().unwrap();
-        }
+        finish(alone).await;
         let sent = lock(&db.sent).clone();
         assert_eq!(sent.len(), 1, "one statement for the five: {sent:?}");
         assert_eq!(sent[0], ["k", "kk", "kkk", "kkkk", "kkkkk"], "in key order");
@@ -912,20 +919,7 @@ mod tests {
             ..Db::default()
         };
         let lane = lane(&db);
-        let hold: Vec<_> = (0..IN_FLIGHT)
-            .map(|i| {
-                let lane = lane.clone();
-                tokio::spawn(async move {
-                    call(
-                        lane,
-                        &format!("h{i}"),
-                        Duration::from_millis(5),
-                        Duration::from_secs(1),
-                    )
-                    .await
-                })
-            })
-            .collect();
+        let hold = occupy(&lane, Duration::from_millis(5));
         tokio::time::sleep(Duration::from_millis(1)).await;
         let mut queued = Vec::new();
         for i in 0..(MAX_ROWS + 10) {
@@ -947,9 +941,7 @@ mod tests {
         for q in queued {
             q.await.unwrap().unwrap();
         }
-        for h in hold {
-            h.await.unwrap().unwrap();
-        }
+        finish(hold).await;
         let sent = lock(&db.sent).clone();
         for batch in &sent {
             assert!(batch.len() <= MAX_ROWS, "a batch of {}", batch.len());
@@ -964,20 +956,7 @@ mod tests {
     async fn a_row_whose_deadline_passes_in_the_queue_is_not_sent() {
         let db = Db::default();
         let lane = lane(&db);
-        let hold: Vec<_> = (0..IN_FLIGHT)
-            .map(|i| {
-                let lane = lane.clone();
-                tokio::spawn(async move {
-                    call(
-                        lane,
-                        &format!("h{i}"),
-                        Duration::from_millis(50),
-                        Duration::from_secs(1),
-                    )
-                    .await
-                })
-            })
-            .collect();
+        let hold = occupy(&lane, Duration::from_millis(50));
         tokio::time::sleep(Duration::from_millis(1)).await;
         let t = Instant::now();
         let late = call(
@@ -995,9 +974,7 @@ mod tests {
         let failed = late.unwrap_err();
         assert!(!failed.sent, "still queued: certainly not sent");
         assert_eq!(lane.queued(), 0, "taken out of the queue");
-        for h in hold {
-            h.await.unwrap().unwrap();
-        }
+        finish(hold).await;
         assert!(
             lock(&db.sent).is_empty(),
             "never sent: {:?}",
@@ -1012,20 +989,7 @@ mod tests {
             ..Db::default()
         };
         let lane = lane(&db);
-        let hold: Vec<_> = (0..IN_FLIGHT)
-            .map(|i| {
-                let lane = lane.clone();
-                tokio::spawn(async move {
-                    call(
-                        lane,
-                        &format!("h{i}"),
-                        Duration::from_millis(5),
-                        Duration::from_secs(1),
-                    )
-                    .await
-                })
-            })
-            .collect();
+        let hold = occupy(&lane, Duration::from_millis(5));
         tokio::time::sleep(Duration::from_millis(1)).await;
         let t = Instant::now();
         let got = call(
@@ -1038,9 +1002,7 @@ mod tests {
         assert_eq!(t.elapsed(), Duration::from_millis(30));
         let failed = got.unwrap_err();
         assert!(failed.sent, "in flight: the outcome is unknown");
-        for h in hold {
-            h.await.unwrap().unwrap();
-        }
+        finish(hold).await;
         assert_eq!(lock(&db.sent).len(), 1);
     }
 
@@ -1053,20 +1015,7 @@ mod tests {
                 ..Db::default()
             };
             let lane = lane(&db);
-            let hold: Vec<_> = (0..IN_FLIGHT)
-                .map(|i| {
-                    let lane = lane.clone();
-                    tokio::spawn(async move {
-                        call(
-                            lane,
-                            &format!("h{i}"),
-                            Duration::from_millis(5),
-                            Duration::from_secs(1),
-                        )
-                        .await
-                    })
-                })
-                .collect();
+            let hold = occupy(&lane, Duration::from_millis(5));
             tokio::time::sleep(Duration::from_millis(1)).await;
             let rows: Vec<_> = ["a", "b", "c"]
                 .into_iter()
@@ -1087,9 +1036,7 @@ mod tests {
                 assert!(failed.sent);
                 assert!(failed.error.to_string().contains(&format!("{class:?}")));
             }
-            for h in hold {
-                h.await.unwrap().unwrap();
-            }
+            finish(hold).await;
         }
     }
 
@@ -1097,20 +1044,7 @@ mod tests {
     async fn a_queued_row_whose_caller_went_away_is_not_sent() {
         let db = Db::default();
         let lane = lane(&db);
-        let hold: Vec<_> = (0..IN_FLIGHT)
-            .map(|i| {
-                let lane = lane.clone();
-                tokio::spawn(async move {
-                    call(
-                        lane,
-                        &format!("h{i}"),
-                        Duration::from_millis(20),
-                        Duration::from_secs(1),
-                    )
-                    .await
-                })
-            })
-            .collect();
+        let hold = occupy(&lane, Duration::from_millis(20));
         tokio::time::sleep(Duration::from_millis(1)).await;
         let gone = {
             let lane = lane.clone();
@@ -1127,9 +1061,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         gone.abort();
         assert_eq!(kept.await.unwrap().unwrap(), 4);
-        for h in hold {
-            h.await.unwrap().unwrap();
-        }
+        finish(hold).await;
         assert_eq!(*lock(&db.sent), [vec!["kept".to_owned()]]);
     }
 
@@ -1141,20 +1073,7 @@ mod tests {
         };
         let lane = lane(&db);
         // Both slots hang for 10 s (a connection cut without a word).
-        let hung: Vec<_> = (0..IN_FLIGHT)
-            .map(|i| {
-                let lane = lane.clone();
-                tokio::spawn(async move {
-                    call(
-                        lane,
-                        &format!("h{i}"),
-                        Duration::from_secs(10),
-                        Duration::from_secs(20),
-                    )
-                    .await
-                })
-            })
-            .collect();
+        let hung = occupy(&lane, Duration::from_secs(10));
         tokio::time::sleep(Duration::from_millis(1)).await;
         let t = Instant::now();
         let got = call(lane.clone(), "next", Duration::ZERO, Duration::from_secs(5)).await;
@@ -1164,9 +1083,7 @@ mod tests {
             waited >= STUCK - Duration::from_millis(1) && waited < STUCK * 3,
             "sent beside the hung statements after {waited:?}"
         );
-        for h in hung {
-            h.await.unwrap().unwrap();
-        }
+        finish(hung).await;
     }
 
     #[tokio::test(start_paused = true)]
