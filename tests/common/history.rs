@@ -83,19 +83,20 @@ pub fn error_kind(e: &LockError) -> Result<String, String> {
         LockError::Database(sqlx::Error::Io(io)) => Ok(word(format!("io:{:?}:{io}", io.kind()))),
         // A worker with more loops than connections (`DBLOCK_CHAOS_TASKS`): while faults hold
         // every connection, its pool is truly exhausted (the server answers), and says so.
-        LockError::Database(sqlx::Error::PoolTimedOut) if loops_outnumber_connections() => {
+        LockError::Database(sqlx::Error::PoolTimedOut) if loops() > 1 => {
             Ok("pool-exhausted".into())
         }
         other => Err(format!("{other:?}")),
     }
 }
 
-/// Whether this worker runs more loops at once than its pool has connections (a batch run).
-fn loops_outnumber_connections() -> bool {
+/// Loops this worker runs at once (`DBLOCK_CHAOS_TASKS`, default 1). More than one: a batch
+/// run, whose loops outnumber its pool's connections.
+fn loops() -> u32 {
     std::env::var("DBLOCK_CHAOS_TASKS")
         .ok()
-        .and_then(|t| t.parse::<u32>().ok())
-        .is_some_and(|t| t > 1)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1)
 }
 
 /// The worker's log: one line per step, appended to the shared history file.
@@ -145,10 +146,7 @@ pub async fn worker(workload: &Workload) -> Locker {
     }
     // A statement may take longer than the ttl (as a commit waiting for a stalled synchronous
     // standby can): grants can then arrive after their lease could have ended.
-    let tasks: u32 = std::env::var("DBLOCK_CHAOS_TASKS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(1);
+    let tasks = loops();
     let mut options = ConnectOptions::new()
         .statement_timeout(Duration::from_secs(4))
         .acquire_timeout(Duration::from_secs(1));

@@ -56,7 +56,7 @@ pub(crate) trait Row: Send + Sync + Sized + 'static {
     type Out: Send + 'static;
 
     /// What sends the statement: the locker's backend.
-    type To: Clone + Send + Sync + std::fmt::Debug + 'static;
+    type To: Classify + Clone + Send + Sync + std::fmt::Debug + 'static;
 
     /// The key the row writes: no two rows of one key share a statement.
     fn key(&self) -> &str;
@@ -68,9 +68,17 @@ pub(crate) trait Row: Send + Sync + Sized + 'static {
         rows: &[Self],
         deadline: Instant,
     ) -> impl Future<Output = Result<Vec<Self::Out>, Failed>> + Send;
+}
 
-    /// How a failed statement is classed (the backend's mapping).
-    fn classify(to: &Self::To, failed: &Failed) -> Failure;
+/// How a failed statement is classed: the backend's mapping.
+pub(crate) trait Classify {
+    fn classify(&self, failed: &Failed) -> Failure;
+}
+
+impl Classify for Backend {
+    fn classify(&self, failed: &Failed) -> Failure {
+        Backend::classify(self, failed)
+    }
 }
 
 /// The statements of one locker (on one table) that may be coalesced: one lane per kind.
@@ -521,7 +529,7 @@ async fn send_batch<R: Row>(lane: &Inner<R>, to: &R::To, mut batch: Vec<Queued<R
         }
         Err(failed) => {
             lane.note(&failed);
-            let class = R::classify(to, &failed);
+            let class = to.classify(&failed);
             for answer in answers {
                 let _ = answer.send(Err(copy(&failed, class)));
             }
@@ -648,10 +656,6 @@ impl Row for AcquireRow {
         &self.key
     }
 
-    fn classify(backend: &Backend, failed: &Failed) -> Failure {
-        backend.classify(failed)
-    }
-
     async fn send(
         backend: &Backend,
         rows: &[Self],
@@ -691,10 +695,6 @@ impl Row for ReleaseRow {
         &self.key
     }
 
-    fn classify(backend: &Backend, failed: &Failed) -> Failure {
-        backend.classify(failed)
-    }
-
     async fn send(
         backend: &Backend,
         rows: &[Self],
@@ -721,10 +721,6 @@ impl Row for ExtendRow {
 
     fn key(&self) -> &str {
         &self.key
-    }
-
-    fn classify(backend: &Backend, failed: &Failed) -> Failure {
-        backend.classify(failed)
     }
 
     async fn send(
@@ -803,8 +799,10 @@ mod tests {
                 None => Ok(rows.iter().map(|r| r.0.len()).collect()),
             }
         }
+    }
 
-        fn classify(_: &Db, failed: &Failed) -> Failure {
+    impl Classify for Db {
+        fn classify(&self, failed: &Failed) -> Failure {
             match failed.error.to_string() {
                 s if s.contains("Unknown") => Failure::Unknown,
                 s if s.contains("NotCommitted") => Failure::NotCommitted,
