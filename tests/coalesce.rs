@@ -52,7 +52,8 @@ where
 }
 
 /// Rounds of 64 tasks locking at once: 8 keys held by another locker (busy rows), 8 keys done
-/// for `once` (done rows), 48 free keys (granted rows), all in the same statements. Each call
+/// for `once` (done rows), 8 keys their owners hold already (re-entered rows), 40 free keys
+/// (granted rows), all in the same statements. Each call
 /// gets its own answer; fencing tokens of each key rise round after round; the locker did send
 /// statements of several rows; and after the releases every key is free.
 #[tokio::test]
@@ -81,21 +82,39 @@ async fn concurrent_calls_share_statements_and_each_gets_its_own_answer() {
                 .await
                 .unwrap();
         }
+        // Held by owners of this locker: their calls in the rounds are re-entries, counted on
+        // the tenure the process holds (in a batch, carried per row beside the key).
+        let owners: Vec<dblock::Owner> = (0..8).map(|_| dblock::Owner::new()).collect();
+        let mut held_here = Vec::new();
+        for (i, owner) in owners.iter().enumerate() {
+            held_here.push(
+                l.lock(format!("{tag}:again:{i}"))
+                    .owner(owner)
+                    .ttl(30 * SEC)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let owners = std::sync::Arc::new(owners);
         let before = coalesced(&l);
         let mut last_token: HashMap<usize, u64> = HashMap::new();
         for round in 0..5 {
-            let (locker, tag2) = (l.clone(), tag.clone());
+            let (locker, tag2, owners2) = (l.clone(), tag.clone(), owners.clone());
             let got = at_once(move |i| {
-                let (locker, tag) = (locker.clone(), tag2.clone());
+                let (locker, tag, owners) = (locker.clone(), tag2.clone(), owners2.clone());
                 async move {
                     let (key, once) = match i {
                         0..8 => (format!("{tag}:busy:{i}"), false),
                         8..16 => (format!("{tag}:done:{}", i - 8), true),
+                        16..24 => (format!("{tag}:again:{}", i - 16), false),
                         _ => (format!("{tag}:free:{i}"), false),
                     };
                     let mut req = locker.lock(&key).wait(Duration::ZERO).ttl(30 * SEC);
                     if once {
                         req = req.once();
+                    }
+                    if let 16..24 = i {
+                        req = req.owner(&owners[i - 16]);
                     }
                     req.await
                 }
@@ -106,7 +125,18 @@ async fn concurrent_calls_share_statements_and_each_gets_its_own_answer() {
                 match (i, g) {
                     (0..8, Err(e)) => assert!(e.is_busy(), "{}: row {i}: {e:?}", db.name),
                     (8..16, Err(LockError::AlreadyDone { .. })) => {}
-                    (16.., Ok(g)) => {
+                    (16..24, Ok(g)) => {
+                        let first = &held_here[i - 16];
+                        assert_eq!(g.hold_count(), 2, "{}: round {round}: re-entry", db.name);
+                        assert_eq!(
+                            g.fencing_token(),
+                            first.fencing_token(),
+                            "{}: round {round}: re-entry changed the tenure",
+                            db.name
+                        );
+                        guards.push(g);
+                    }
+                    (24.., Ok(g)) => {
                         assert_eq!(g.hold_count(), 1, "{}", db.name);
                         if let Some(&t) = last_token.get(&i) {
                             assert!(
@@ -131,7 +161,20 @@ async fn concurrent_calls_share_statements_and_each_gets_its_own_answer() {
                 r.await.unwrap().unwrap();
             }
         }
-        for i in 16..TASKS {
+        for (i, g) in held_here.into_iter().enumerate() {
+            let info = l
+                .inspect(&format!("{tag}:again:{i}"))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                info.hold_count, 1,
+                "{}: re-entries not all given back",
+                db.name
+            );
+            g.release().await.unwrap();
+        }
+        for i in 24..TASKS {
             let info = l
                 .inspect(&format!("{tag}:free:{i}"))
                 .await

@@ -17,6 +17,7 @@ use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 
 use super::admin::AdminSql;
 
+mod batch;
 pub(crate) mod shared;
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,
@@ -115,6 +116,8 @@ pub(crate) struct Lite {
     sql: Arc<Statements>,
     /// The statements of shared (read) locks (`sqlite/shared.rs`).
     shared_sql: Arc<shared::Sql>,
+    /// The coalesced statements (`sqlite/batch.rs`).
+    batch_sql: Arc<batch::Sql>,
 }
 
 #[derive(Debug)]
@@ -381,9 +384,24 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
             release_pool: pool.clone(),
             pool,
             shared_sql: Arc::new(shared::Sql::new(&t)),
+            batch_sql: Arc::new(batch::Sql::new(&t)),
             table: t.into(),
             sql: Arc::new(statements),
         }
+    }
+}
+
+impl Lite {
+    /// After a busy `once` attempt (SQLite returns no row then): done, or busy.
+    async fn done(&self, conn: &mut SqliteConnection, key: &str) -> Result<Attempt, sqlx::Error> {
+        let done: Option<(bool, Option<i64>)> = sqlx::query_as(self.sql.done.clone())
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match done {
+            Some((true, finished_at_us)) => Attempt::Done { finished_at_us },
+            _ => Attempt::Busy { retry_after: None },
+        })
     }
 }
 
@@ -553,18 +571,27 @@ impl Dialect for Lite {
                 fencing_token: row.try_get::<i64, _>(1)? as u64,
                 expires_at_us: row.try_get(2)?,
             })),
-            None if p.once => {
-                let done: Option<(bool, Option<i64>)> = sqlx::query_as(self.sql.done.clone())
-                    .bind(p.key)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                Ok(match done {
-                    Some((true, finished_at_us)) => Attempt::Done { finished_at_us },
-                    _ => Attempt::Busy { retry_after: None },
-                })
-            }
+            None if p.once => self.done(conn, p.key).await,
             None => Ok(Attempt::Busy { retry_after: None }),
         }
+    }
+
+    /// Coalesced acquires of distinct keys: one statement (`sqlite/batch.rs`).
+    async fn acquire_batch(
+        &self,
+        conn: &mut SqliteConnection,
+        rows: &[Acquire<'_>],
+    ) -> Result<Vec<Attempt>, sqlx::Error> {
+        batch::acquire(self, conn, rows).await
+    }
+
+    /// Coalesced releases of distinct keys: one statement (`sqlite/batch.rs`).
+    async fn release_batch(
+        &self,
+        conn: &mut SqliteConnection,
+        rows: &[super::coalesce::ReleaseRow],
+    ) -> Result<Vec<Released>, sqlx::Error> {
+        batch::release(self, conn, rows).await
     }
 
     /// Several keys in one statement: `req` (a CTE of the keys with their attempt ids and what

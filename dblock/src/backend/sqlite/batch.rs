@@ -1,0 +1,236 @@
+//! Coalesced statements on SQLite (`backend/coalesce.rs`): the acquires or the releases of many
+//! callers, on distinct keys, as one statement over a `VALUES` list. The time of a SQLite lock
+//! call is mostly the driver's per statement (a hop to the connection's worker thread and
+//! back, binding, stepping) and, for an acquire, a WAL flush at commit: one statement for the
+//! batch pays each once.
+//!
+//! Atomicity: SQLite runs every write statement under the database's single write lock, so a
+//! statement's rows are decided and written without any other writer in between, and the
+//! statement commits whole or not at all. Each row is decided as its one-row statement decides
+//! it (`sqlite.rs`): the acquire is the same `INSERT ... ON CONFLICT DO UPDATE ... WHERE`, with
+//! the row's own values read from `excluded` and, for what the process holds of the key (no
+//! column carries it), from the request list by key, which is unique in a batch; the release
+//! is the same owner-, tenure- and lease-checked `UPDATE`.
+//!
+//! The list has a power-of-two number of entries (2 to 64), the batch padded with NULL keys
+//! that match nothing: seven statement texts per kind, each prepared once per connection,
+//! rather than one per batch size.
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{Row, SqlStr};
+
+use super::{ms_ceil, ran_out, sql, Lite, SAME, TAKE_OVER};
+use crate::backend::coalesce::ReleaseRow;
+use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
+
+/// The largest batch one statement takes; larger ones go in one transaction, row by row.
+const MAX: usize = 64;
+
+/// The coalesced statements of one table, by list size: `[i]` takes `2 << i` rows.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    acquire: Vec<SqlStr>,
+    release: Vec<SqlStr>,
+}
+
+/// Acquires: nine values per row (key, owner, ttl ms, holder, attempt id, tenure the process
+/// tracks, holds it tracks, min_hold ms, once), as the one-row statement's `$1`-`$9`.
+const ACQUIRE: &str = "WITH req(k, own, ttl, hold, att, tenure, held, min_hold, once) AS (
+    VALUES {rows}
+)
+INSERT INTO {table} AS l
+    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
+     available_at, once_key)
+SELECT k, own, 1, {now} * 1000, {now} + max(ttl, min_hold), {now}, hold, att,
+       CASE WHEN min_hold > 0 THEN {now} + min_hold END, once
+FROM req WHERE k IS NOT NULL
+{take_over}
+RETURNING lock_key, hold_count, fencing_token, expires_at * 1000";
+
+/// Releases: six values per row (key, owner, tenure, release id, holds left, outcome or NULL),
+/// as the one-row statement's `$1`-`$6`.
+const RELEASE: &str = "WITH req(k, own, token, rid, remaining, outcome) AS (
+    VALUES {rows}
+)
+UPDATE {table} AS l SET
+    hold_count   = r.remaining,
+    owner        = CASE WHEN r.remaining > 0 THEN l.owner END,
+    expires_at   = CASE WHEN r.remaining > 0 THEN l.expires_at
+                        ELSE max({now}, coalesce(l.available_at, 0)) END,
+    last_outcome = CASE WHEN r.remaining > 0 THEN l.last_outcome
+                        WHEN l.success_token IS l.fencing_token THEN 1
+                        ELSE coalesce(r.outcome, l.last_outcome) END,
+    finished_at  = CASE WHEN r.remaining > 0 OR r.outcome IS NULL THEN l.finished_at
+                        ELSE {now} END,
+    attempt_id   = r.rid,
+    release_id   = r.rid,
+    release_token = l.fencing_token
+FROM req AS r
+WHERE l.lock_key = r.k AND l.owner = r.own AND l.fencing_token = r.token
+  AND l.attempt_id IS NOT r.rid AND l.expires_at > {now}
+RETURNING lock_key, hold_count";
+
+/// `n` rows of `width` `?` placeholders.
+fn rows(n: usize, width: usize) -> String {
+    let row = format!("({})", vec!["?"; width].join(", "));
+    vec![row; n].join(",\n    ")
+}
+
+/// The index of the smallest list that takes `n` rows.
+fn size_index(n: usize) -> usize {
+    n.max(2).next_power_of_two().trailing_zeros() as usize - 1
+}
+
+impl Sql {
+    pub(crate) fn new(table: &str) -> Sql {
+        let of_key =
+            |column: &str| format!("(SELECT {column} FROM req WHERE req.k = excluded.lock_key)");
+        let take_over = TAKE_OVER
+            .replace("{same}", SAME)
+            .replace("{ran_out_l}", &ran_out("l."))
+            .replace("{tenure}", &of_key("tenure"))
+            .replace("{held}", &of_key("held"))
+            .replace("{once}", "excluded.once_key");
+        let sizes = (0..=size_index(MAX)).map(|i| 2usize << i);
+        Sql {
+            acquire: sizes
+                .clone()
+                .map(|n| {
+                    sql(
+                        &ACQUIRE
+                            .replace("{take_over}", &take_over)
+                            .replace("{rows}", &rows(n, 9)),
+                        table,
+                    )
+                })
+                .collect(),
+            release: sizes
+                .map(|n| sql(&RELEASE.replace("{rows}", &rows(n, 6)), table))
+                .collect(),
+        }
+    }
+}
+
+pub(crate) async fn acquire(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    all: &[Acquire<'_>],
+) -> Result<Vec<Attempt>, sqlx::Error> {
+    if all.len() > MAX {
+        return crate::backend::acquire_in_transaction(lite, conn, all).await;
+    }
+    let text = &lite.batch_sql.acquire[size_index(all.len())];
+    let mut q = sqlx::query(text.clone());
+    for a in all {
+        q = q
+            .bind(a.key)
+            .bind(a.owner)
+            .bind(ms_ceil(a.ttl_us))
+            .bind(a.holder)
+            .bind(a.attempt)
+            .bind(a.tenure)
+            .bind(i64::from(a.held))
+            .bind(ms_ceil(a.min_hold_us))
+            .bind(a.once);
+    }
+    for _ in all.len()..(2 << size_index(all.len())) {
+        q = q
+            .bind(None::<&str>)
+            .bind(None::<&str>)
+            .bind(None::<i64>)
+            .bind(None::<&str>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<bool>);
+    }
+    let granted = q.fetch_all(&mut *conn).await?;
+    let mut grants = std::collections::HashMap::with_capacity(granted.len());
+    for row in granted {
+        grants.insert(
+            row.try_get::<String, _>(0)?,
+            Grant {
+                hold_count: row.try_get::<i64, _>(1)?.max(0) as u32,
+                fencing_token: row.try_get::<i64, _>(2)? as u64,
+                expires_at_us: row.try_get(3)?,
+            },
+        );
+    }
+    let mut out = Vec::with_capacity(all.len());
+    for a in all {
+        out.push(match grants.remove(a.key) {
+            Some(grant) => Attempt::Acquired(grant),
+            // Busy: was it done (`once`)? Read as the one-row acquire reads it.
+            None if a.once => lite.done(conn, a.key).await?,
+            None => Attempt::Busy { retry_after: None },
+        });
+    }
+    Ok(out)
+}
+
+pub(crate) async fn release(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    all: &[ReleaseRow],
+) -> Result<Vec<Released>, sqlx::Error> {
+    if all.len() > MAX {
+        return crate::backend::release_in_transaction(lite, conn, all).await;
+    }
+    let text = &lite.batch_sql.release[size_index(all.len())];
+    let mut q = sqlx::query(text.clone());
+    for r in all {
+        q = q
+            .bind(r.key.as_str())
+            .bind(r.owner.as_str())
+            .bind(r.fencing_token as i64)
+            .bind(r.release_id)
+            .bind(i64::from(r.remaining))
+            .bind(r.outcome.map(Outcome::code));
+    }
+    for _ in all.len()..(2 << size_index(all.len())) {
+        q = q
+            .bind(None::<&str>)
+            .bind(None::<&str>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<i64>);
+    }
+    let left = q.fetch_all(&mut *conn).await?;
+    let mut by_key = std::collections::HashMap::with_capacity(left.len());
+    for row in left {
+        by_key.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
+    }
+    Ok(all
+        .iter()
+        .map(|r| match by_key.get(r.key.as_str()) {
+            None => Released::NotHeld,
+            Some(0) => Released::Free,
+            Some(n) => Released::StillHeld((*n).max(0) as u32),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_index;
+
+    #[test]
+    fn every_batch_size_has_the_smallest_list_that_takes_it() {
+        assert_eq!(size_index(1), 0);
+        assert_eq!(size_index(2), 0);
+        assert_eq!(size_index(3), 1);
+        assert_eq!(size_index(4), 1);
+        assert_eq!(size_index(5), 2);
+        assert_eq!(size_index(33), 5);
+        assert_eq!(size_index(64), 5);
+        for n in 1..=64 {
+            let cap = 2usize << size_index(n);
+            assert!(
+                cap >= n && cap < 2 * n.max(2),
+                "{n} rows in a list of {cap}"
+            );
+        }
+    }
+}
