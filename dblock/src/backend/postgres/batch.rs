@@ -16,7 +16,13 @@
 //! - New keys are inserted in key order with `ON CONFLICT DO NOTHING`: a racing inserter makes
 //!   that row busy, never an error that would fail the whole batch.
 //! - The answer is one row per requested key (a `LEFT JOIN` of the request to what was
-//!   written and to the snapshot's row), so every caller learns its own outcome.
+//!   written and to the row as `locked` read it, its latest committed version), so every
+//!   caller learns its own outcome.
+//! - Every read of the table is by key, `= ANY($1)` beside the join to the request: the plan
+//!   PostgreSQL caches for a prepared statement cannot know how many rows an array holds, and
+//!   without an index condition it hash-joined the request against a scan of the whole table
+//!   (measured: 2.4 ms instead of 1.1 ms for 12 rows of a 2,000-key table, and growing with
+//!   the table).
 
 use sqlx::postgres::PgConnection;
 use sqlx::Row;
@@ -42,14 +48,16 @@ const ACQUIRE: &str = r#"WITH r AS (
                 $7::int8[], $8::float8[], $9::int8[])
          AS q(k, owner, ttl, holder, attempt, tenure, held, min_hold, once_n)
 ), locked AS MATERIALIZED (
-    SELECT b.lock_key FROM {table} AS b WHERE b.lock_key = ANY($1)
+    SELECT b.lock_key, b.hold_count, b.fencing_token, b.expires_at, b.last_outcome, b.owner,
+           b.success_token, b.finished_at
+    FROM {table} AS b WHERE b.lock_key = ANY($1)
     ORDER BY b.lock_key
     FOR UPDATE
 ), upd AS (
     UPDATE {table} AS l SET
         {take}
     FROM r
-    WHERE l.lock_key = r.k AND l.lock_key IN (SELECT lock_key FROM locked)
+    WHERE l.lock_key = r.k AND l.lock_key = ANY($1) AND l.lock_key IN (SELECT lock_key FROM locked)
       AND (l.expires_at <= statement_timestamp() OR l.owner = r.owner)
       AND NOT (r.once AND l.last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out_l})
     RETURNING l.lock_key, l.hold_count, l.fencing_token, l.expires_at
@@ -83,7 +91,7 @@ SELECT g.lock_key IS NOT NULL AS acquired,
        r.k
 FROM r
 LEFT JOIN got AS g ON g.lock_key = r.k
-LEFT JOIN {table} AS b ON b.lock_key = r.k"#;
+LEFT JOIN locked AS b ON b.lock_key = r.k"#;
 
 /// Releases: `$1` keys, `$2` owners, `$3` tenures, `$4` release ids, `$5` holds left, `$6`
 /// outcomes (-1: none), `$7` the NOTIFY channel, `$8` lazily durable. Per row as the one-key
@@ -111,7 +119,7 @@ const RELEASE: &str = "WITH q AS (
         release_id   = q.release_id,
         release_token = l.fencing_token
     FROM q
-    WHERE l.lock_key = q.k AND l.lock_key IN (SELECT lock_key FROM locked)
+    WHERE l.lock_key = q.k AND l.lock_key = ANY($1) AND l.lock_key IN (SELECT lock_key FROM locked)
       AND l.owner = q.owner AND l.fencing_token = q.token
       AND l.attempt_id IS DISTINCT FROM q.release_id
       AND l.expires_at > statement_timestamp()
