@@ -824,6 +824,15 @@ impl Dialect for My {
         }
     }
 
+    /// Coalesced releases: four round trips, whatever the batch's size (`mysql/batch.rs`).
+    async fn release_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        rows: &[super::coalesce::ReleaseRow],
+    ) -> Result<Vec<Released>, sqlx::Error> {
+        batch::release(self, conn, rows).await
+    }
+
     async fn acquire_many(
         &self,
         conn: &mut MySqlConnection,

@@ -1,6 +1,8 @@
-//! Coalesced acquires on MariaDB (`backend/coalesce.rs`): the rows of many callers, on distinct
-//! keys, as one `INSERT ... SELECT ... ON DUPLICATE KEY UPDATE ... RETURNING`: one round trip,
-//! one commit, one answer row per key.
+//! Coalesced statements on MySQL/MariaDB (`backend/coalesce.rs`).
+//!
+//! **Acquires** (MariaDB): the rows of many callers, on distinct keys, as one `INSERT ... SELECT
+//! ... ON DUPLICATE KEY UPDATE ... RETURNING`: one round trip, one commit, one answer row per
+//! key.
 //!
 //! Atomic per row as the one-key statement (`UPSERT` in `mysql.rs`): InnoDB takes each row's
 //! exclusive lock for its duplicate check and keeps it through that row's UPDATE and to the
@@ -10,14 +12,32 @@
 //! own values (owner, lease, attempt id, the process's tenure and holds, once) are read from its
 //! derived row, in the INSERT part and in the `ON DUPLICATE KEY UPDATE` alike.
 //!
-//! MySQL 8 has no `RETURNING`: there a batch is the one-key statements in one transaction
-//! (`backend::acquire_in_transaction`), one commit for all of them.
+//! MySQL 8 has no `RETURNING`: there a batch of acquires is the one-key statements in one
+//! transaction (`backend::acquire_in_transaction`), one commit for all of them.
+//!
+//! **Releases** (MySQL and MariaDB): four round trips whatever the batch's size, where the
+//! one-row statements in a transaction take two plus one per row. No `UPDATE ... RETURNING`
+//! (MariaDB 10.11) and no per-row count from a multi-table `UPDATE`, so the rows are read
+//! first, in one transaction:
+//! 1. `SELECT ... FOR UPDATE` of the batch's keys takes their exclusive row locks in key
+//!    (byte) order, the order of every batch of every process, and reads each row's latest
+//!    committed version: whether it is the caller's live tenure (owner, fencing token, lease
+//!    not run out by the server's clock) and not already released by this release id — the
+//!    one-row release's `WHERE`, decided at that instant.
+//! 2. One multi-table `UPDATE` joins the rows so decided to their values and writes each as
+//!    the one-row release does. The locks taken in 1 are held to the commit, so nothing the
+//!    decision read can change in between; every assignment reads the request or columns the
+//!    statement does not write (a multi-table `UPDATE` does not promise an order of
+//!    assignments).
+//! 3. The commit. Each caller's answer is its row's decision: freed, still held with the count
+//!    it left, or not held.
 
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
 use super::{expand, My, NEW_ROW, UPSERT, US_NOW};
-use crate::backend::{Acquire, Attempt, Grant};
+use crate::backend::coalesce::ReleaseRow;
+use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
 
 /// The derived table's columns, named apart from the lock table's (`ON DUPLICATE KEY UPDATE`
 /// sees both).
@@ -118,6 +138,124 @@ pub(crate) async fn acquire(
         .collect()
 }
 
+/// Step 1 of a release batch for `n` keys: each row's tenure and whether its lease is live, its
+/// row locked (module docs).
+fn release_read(n: usize, table: &str) -> String {
+    format!(
+        "SELECT CONVERT(lock_key USING utf8mb4), owner, fencing_token, attempt_id,
+       expires_at > UTC_TIMESTAMP(6)
+FROM {table} WHERE lock_key IN ({})
+ORDER BY lock_key
+FOR UPDATE",
+        vec!["?"; n].join(", ")
+    )
+}
+
+/// Step 2 for `n` rows decided to be released: (key, holds left, outcome or NULL, release id)
+/// each. As the one-row release (`mysql.rs`): the count set absolutely, the last release of a
+/// tenure recording its outcome (a success committed with the work stands) and when, the key
+/// free at once or when min_hold has passed, the release id and the tenure recorded.
+fn release_write(n: usize, table: &str) -> String {
+    let rest = " UNION ALL SELECT ?, ?, ?, ?".repeat(n.saturating_sub(1));
+    format!(
+        "UPDATE {table} AS l
+JOIN (SELECT ? AS b_key, ? AS b_left, ? AS b_outcome, ? AS b_rid{rest}) AS r
+  ON l.lock_key = r.b_key
+SET l.hold_count   = r.b_left,
+    l.owner        = IF(r.b_left = 0, NULL, l.owner),
+    l.last_outcome = IF(r.b_left = 0,
+                        IF(l.success_token <=> l.fencing_token, 1,
+                           COALESCE(r.b_outcome, l.last_outcome)),
+                        l.last_outcome),
+    l.finished_at  = IF(r.b_left = 0 AND r.b_outcome IS NOT NULL, UTC_TIMESTAMP(6),
+                        l.finished_at),
+    l.expires_at   = IF(r.b_left = 0,
+                        GREATEST(UTC_TIMESTAMP(6), COALESCE(l.available_at, UTC_TIMESTAMP(6))),
+                        l.expires_at),
+    l.attempt_id   = r.b_rid,
+    l.release_id   = r.b_rid,
+    l.release_token = l.fencing_token"
+    )
+}
+
+pub(crate) async fn release(
+    my: &My,
+    conn: &mut MySqlConnection,
+    rows: &[ReleaseRow],
+) -> Result<Vec<Released>, sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut read = sqlx::query(AssertSqlSafe(release_read(rows.len(), &my.table)).into_sql_str());
+    for r in rows {
+        read = read.bind(r.key.as_bytes());
+    }
+    let found = read.fetch_all(&mut *tx).await?;
+    let mut live = std::collections::HashMap::with_capacity(found.len());
+    for row in &found {
+        live.insert(
+            row.try_get::<String, _>(0)?,
+            (
+                row.try_get::<Option<String>, _>(1)?,
+                row.try_get::<i64, _>(2)?,
+                row.try_get::<Option<i64>, _>(3)?,
+                row.try_get::<bool, _>(4)?,
+            ),
+        );
+    }
+    // The one-row release's WHERE, per row, on the row as locked.
+    let ours: Vec<bool> = rows
+        .iter()
+        .map(|r| {
+            live.get(r.key.as_str())
+                .is_some_and(|(owner, token, attempt, live)| {
+                    *live
+                        && owner.as_deref() == Some(r.owner.as_str())
+                        && *token == r.fencing_token as i64
+                        && *attempt != Some(r.release_id)
+                })
+        })
+        .collect();
+    let released: Vec<&ReleaseRow> = rows
+        .iter()
+        .zip(&ours)
+        .filter(|(_, &o)| o)
+        .map(|(r, _)| r)
+        .collect();
+    if !released.is_empty() {
+        let text = AssertSqlSafe(release_write(released.len(), &my.table)).into_sql_str();
+        let mut write = sqlx::query(text);
+        for r in &released {
+            write = write
+                .bind(r.key.as_bytes())
+                .bind(i64::from(r.remaining))
+                .bind(r.outcome.map(Outcome::code))
+                .bind(r.release_id);
+        }
+        let done = write.execute(&mut *tx).await?;
+        if done.rows_affected() != released.len() as u64 {
+            // Every row was locked and checked above: a mismatch is a bug, never a guess.
+            return Err(sqlx::Error::Protocol(format!(
+                "the coalesced release wrote {} of {} rows",
+                done.rows_affected(),
+                released.len()
+            )));
+        }
+    }
+    tx.commit().await?;
+    Ok(rows
+        .iter()
+        .zip(ours)
+        .map(|(r, ours)| {
+            if !ours {
+                Released::NotHeld
+            } else if r.remaining == 0 {
+                Released::Free
+            } else {
+                Released::StillHeld(r.remaining)
+            }
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -130,6 +268,17 @@ mod tests {
                 "{text}"
             );
             assert!(!text.contains('{'), "{text}");
+        }
+    }
+
+    #[test]
+    fn release_texts_have_one_placeholder_per_value() {
+        for n in [1, 2, 64] {
+            let read = super::release_read(n, "`t`");
+            assert_eq!(read.matches('?').count(), n, "{read}");
+            let write = super::release_write(n, "`t`");
+            assert_eq!(write.matches('?').count(), 4 * n, "{write}");
+            assert!(!write.contains('{'), "{write}");
         }
     }
 }
