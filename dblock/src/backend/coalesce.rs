@@ -42,6 +42,16 @@ use crate::sync::lock;
 /// of the server dominates and larger batches only raise latency (see the README).
 pub(crate) const MAX_ROWS: usize = 64;
 
+/// How many entries the statement of a batch of `n` rows lists, where a backend's statement
+/// text grows with its rows (SQLite's `VALUES`, MySQL's derived tables): the next power of two,
+/// at least 2, the rest padding that matches nothing. A connection then prepares seven texts
+/// per statement rather than one per batch size, which would overflow sqlx's cache of 100
+/// prepared statements per connection and prepare again and again (measured on MariaDB at 64
+/// owners: p99 109 ms instead of 28 ms).
+pub(crate) fn listed(n: usize) -> usize {
+    n.max(2).next_power_of_two()
+}
+
 /// How long the statements in flight may all hang before the queue is sent beside them (far
 /// above a batch's time on a working connection: a few milliseconds).
 pub(crate) const STUCK: std::time::Duration = std::time::Duration::from_millis(100);

@@ -36,7 +36,7 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
 use super::{expand, My, NEW_ROW, UPSERT, US_NOW};
-use crate::backend::coalesce::ReleaseRow;
+use crate::backend::coalesce::{listed, ReleaseRow};
 use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
 
 /// The derived table's columns, named apart from the lock table's (`ON DUPLICATE KEY UPDATE`
@@ -44,7 +44,8 @@ use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
 const COLUMNS: &str =
     "b_key, b_owner, b_lease, b_holder, b_attempt, b_min_hold, b_tenure, b_held, b_once";
 
-/// The statement for `n` rows, its `?` the rows' values in [`COLUMNS`] order, row after row.
+/// The statement for `n` rows, its `?` the rows' values in [`COLUMNS`] order, row after row
+/// (rows with a NULL key are padding, and select nothing).
 fn statement(n: usize, table: &str) -> String {
     let first = format!(
         "SELECT ? AS {}",
@@ -62,6 +63,7 @@ fn statement(n: usize, table: &str) -> String {
     let rows = format!(
         "SELECT r.b_key, {new_row}
 FROM ({first}{rest}) AS r
+WHERE r.b_key IS NOT NULL
 ORDER BY CAST(r.b_key AS BINARY)"
     );
     expand(
@@ -86,7 +88,7 @@ pub(crate) async fn acquire(
     conn: &mut MySqlConnection,
     rows: &[Acquire<'_>],
 ) -> Result<Vec<Attempt>, sqlx::Error> {
-    let text = AssertSqlSafe(statement(rows.len(), &my.table)).into_sql_str();
+    let text = AssertSqlSafe(statement(listed(rows.len()), &my.table)).into_sql_str();
     let mut q = sqlx::query(text);
     for a in rows {
         q = q
@@ -99,6 +101,19 @@ pub(crate) async fn acquire(
             .bind(a.tenure)
             .bind(i64::from(a.held))
             .bind(a.once);
+    }
+    // Padding: a NULL key selects nothing.
+    for _ in rows.len()..listed(rows.len()) {
+        q = q
+            .bind(None::<&str>)
+            .bind(None::<&str>)
+            .bind(None::<i64>)
+            .bind(None::<&str>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<bool>);
     }
     let answer = q.fetch_all(&mut *conn).await?;
     // One row per key written or looked at (busy rows assign every column its own value and
@@ -152,7 +167,7 @@ FOR UPDATE",
 }
 
 /// Step 2 for `n` rows decided to be released: (key, holds left, outcome or NULL, release id)
-/// each. As the one-row release (`mysql.rs`): the count set absolutely, the last release of a
+/// each, rows with a NULL key padding that joins nothing. As the one-row release (`mysql.rs`): the count set absolutely, the last release of a
 /// tenure recording its outcome (a success committed with the work stands) and when, the key
 /// free at once or when min_hold has passed, the release id and the tenure recorded.
 fn release_write(n: usize, table: &str) -> String {
@@ -184,9 +199,13 @@ pub(crate) async fn release(
     rows: &[ReleaseRow],
 ) -> Result<Vec<Released>, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let mut read = sqlx::query(AssertSqlSafe(release_read(rows.len(), &my.table)).into_sql_str());
+    let listed_keys = listed(rows.len());
+    let mut read = sqlx::query(AssertSqlSafe(release_read(listed_keys, &my.table)).into_sql_str());
     for r in rows {
         read = read.bind(r.key.as_bytes());
+    }
+    for _ in rows.len()..listed_keys {
+        read = read.bind(rows[0].key.as_bytes()); // padding: a key listed twice
     }
     let found = read.fetch_all(&mut *tx).await?;
     let mut live = std::collections::HashMap::with_capacity(found.len());
@@ -221,7 +240,8 @@ pub(crate) async fn release(
         .map(|(r, _)| r)
         .collect();
     if !released.is_empty() {
-        let text = AssertSqlSafe(release_write(released.len(), &my.table)).into_sql_str();
+        let listed_rows = listed(released.len());
+        let text = AssertSqlSafe(release_write(listed_rows, &my.table)).into_sql_str();
         let mut write = sqlx::query(text);
         for r in &released {
             write = write
@@ -229,6 +249,14 @@ pub(crate) async fn release(
                 .bind(i64::from(r.remaining))
                 .bind(r.outcome.map(Outcome::code))
                 .bind(r.release_id);
+        }
+        for _ in released.len()..listed_rows {
+            // Padding: a NULL key joins no row.
+            write = write
+                .bind(None::<&[u8]>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<i64>);
         }
         let done = write.execute(&mut *tx).await?;
         if done.rows_affected() != released.len() as u64 {

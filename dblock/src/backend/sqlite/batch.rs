@@ -12,19 +12,15 @@
 //! column carries it), from the request list by key, which is unique in a batch; the release
 //! is the same owner-, tenure- and lease-checked `UPDATE`.
 //!
-//! The list has a power-of-two number of entries (2 to 64), the batch padded with NULL keys
-//! that match nothing: seven statement texts per kind, each prepared once per connection,
-//! rather than one per batch size.
+//! The list has [`listed`] entries, the batch padded with NULL keys that match nothing: seven
+//! statement texts per kind, each prepared once per connection.
 
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Row, SqlStr};
 
 use super::{ms_ceil, ran_out, sql, Lite, SAME, TAKE_OVER};
-use crate::backend::coalesce::ReleaseRow;
+use crate::backend::coalesce::{listed, ReleaseRow, MAX_ROWS as MAX};
 use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
-
-/// The largest batch one statement takes; larger ones go in one transaction, row by row.
-const MAX: usize = 64;
 
 /// The coalesced statements of one table, by list size: `[i]` takes `2 << i` rows.
 #[derive(Debug)]
@@ -76,9 +72,9 @@ fn rows(n: usize, width: usize) -> String {
     vec![row; n].join(",\n    ")
 }
 
-/// The index of the smallest list that takes `n` rows.
+/// The index of the statement whose list takes `n` rows.
 fn size_index(n: usize) -> usize {
-    n.max(2).next_power_of_two().trailing_zeros() as usize - 1
+    listed(n).trailing_zeros() as usize - 1
 }
 
 impl Sql {
@@ -133,7 +129,7 @@ pub(crate) async fn acquire(
             .bind(ms_ceil(a.min_hold_us))
             .bind(a.once);
     }
-    for _ in all.len()..(2 << size_index(all.len())) {
+    for _ in all.len()..listed(all.len()) {
         q = q
             .bind(None::<&str>)
             .bind(None::<&str>)
@@ -188,7 +184,7 @@ pub(crate) async fn release(
             .bind(i64::from(r.remaining))
             .bind(r.outcome.map(Outcome::code));
     }
-    for _ in all.len()..(2 << size_index(all.len())) {
+    for _ in all.len()..listed(all.len()) {
         q = q
             .bind(None::<&str>)
             .bind(None::<&str>)
