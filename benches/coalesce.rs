@@ -33,6 +33,15 @@ pub(crate) async fn coalescing(
     println!("|---|---|---|---|---|---|---|");
     let round = Duration::from_secs_f64(secs / ROUNDS as f64);
     for (name, url, options) in targets {
+        // DBLOCK_BENCH_POOL=n: both lockers with pools of n connections (the coalescing
+        // locker's slots per kind; see `Backend::coalesce_slots`).
+        let options = match std::env::var("DBLOCK_BENCH_POOL")
+            .ok()
+            .and_then(|n| n.parse().ok())
+        {
+            Some(n) => options.clone().max_connections(n),
+            None => options.clone(),
+        };
         let on = match Locker::connect_with(url, options.clone()).await {
             Ok(l) => l.table("dblock_bench"),
             Err(e) => {

@@ -223,6 +223,15 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// A turn every statement of this database takes in the process before its connection, or
+    /// `None` (the default): SQLite's one writer. Its connections would otherwise meet at the
+    /// file's write lock, where the loser sleeps in SQLite's busy handler for 1, 2, 5, 10 …
+    /// ms, however soon the winner is done; in the process they queue in order and each goes
+    /// the moment the one before it ends.
+    fn turn(&self) -> Option<&tokio::sync::Mutex<()>> {
+        None
+    }
+
     /// The same database and pool, another table (already validated).
     fn with_table(&self, table: &str) -> Self;
 
@@ -480,6 +489,19 @@ async fn run<D: Dialect, T>(
     op: impl AsyncFnOnce(&mut Conn<D>) -> Result<T, sqlx::Error>,
 ) -> Result<T, Failed> {
     b.settle(deadline).await?;
+    let _turn = match b.turn() {
+        Some(turn) => match tokio::time::timeout_at(deadline, turn.lock()).await {
+            Ok(turn) => Some(turn),
+            // Nothing was sent: as a pool that had no connection to give in time.
+            Err(_) => {
+                return Err(Failed {
+                    error: sqlx::Error::PoolTimedOut,
+                    sent: false,
+                })
+            }
+        },
+        None => None,
+    };
     exec::run(pool, deadline, op).await
 }
 

@@ -118,6 +118,9 @@ pub(crate) struct Lite {
     shared_sql: Arc<shared::Sql>,
     /// The coalesced statements (`sqlite/batch.rs`).
     batch_sql: Arc<batch::Sql>,
+    /// One statement at a time per database in this process ([`Dialect::turn`]), shared by
+    /// the lockers of every table made from this one.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 #[derive(Debug)]
@@ -385,6 +388,7 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
             pool,
             shared_sql: Arc::new(shared::Sql::new(&t)),
             batch_sql: Arc::new(batch::Sql::new(&t)),
+            turn: Arc::default(),
             table: t.into(),
             sql: Arc::new(statements),
         }
@@ -416,8 +420,13 @@ impl Dialect for Lite {
     fn with_table(&self, table: &str) -> Self {
         Lite {
             release_pool: self.release_pool.clone(),
+            turn: self.turn.clone(),
             ..Lite::new(self.pool.clone(), table)
         }
+    }
+
+    fn turn(&self) -> Option<&tokio::sync::Mutex<()>> {
+        Some(&self.turn)
     }
 
     fn classify(e: &dyn sqlx::error::DatabaseError) -> Failure {
