@@ -48,9 +48,29 @@ pub(crate) const MAX_ROWS: usize = 64;
 /// per statement rather than one per batch size, which would overflow sqlx's cache of 100
 /// prepared statements per connection and prepare again and again (measured on MariaDB at 64
 /// owners: p99 109 ms instead of 28 ms).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn listed(n: usize) -> usize {
     n.max(2).next_power_of_two()
 }
+
+/// How many statements of one kind a lane keeps in flight before calls queue
+/// ([`Backend::coalesce_slots`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slots {
+    /// At most; and the most a lone call may take while batches stay small.
+    pub(crate) most: usize,
+    /// The most a lone call may take once batches are large: lone calls take up to this
+    /// once the batches' mean size reaches [`BIG`] rows, and up to `most` again once it falls
+    /// below [`SMALL`]. Equal to `most`: no such change.
+    pub(crate) least: usize,
+}
+
+/// Batches this large on average mean the server is kept busy by statements: fewer, larger
+/// ones serve more rows ([`Slots::least`]).
+const BIG: usize = 8;
+
+/// Batches this small on average mean there is room for lone calls again.
+const SMALL: usize = 4;
 
 /// How long the statements in flight may all hang before the queue is sent beside them (far
 /// above a batch's time on a working connection: a few milliseconds).
@@ -104,11 +124,13 @@ impl Coalescer {
     /// alone, as if nothing else were in flight.
     pub(crate) fn new(backend: Option<Backend>, on: bool) -> Self {
         let backend = backend.filter(|_| on);
-        let slots = backend.as_ref().map_or(1, Backend::coalesce_slots);
+        let slots = backend
+            .as_ref()
+            .map_or(Slots { most: 1, least: 1 }, Backend::coalesce_slots);
         Coalescer {
-            acquire: Lane::new(backend.clone(), slots),
-            release: Lane::new(backend.clone(), slots),
-            extend: Lane::new(backend, slots),
+            acquire: Lane::with_slots(backend.clone(), slots),
+            release: Lane::with_slots(backend.clone(), slots),
+            extend: Lane::with_slots(backend, slots),
         }
     }
 
@@ -207,7 +229,7 @@ struct Inner<R: Row> {
     /// `None`: coalescing is off, every call goes alone.
     to: Option<R::To>,
     /// Statements of the lane in flight at once before calls queue.
-    slots: usize,
+    slots: Slots,
     state: Mutex<State<R>>,
     /// The latest failure of a statement of the lane: what a row that never got its turn
     /// reports as the cause.
@@ -218,6 +240,12 @@ struct Inner<R: Row> {
 
 struct State<R: Row> {
     in_flight: usize,
+    /// Statements in flight below which a lone call goes at once (between `slots.least` and
+    /// `slots.most`, as the batches' sizes say).
+    alone: usize,
+    /// The mean size of the lane's batches, in sixteenths of a row, each new batch weighing
+    /// 1/8.
+    mean_x16: usize,
     queue: VecDeque<Queued<R>>,
     next_id: u64,
     /// When a statement of the lane last started or ended.
@@ -363,14 +391,33 @@ impl<R: Row> Turn<'_, R> {
 }
 
 impl<R: Row> Lane<R> {
+    /// A lane of `slots` statements in flight, however large its batches.
+    #[cfg(test)]
     pub(crate) fn new(to: Option<R::To>, slots: usize) -> Self {
+        Lane::with_slots(
+            to,
+            Slots {
+                most: slots,
+                least: slots,
+            },
+        )
+    }
+
+    pub(crate) fn with_slots(to: Option<R::To>, slots: Slots) -> Self {
+        let most = slots.most.max(1);
+        let slots = Slots {
+            most,
+            least: slots.least.clamp(1, most),
+        };
         Lane {
             inner: Arc::new(Inner {
                 to,
-                slots: slots.max(1),
+                slots,
                 coalesced: [AtomicU64::new(0), AtomicU64::new(0)],
                 last_failure: Mutex::new(None),
                 state: Mutex::new(State {
+                    alone: most,
+                    mean_x16: 0,
                     in_flight: 0,
                     queue: VecDeque::new(),
                     next_id: 0,
@@ -386,7 +433,7 @@ impl<R: Row> Lane<R> {
             return Entered::Alone(Slot { lane: None });
         }
         let mut state = lock(&self.inner.state);
-        if state.in_flight < self.inner.slots && state.queue.is_empty() {
+        if state.in_flight < state.alone && state.queue.is_empty() {
             state.in_flight += 1;
             state.progress = Instant::now();
             return Entered::Alone(Slot {
@@ -404,7 +451,8 @@ impl<R: Row> Lane<R> {
         });
         // Every slot may have been given back between the caller's look and now: the queue
         // must not wait for a statement that is not coming.
-        self.inner.send_queued(&mut state);
+        let alone = state.alone;
+        self.inner.send_batches(&mut state, alone);
         Entered::Queued(Turn {
             lane: &self.inner,
             id,
@@ -458,7 +506,7 @@ impl<R: Row> Inner<R> {
 
     /// While a slot is free and rows wait: the next batch, in a task of its own.
     fn send_queued(self: &Arc<Self>, state: &mut State<R>) {
-        self.send_batches(state, self.slots);
+        self.send_batches(state, self.slots.most);
     }
 
     /// Batches of the queue, each in a task of its own, while fewer than `limit` statements are
@@ -492,6 +540,14 @@ impl<R: Row> Inner<R> {
             };
             state.in_flight += 1;
             state.progress = Instant::now();
+            // The batches' mean size (in sixteenths, the latest weighing 1/8) moves lone calls'
+            // slots: all of them while batches stay small, the fewest once they are large.
+            state.mean_x16 = state.mean_x16 - state.mean_x16 / 8 + 2 * batch.len();
+            if state.mean_x16 >= 16 * BIG {
+                state.alone = self.slots.least;
+            } else if state.mean_x16 < 16 * SMALL {
+                state.alone = self.slots.most;
+            }
             if batch.len() > 1 {
                 self.coalesced[0].fetch_add(1, Ordering::Relaxed);
                 self.coalesced[1].fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -866,6 +922,82 @@ mod tests {
         for c in callers {
             c.await.unwrap().unwrap();
         }
+    }
+
+    /// Once a lane's batches are large on average, lone calls take at most `least` slots (the
+    /// rest wait and travel together); once they are small again, every slot.
+    #[tokio::test(start_paused = true)]
+    async fn lone_calls_leave_slots_to_batches_while_batches_are_large() {
+        let db = Db {
+            delay: Duration::from_millis(5),
+            ..Db::default()
+        };
+        let lane = Arc::new(Lane::with_slots(
+            Some(db.clone()),
+            Slots { most: 4, least: 1 },
+        ));
+        let alone_now = |lane: &Arc<Lane<Key>>| lock(&lane.inner.state).alone;
+        assert_eq!(alone_now(&lane), 4);
+        // Rounds of `queued` rows behind `alone` lone callers: one batch of them per round.
+        let round = |lane: &Arc<Lane<Key>>, tag: String, alone: usize, queued: usize| {
+            let lane = lane.clone();
+            async move {
+                let held: Vec<_> = (0..alone)
+                    .map(|i| {
+                        let (lane, key) = (lane.clone(), format!("{tag}:s{i}"));
+                        tokio::spawn(async move {
+                            call(
+                                lane,
+                                &key,
+                                Duration::from_millis(10),
+                                Duration::from_secs(9),
+                            )
+                            .await
+                        })
+                    })
+                    .collect();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let rows: Vec<_> = (0..queued)
+                    .map(|i| {
+                        let (lane, key) = (lane.clone(), format!("{tag}:q{i}"));
+                        tokio::spawn(async move {
+                            call(lane, &key, Duration::ZERO, Duration::from_secs(9)).await
+                        })
+                    })
+                    .collect();
+                finish(held).await;
+                finish(rows).await;
+            }
+        };
+        for i in 0..3 {
+            round(&lane, format!("large{i}"), 4, 40).await;
+        }
+        assert_eq!(
+            alone_now(&lane),
+            1,
+            "large batches: lone calls keep one slot"
+        );
+        // With one statement in flight, the next call now queues.
+        let first = lane.enter(|| Key("x".into()), Instant::now() + Duration::from_secs(1));
+        assert!(matches!(first, Entered::Alone(_)));
+        let second = lane.enter(|| Key("y".into()), Instant::now() + Duration::from_secs(1));
+        assert!(
+            matches!(second, Entered::Queued(_)),
+            "a lone call went beside a statement"
+        );
+        drop(first);
+        assert!(matches!(second, Entered::Queued(_)));
+        if let Entered::Queued(turn) = second {
+            turn.wait().await.unwrap();
+        }
+        for i in 0..30 {
+            round(&lane, format!("small{i}"), 1, 1).await;
+        }
+        assert_eq!(
+            alone_now(&lane),
+            4,
+            "small batches: every slot for lone calls again"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -572,20 +572,35 @@ impl Backend {
     /// Statements of one kind a locker keeps in flight before further calls queue and travel
     /// together (`backend/coalesce.rs`). SQLite: one, since it has one writer at a time and a
     /// second statement would only wait for the file's write lock (in its busy handler's
-    /// sleeps). A server: one per pooled connection, so that coalescing takes away no
-    /// parallelism: only a call that would have waited for a connection waits for a batch
-    /// instead. (Measured at 64 owners: fewer slots make larger batches, but on PostgreSQL a
-    /// batched row costs the server about what a one-row statement does, and the lost
-    /// parallelism cost more than the saved round trips: 8 owners fell to 0.5 of
-    /// `coalesce(false)` with two slots.)
-    pub(crate) fn coalesce_slots(&self) -> usize {
+    /// sleeps). A server: at most one per pooled connection, so that coalescing takes away no
+    /// parallelism while batches stay small: only a call that would have waited for a
+    /// connection waits for a batch instead.
+    ///
+    /// Once batches grow, the servers part ways (measured 2026-11-25 at 8 and 64 owners, pool
+    /// of 10, with 3, 5 and 10 statements of a kind in flight):
+    /// - PostgreSQL (a process per connection, a flush per commit) keeps one per connection:
+    ///   with 3 or 5 it fell to 0.5–0.8 of `coalesce(false)` at 8 and 64 owners alike.
+    /// - MariaDB runs out of CPU on statements first: with 3 in flight, 64 owners went from
+    ///   1.2–1.9× `coalesce(false)` to 2.7×, but 8 owners fell to 0.8×. So lone calls give up
+    ///   slots as batches grow, down to 3, and take them back as batches shrink
+    ///   ([`coalesce::Slots`]).
+    pub(crate) fn coalesce_slots(&self) -> coalesce::Slots {
         match self {
             #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => b.pool().options().get_max_connections() as usize,
+            Backend::Postgres(b) => {
+                let most = b.pool().options().get_max_connections() as usize;
+                coalesce::Slots { most, least: most }
+            }
             #[cfg(feature = "mysql")]
-            Backend::MySql(b) => b.pool().options().get_max_connections() as usize,
+            Backend::MySql(b) => {
+                let most = b.pool().options().get_max_connections() as usize;
+                coalesce::Slots {
+                    most,
+                    least: most.min(3),
+                }
+            }
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => 1,
+            Backend::Sqlite(_) => coalesce::Slots { most: 1, least: 1 },
         }
     }
 
