@@ -5,8 +5,9 @@
 //! travelled alone; nothing below it knows who asked.
 //!
 //! - **A lone caller goes at once, alone**: while fewer statements of its kind are in flight
-//!   than the lane has slots ([`Backend::coalesce_slots`]) and nobody is queued, a call takes a slot and sends its usual one-row
-//!   statement inline, in its own task. No timer, no hand-off, no copy of its values.
+//!   than the lane has slots for lone calls ([`Backend::coalesce_slots`], [`Slots`]) and
+//!   nobody is queued, a call takes a slot and sends its usual one-row statement inline, in
+//!   its own task. No timer, no hand-off, no copy of its values.
 //! - **Group commit, no timer**: a call that finds every slot taken queues its row (an owned
 //!   copy) and waits. When a statement ends, what queued meanwhile goes out together as the
 //!   next one (at most [`MAX_ROWS`] rows, one row per key), sent by a task of its own so that
