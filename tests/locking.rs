@@ -1193,6 +1193,10 @@ async fn newcomers_do_not_go_ahead_of_the_processs_line() {
         let waiter = tokio::spawn(async move {
             let g = l.lock(&k).wait(Duration::from_secs(20)).await.unwrap();
             let token = g.fencing_token();
+            // Held a while: on a loaded machine the waiter's pause may end between the
+            // operator's release and the newcomer's attempt, and a waiter that took the key and
+            // gave it back at once would leave it free for the newcomer.
+            tokio::time::sleep(Duration::from_secs(2)).await;
             g.release().await.unwrap();
             token
         });

@@ -54,6 +54,24 @@ pub(crate) fn listed(n: usize) -> usize {
     n.max(2).next_power_of_two()
 }
 
+/// `q` with the padding of a list that holds `n` rows of `width` values: NULLs up to
+/// [`listed`]`(n)` rows (a NULL key matches nothing; the real rows come first, so the list's
+/// column types are theirs).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn pad<DB: sqlx::Database>(
+    mut q: sqlx::query::Query<'_, DB, DB::Arguments>,
+    n: usize,
+    width: usize,
+) -> sqlx::query::Query<'_, DB, DB::Arguments>
+where
+    for<'t> Option<i64>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    for _ in 0..(listed(n) - n) * width {
+        q = q.bind(None::<i64>);
+    }
+    q
+}
+
 /// How many statements of one kind a lane keeps in flight before calls queue
 /// ([`Backend::coalesce_slots`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -36,7 +36,7 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
 use super::{expand, My, NEW_ROW, UPSERT, US_NOW};
-use crate::backend::coalesce::{listed, ReleaseRow};
+use crate::backend::coalesce::{listed, pad, ReleaseRow};
 use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
 
 /// The derived table's columns, named apart from the lock table's (`ON DUPLICATE KEY UPDATE`
@@ -102,20 +102,7 @@ pub(crate) async fn acquire(
             .bind(i64::from(a.held))
             .bind(a.once);
     }
-    // Padding: a NULL key selects nothing.
-    for _ in rows.len()..listed(rows.len()) {
-        q = q
-            .bind(None::<&str>)
-            .bind(None::<&str>)
-            .bind(None::<i64>)
-            .bind(None::<&str>)
-            .bind(None::<i64>)
-            .bind(None::<i64>)
-            .bind(None::<i64>)
-            .bind(None::<i64>)
-            .bind(None::<bool>);
-    }
-    let answer = q.fetch_all(&mut *conn).await?;
+    let answer = pad(q, rows.len(), 9).fetch_all(&mut *conn).await?;
     // One row per key written or looked at (busy rows assign every column its own value and
     // come back too). On Galera with its autocommit retry on, a stale row can come first: the
     // last row of a key wins, as in the one-key statement.
@@ -250,15 +237,7 @@ pub(crate) async fn release(
                 .bind(r.outcome.map(Outcome::code))
                 .bind(r.release_id);
         }
-        for _ in released.len()..listed_rows {
-            // Padding: a NULL key joins no row.
-            write = write
-                .bind(None::<&[u8]>)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .bind(None::<i64>);
-        }
-        let done = write.execute(&mut *tx).await?;
+        let done = pad(write, released.len(), 4).execute(&mut *tx).await?;
         if done.rows_affected() != released.len() as u64 {
             // Every row was locked and checked above: a mismatch is a bug, never a guess.
             return Err(sqlx::Error::Protocol(format!(

@@ -19,7 +19,7 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{Row, SqlStr};
 
 use super::{ms_ceil, ran_out, sql, Lite, SAME, TAKE_OVER};
-use crate::backend::coalesce::{listed, ReleaseRow, MAX_ROWS as MAX};
+use crate::backend::coalesce::{listed, pad, ReleaseRow, MAX_ROWS as MAX};
 use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
 
 /// The coalesced statements of one table, by list size: `[i]` takes `2 << i` rows.
@@ -129,19 +129,7 @@ pub(crate) async fn acquire(
             .bind(ms_ceil(a.min_hold_us))
             .bind(a.once);
     }
-    for _ in all.len()..listed(all.len()) {
-        q = q
-            .bind(None::<&str>)
-            .bind(None::<&str>)
-            .bind(None::<i64>)
-            .bind(None::<&str>)
-            .bind(None::<i64>)
-            .bind(None::<i64>)
-            .bind(None::<i64>)
-            .bind(None::<i64>)
-            .bind(None::<bool>);
-    }
-    let granted = q.fetch_all(&mut *conn).await?;
+    let granted = pad(q, all.len(), 9).fetch_all(&mut *conn).await?;
     let mut grants = std::collections::HashMap::with_capacity(granted.len());
     for row in granted {
         grants.insert(
@@ -184,16 +172,7 @@ pub(crate) async fn release(
             .bind(i64::from(r.remaining))
             .bind(r.outcome.map(Outcome::code));
     }
-    for _ in all.len()..listed(all.len()) {
-        q = q
-            .bind(None::<&str>)
-            .bind(None::<&str>)
-            .bind(None::<i64>)
-            .bind(None::<i64>)
-            .bind(None::<i64>)
-            .bind(None::<i64>);
-    }
-    let left = q.fetch_all(&mut *conn).await?;
+    let left = pad(q, all.len(), 6).fetch_all(&mut *conn).await?;
     let mut by_key = std::collections::HashMap::with_capacity(left.len());
     for row in left {
         by_key.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
