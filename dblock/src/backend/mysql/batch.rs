@@ -154,9 +154,10 @@ FOR UPDATE",
 }
 
 /// Step 2 for `n` rows decided to be released: (key, holds left, outcome or NULL, release id)
-/// each, rows with a NULL key padding that joins nothing. As the one-row release (`mysql.rs`): the count set absolutely, the last release of a
-/// tenure recording its outcome (a success committed with the work stands) and when, the key
-/// free at once or when min_hold has passed, the release id and the tenure recorded.
+/// each, rows with a NULL key padding that joins nothing. As the one-row release (`mysql.rs`):
+/// the count set absolutely, the last release of a tenure recording its outcome (a success
+/// committed with the work stands) and when, the key free at once or when min_hold has passed,
+/// the release id and the tenure recorded.
 fn release_write(n: usize, table: &str) -> String {
     let rest = " UNION ALL SELECT ?, ?, ?, ?".repeat(n.saturating_sub(1));
     format!(
@@ -185,6 +186,9 @@ pub(crate) async fn release(
     conn: &mut MySqlConnection,
     rows: &[ReleaseRow],
 ) -> Result<Vec<Released>, sqlx::Error> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     let listed_keys = listed(rows.len());
     let mut read = sqlx::query(AssertSqlSafe(release_read(listed_keys, &my.table)).into_sql_str());
@@ -192,7 +196,7 @@ pub(crate) async fn release(
         read = read.bind(r.key.as_bytes());
     }
     for _ in rows.len()..listed_keys {
-        read = read.bind(rows[0].key.as_bytes()); // padding: a key listed twice
+        read = read.bind(first.key.as_bytes()); // padding: a key listed twice
     }
     let found = read.fetch_all(&mut *tx).await?;
     let mut live = std::collections::HashMap::with_capacity(found.len());
