@@ -451,8 +451,9 @@ pub(crate) trait Statement: Sync {
     ) -> impl Future<Output = Result<Self::Output, sqlx::Error>> + Send;
 }
 
-/// The answer to [`Dialect::acquire_many`] from the grants a statement returned (by key): one
-/// attempt per key of `all`, in its order; a key without a grant was busy.
+/// The answer to a statement over several keys ([`Dialect::acquire_many`], SQLite's coalesced
+/// acquire) from the grants it returned (by key): one attempt per key of `all`, in its order; a
+/// key without a grant was busy.
 pub(crate) fn per_key(
     all: &[Acquire<'_>],
     grants: impl IntoIterator<Item = (String, Grant)>,

@@ -9,9 +9,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::query::Query;
 use sqlx::sqlite::{
-    Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
-    SqlitePoolOptions, SqliteSynchronous,
+    Sqlite, SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
+    SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 
@@ -395,6 +396,36 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
     }
 }
 
+/// `q` with an acquire's values, in the order of the acquire statements' `$1`-`$9` (one key)
+/// and of each row of the coalesced statement's list (`sqlite/batch.rs`).
+fn bind_acquire<'q>(
+    q: Query<'q, Sqlite, SqliteArguments>,
+    p: &Acquire<'_>,
+) -> Query<'q, Sqlite, SqliteArguments> {
+    q.bind(p.key)
+        .bind(p.owner)
+        .bind(ms_ceil(p.ttl_us))
+        .bind(p.holder)
+        .bind(p.attempt)
+        .bind(p.tenure)
+        .bind(i64::from(p.held))
+        .bind(ms_ceil(p.min_hold_us))
+        .bind(p.once)
+}
+
+/// A grant of a statement over several keys: `RETURNING lock_key, hold_count, fencing_token,
+/// expires_at * 1000`.
+fn keyed_grant(row: &SqliteRow) -> Result<(String, Grant), sqlx::Error> {
+    Ok((
+        row.try_get(0)?,
+        Grant {
+            hold_count: row.try_get::<i64, _>(1)?.max(0) as u32,
+            fencing_token: row.try_get::<i64, _>(2)? as u64,
+            expires_at_us: row.try_get(3)?,
+        },
+    ))
+}
+
 impl Lite {
     /// After a busy `once` attempt (SQLite returns no row then): done, or busy.
     async fn done(&self, conn: &mut SqliteConnection, key: &str) -> Result<Attempt, sqlx::Error> {
@@ -562,16 +593,7 @@ impl Dialect for Lite {
         conn: &mut SqliteConnection,
         p: &Acquire<'_>,
     ) -> Result<Attempt, sqlx::Error> {
-        let row = sqlx::query(self.sql.acquire.clone())
-            .bind(p.key)
-            .bind(p.owner)
-            .bind(ms_ceil(p.ttl_us))
-            .bind(p.holder)
-            .bind(p.attempt)
-            .bind(p.tenure)
-            .bind(i64::from(p.held))
-            .bind(ms_ceil(p.min_hold_us))
-            .bind(p.once)
+        let row = bind_acquire(sqlx::query(self.sql.acquire.clone()), p)
             .fetch_optional(&mut *conn)
             .await?;
         match row {
@@ -665,17 +687,10 @@ RETURNING lock_key, hold_count, fencing_token, expires_at * 1000",
                 .bind(i64::from(a.held));
         }
         let rows = q.fetch_all(&mut *conn).await?;
-        let mut grants = Vec::with_capacity(rows.len());
-        for row in rows {
-            grants.push((
-                row.try_get::<String, _>(0)?,
-                Grant {
-                    hold_count: row.try_get::<i64, _>(1)?.max(0) as u32,
-                    fencing_token: row.try_get::<i64, _>(2)? as u64,
-                    expires_at_us: row.try_get(3)?,
-                },
-            ));
-        }
+        let grants = rows
+            .iter()
+            .map(keyed_grant)
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(super::per_key(all, grants)))
     }
 

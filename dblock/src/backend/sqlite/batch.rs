@@ -18,9 +18,9 @@
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Row, SqlStr};
 
-use super::{ms_ceil, ran_out, sql, Lite, SAME, TAKE_OVER};
+use super::{bind_acquire, keyed_grant, ran_out, sql, Lite, SAME, TAKE_OVER};
 use crate::backend::coalesce::{listed, pad, ReleaseRow, MAX_ROWS as MAX};
-use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
+use crate::backend::{per_key, Acquire, Attempt, Outcome, Released};
 
 /// The coalesced statements of one table, by list size: `[i]` takes `2 << i` rows.
 #[derive(Debug)]
@@ -116,39 +116,18 @@ pub(crate) async fn acquire(
         return crate::backend::acquire_in_transaction(lite, conn, all).await;
     }
     let text = &lite.batch_sql.acquire[size_index(all.len())];
-    let mut q = sqlx::query(text.clone());
-    for a in all {
-        q = q
-            .bind(a.key)
-            .bind(a.owner)
-            .bind(ms_ceil(a.ttl_us))
-            .bind(a.holder)
-            .bind(a.attempt)
-            .bind(a.tenure)
-            .bind(i64::from(a.held))
-            .bind(ms_ceil(a.min_hold_us))
-            .bind(a.once);
-    }
+    let q = all.iter().fold(sqlx::query(text.clone()), bind_acquire);
     let granted = pad(q, all.len(), 9).fetch_all(&mut *conn).await?;
-    let mut grants = std::collections::HashMap::with_capacity(granted.len());
-    for row in granted {
-        grants.insert(
-            row.try_get::<String, _>(0)?,
-            Grant {
-                hold_count: row.try_get::<i64, _>(1)?.max(0) as u32,
-                fencing_token: row.try_get::<i64, _>(2)? as u64,
-                expires_at_us: row.try_get(3)?,
-            },
-        );
-    }
-    let mut out = Vec::with_capacity(all.len());
-    for a in all {
-        out.push(match grants.remove(a.key) {
-            Some(grant) => Attempt::Acquired(grant),
-            // Busy: was it done (`once`)? Read as the one-row acquire reads it.
-            None if a.once => lite.done(conn, a.key).await?,
-            None => Attempt::Busy { retry_after: None },
-        });
+    let grants = granted
+        .iter()
+        .map(keyed_grant)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = per_key(all, grants);
+    for (a, attempt) in all.iter().zip(&mut out) {
+        if a.once && matches!(attempt, Attempt::Busy { .. }) {
+            // Busy: was it done? Read as the one-row acquire reads it.
+            *attempt = lite.done(conn, a.key).await?;
+        }
     }
     Ok(out)
 }
