@@ -8,6 +8,12 @@
 //!   above the sort) before anything is written: every batch of every process takes its locks
 //!   in that order, so two batches cannot deadlock, and a one-row statement holds one row lock
 //!   at most, so it cannot close a cycle either.
+//! - The UPDATE reads the rows `locked` returned, by key: `= ANY(ARRAY(SELECT lock_key FROM
+//!   locked))` is an init plan, run to its end (every row lock taken, in key order) before the
+//!   UPDATE reads its first row, and then an index condition. (`IN (SELECT lock_key FROM
+//!   locked)` was planned, in the cached plan that guesses ten entries per array, as a nested
+//!   loop scanning the CTE again for each row: quadratic, 2,016 comparisons and about 1 ms of a
+//!   64-row batch's 2 ms.)
 //! - The UPDATE then writes each row under the lock this statement holds. Under READ COMMITTED
 //!   it re-checks its WHERE against the row's latest committed version when a concurrent
 //!   writer committed after the statement's snapshot: every condition reads only that row's own
@@ -18,7 +24,7 @@
 //! - The answer is one row per requested key (a `LEFT JOIN` of the request to what was
 //!   written and to the row as `locked` read it, its latest committed version), so every
 //!   caller learns its own outcome.
-//! - Every read of the table is by key, `= ANY($1)` beside the join to the request: the plan
+//! - Every read of the table is by key (`locked`'s `= ANY($1)`, the UPDATE's list): the plan
 //!   PostgreSQL caches for a prepared statement cannot know how many rows an array holds, and
 //!   without an index condition it hash-joined the request against a scan of the whole table
 //!   (measured: 2.4 ms instead of 1.1 ms for 12 rows of a 2,000-key table, and growing with
@@ -57,7 +63,7 @@ const ACQUIRE: &str = r#"WITH r AS (
     UPDATE {table} AS l SET
         {take}
     FROM r
-    WHERE l.lock_key = r.k AND l.lock_key = ANY($1) AND l.lock_key IN (SELECT lock_key FROM locked)
+    WHERE l.lock_key = r.k AND l.lock_key = ANY(ARRAY(SELECT lock_key FROM locked))
       AND (l.expires_at <= statement_timestamp() OR l.owner = r.owner)
       AND NOT (r.once AND l.last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out_l})
     RETURNING l.lock_key, l.hold_count, l.fencing_token, l.expires_at
@@ -119,7 +125,7 @@ const RELEASE: &str = "WITH q AS (
         release_id   = q.release_id,
         release_token = l.fencing_token
     FROM q
-    WHERE l.lock_key = q.k AND l.lock_key = ANY($1) AND l.lock_key IN (SELECT lock_key FROM locked)
+    WHERE l.lock_key = q.k AND l.lock_key = ANY(ARRAY(SELECT lock_key FROM locked))
       AND l.owner = q.owner AND l.fencing_token = q.token
       AND l.attempt_id IS DISTINCT FROM q.release_id
       AND l.expires_at > statement_timestamp()

@@ -444,7 +444,9 @@ impl Pg {
             //   snapshot. If one is, nothing is locked, updated or inserted: a busy set writes
             //   nothing.
             // - `locked` row-locks the existing rows in key order before anything is updated,
-            //   so two such statements on overlapping keys queue instead of deadlocking.
+            //   so two such statements on overlapping keys queue instead of deadlocking. `upd`
+            //   reads `locked` as an array (an init plan run to its end first, then an index
+            //   condition), not as a semi-join that would scan the CTE again per row.
             // - `upd` is the one-key UPDATE for every existing key (same SET, per-key values from
             //   `req`), each row re-checked under its lock against its latest version (READ
             //   COMMITTED); `ins` creates the missing rows in key order, ON CONFLICT DO NOTHING.
@@ -468,7 +470,7 @@ impl Pg {
     UPDATE {table} AS l SET
         {take}
     FROM req AS r
-    WHERE l.lock_key = r.k AND l.lock_key IN (SELECT lock_key FROM locked)
+    WHERE l.lock_key = r.k AND l.lock_key = ANY(ARRAY(SELECT lock_key FROM locked))
       AND (l.expires_at <= statement_timestamp() OR l.owner = $5)
       AND NOT ($9 AND l.last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})
     RETURNING l.lock_key, l.hold_count, l.fencing_token, l.expires_at
