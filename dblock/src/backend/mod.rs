@@ -607,9 +607,10 @@ impl Backend {
 
     /// Statements every lane of a locker keeps in flight together ([`coalesce::Budget`]).
     /// - PostgreSQL: one per pooled connection. Measured 2026-11-25 at 64 owners, pool of 10,
-    ///   in the same runs: 2.50–2.70× `coalesce(false)` with p99 16–22 ms in five runs of six
-    ///   (the sixth 1.63×, 60 ms), against 1.06–1.65× and p99 54–98 ms (`coalesce(false)`:
-    ///   28–72 ms) with each lane's 10 slots alone (a batch given a slot then queued
+    ///   in the same conditions: 2.09–2.70× `coalesce(false)` with p99 16–32 ms (its own:
+    ///   31–39 ms) in seven runs of eight (the eighth 1.63×, 60 ms), against 1.06–1.65× and
+    ///   p99 54–98 ms (`coalesce(false)`: 28–72 ms) with each lane's 10 slots alone (a batch
+    ///   given a slot then queued
     ///   again in the pool); 1 and 8 owners unchanged (1.00–1.12×).
     /// - MySQL/MariaDB: no bound beyond the lanes' own slots ([`coalesce::Slots`]). A shared
     ///   budget sends a lane's queue whenever any lane's statement ends, so batches halved
