@@ -610,8 +610,7 @@ impl Backend {
     ///   in the same conditions: 2.09–2.70× `coalesce(false)` with p99 16–32 ms (its own:
     ///   31–39 ms) in seven runs of eight (the eighth 1.63×, 60 ms), against 1.06–1.65× and
     ///   p99 54–98 ms (`coalesce(false)`: 28–72 ms) with each lane's 10 slots alone (a batch
-    ///   given a slot then queued
-    ///   again in the pool); 1 and 8 owners unchanged (1.00–1.12×).
+    ///   given a slot then queued again in the pool); 1 and 8 owners unchanged (1.00–1.12×).
     /// - MySQL/MariaDB: no bound beyond the lanes' own slots ([`coalesce::Slots`]). A shared
     ///   budget sends a lane's queue whenever any lane's statement ends, so batches halved
     ///   (18 to 10.5 rows) and 64 owners fell from 2.23–2.44× to 1.90–2.19×: there the server
