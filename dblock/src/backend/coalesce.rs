@@ -143,6 +143,12 @@ impl Budget {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Gives back a slot taken for a statement that was not sent after all (the lane's state
+    /// still locked: nothing to kick, no slot of the budget having been used).
+    fn put_back(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Gives back a slot of lane `from` and lets the lanes send what they have queued: if the
     /// budget was spent (other lanes' queues may wait for it), every lane but `from` first,
     /// then `from`; otherwise `from` alone (the others' queues wait for their own statements,
@@ -657,13 +663,13 @@ impl<R: Row> Inner<R> {
             }
             state.queue = later;
             if batch.is_empty() {
-                self.budget.in_flight.fetch_sub(1, Ordering::AcqRel);
+                self.budget.put_back();
                 return;
             }
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 // Outside a runtime (a slot dropped there): the rows' callers time out and
                 // resend.
-                self.budget.in_flight.fetch_sub(1, Ordering::AcqRel);
+                self.budget.put_back();
                 return;
             };
             state.in_flight += 1;
