@@ -345,3 +345,85 @@ async fn takeable(l: &Locker, tag: &str, name: &str, kept: usize) {
         }
     }
 }
+
+/// Releases, acquires and extensions of many keys at once, in the same instant: on SQLite they
+/// share one transaction (one lane for every kind), elsewhere each kind its own statements.
+/// Each row still gets its own kind's answer: released, not held (taken away meanwhile),
+/// extended, granted with its own fencing token, busy (held by another locker).
+#[tokio::test]
+async fn kinds_sent_together_answer_per_row() {
+    let (dbs, _dir) = common::all("coalesce_kinds").await;
+    for db in &dbs {
+        let l = db.locker.clone();
+        let other = common::connect(db).await.table(l.table_name());
+        let tag = format!("{}-{}", db.name, fastrand::u32(..));
+        // Rows 0..16 release (every 4th taken away), 16..32 extend (every 4th taken away),
+        // 32..64 acquire (every 4th held by the other locker).
+        let mut guards: Vec<Option<dblock::LockGuard>> = Vec::new();
+        let mut kept = Vec::new();
+        for i in 0..TASKS {
+            let key = format!("{tag}:{i}");
+            if i < 32 {
+                guards.push(Some(l.lock(&key).ttl(30 * SEC).await.unwrap()));
+            } else {
+                if i % 4 == 0 {
+                    kept.push(other.lock(&key).ttl(30 * SEC).await.unwrap());
+                }
+                guards.push(None);
+            }
+        }
+        for i in (0..32).step_by(4) {
+            assert!(l.force_release(&format!("{tag}:{i}")).await.unwrap());
+        }
+        let before = coalesced(&l);
+        let guards = Arc::new(std::sync::Mutex::new(guards));
+        let (locker, t) = (l.clone(), tag.clone());
+        let got = at_once(move |i| {
+            let g = guards.lock().unwrap()[i].take();
+            let (locker, key) = (locker.clone(), format!("{t}:{i}"));
+            async move {
+                match (i, g) {
+                    (0..16, Some(g)) => g.release().await.map(|()| None),
+                    // The extended holds are kept (returned) to be looked at below.
+                    (16..32, Some(g)) => g.extend(60 * SEC).await.map(|()| Some(g)),
+                    (_, _) => locker.lock(key).ttl(30 * SEC).await.map(Some),
+                }
+            }
+        })
+        .await;
+        let mut holds = Vec::new();
+        for (i, r) in got.into_iter().enumerate() {
+            match (i, i % 4, r) {
+                (0..32, 0, Err(LockError::NotHeld { .. }))
+                | (0..16, 1..=3, Ok(None))
+                | (32.., 0, Err(LockError::Busy { .. })) => {}
+                (16..32, 1..=3, Ok(Some(g))) => holds.push(g),
+                (32.., 1..=3, Ok(Some(g))) => {
+                    assert!(g.fencing_token() > 0, "{}", db.name);
+                    holds.push(g);
+                }
+                (_, _, other) => panic!("{}: row {i}: {other:?}", db.name),
+            }
+        }
+        for i in 0..TASKS {
+            let info = l.inspect(&format!("{tag}:{i}")).await.unwrap().unwrap();
+            let held = match i {
+                0..16 => false,
+                16..32 => i % 4 != 0,
+                _ => true,
+            };
+            assert_eq!(info.held, held, "{}: {tag}:{i}", db.name);
+            if (16..32).contains(&i) && held {
+                assert!(
+                    info.time_left > 40 * SEC,
+                    "{}: {tag}:{i} not extended",
+                    db.name
+                );
+            }
+        }
+        if cfg!(feature = "_test-util") {
+            assert!(coalesced(&l) > before, "{}: nothing coalesced", db.name);
+        }
+        drop((kept, holds));
+    }
+}

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Acquire, Attempt, Backend, HoldRef, Released, RenewItem};
+use super::{Acquire, Attempt, Backend, Extended, HoldRef, Released, RenewItem};
 use crate::info::Outcome;
 use crate::retry::{Failed, Failure};
 use crate::sync::lock;
@@ -214,6 +214,9 @@ pub(crate) struct Coalescer {
     pub(crate) acquire: Lane<AcquireRow>,
     pub(crate) release: Lane<ReleaseRow>,
     pub(crate) extend: Lane<ExtendRow>,
+    /// Where a backend whose statements of every kind share one transaction sends them all
+    /// ([`Backend::coalesce_kinds_together`]: SQLite); the kinds' own lanes are then unused.
+    pub(crate) write: Option<Lane<WriteRow>>,
 }
 
 impl Coalescer {
@@ -225,7 +228,11 @@ impl Coalescer {
             .as_ref()
             .map_or(Slots { most: 1, least: 1 }, Backend::coalesce_slots);
         let budget = Budget::new(backend.as_ref().map_or(1, Backend::coalesce_budget));
+        let together = backend
+            .as_ref()
+            .is_some_and(Backend::coalesce_kinds_together);
         Coalescer {
+            write: together.then(|| Lane::build(backend.clone(), slots, &budget, true)),
             acquire: Lane::with_budget(backend.clone(), slots, &budget),
             release: Lane::with_budget(backend.clone(), slots, &budget),
             extend: Lane::with_budget(backend, slots, &budget),
@@ -239,6 +246,7 @@ impl Coalescer {
             self.acquire.coalesced(),
             self.release.coalesced(),
             self.extend.coalesced(),
+            self.write.as_ref().map_or((0, 0), Lane::coalesced),
         ];
         lanes
             .iter()
@@ -255,6 +263,15 @@ impl Coalescer {
         // A waiter's attempt that asks for a NOTIFY (PostgreSQL) carries a statement of its own.
         if a.waiting {
             return backend.acquire(a, deadline).await;
+        }
+        if let Some(write) = &self.write {
+            return match write.enter(|| WriteRow::Acquire(AcquireRow::from(a)), deadline) {
+                Entered::Alone(slot) => slot.noted(backend.acquire(a, deadline).await),
+                Entered::Queued(turn) => match turn.wait().await? {
+                    WriteOut::Acquire(attempt) => Ok(attempt),
+                    _ => Err(mismatched()),
+                },
+            };
         }
         match self.acquire.enter(|| AcquireRow::from(a), deadline) {
             Entered::Alone(slot) => slot.noted(backend.acquire(a, deadline).await),
@@ -280,6 +297,19 @@ impl Coalescer {
             outcome,
             release_id,
         };
+        if let Some(write) = &self.write {
+            return match write.enter(|| WriteRow::Release(row()), deadline) {
+                Entered::Alone(slot) => slot.noted(
+                    backend
+                        .release(h, remaining, outcome, release_id, deadline)
+                        .await,
+                ),
+                Entered::Queued(turn) => match turn.wait().await? {
+                    WriteOut::Release(released) => Ok(released),
+                    _ => Err(mismatched()),
+                },
+            };
+        }
         match self.release.enter(row, deadline) {
             Entered::Alone(slot) => slot.noted(
                 backend
@@ -305,6 +335,18 @@ impl Coalescer {
             fencing_token: h.fencing_token,
             ttl_us,
         };
+        if let Some(write) = &self.write {
+            return match write.enter(|| WriteRow::Extend(row()), deadline) {
+                Entered::Alone(slot) => {
+                    let extended = slot.noted(backend.extend(h, ttl_us, deadline).await)?;
+                    Ok(extended.map(Some))
+                }
+                Entered::Queued(turn) => match turn.wait().await? {
+                    WriteOut::Extend(extended) => Ok(extended),
+                    _ => Err(mismatched()),
+                },
+            };
+        }
         match self.extend.enter(row, deadline) {
             Entered::Alone(slot) => {
                 let extended = slot.noted(backend.extend(h, ttl_us, deadline).await)?;
@@ -330,6 +372,14 @@ struct Inner<R: Row> {
     slots: Slots,
     /// Statements of every lane of the locker in flight at once, at most.
     budget: Arc<Budget>,
+    /// Whether a batch's end lets its answered callers queue again before the next statement
+    /// leaves (one `yield_now`, no timer). For a lane of one slot whose callers go on at once
+    /// (SQLite's lane of every kind, where a grant is followed by its release): the next
+    /// statement would otherwise be made up the instant the last one ended, of the callers it
+    /// did not carry, and each caller would ride every other statement. Measured at 8 owners:
+    /// 7.3–7.4 rows a statement instead of 4.7–4.9, 2.63–2.75× `coalesce(false)` instead of
+    /// 2.10–2.36×. On PostgreSQL, with ten slots, it cost (0.43–0.94× against 1.25–1.96×).
+    regroup: bool,
     state: Mutex<State<R>>,
     /// The latest failure of a statement of the lane: what a row that never got its turn
     /// reports as the cause.
@@ -508,6 +558,12 @@ impl<R: Row> Lane<R> {
 
     /// A lane of `slots` that shares `budget` with the locker's other lanes.
     pub(crate) fn with_budget(to: Option<R::To>, slots: Slots, budget: &Arc<Budget>) -> Self {
+        Lane::build(to, slots, budget, false)
+    }
+
+    /// A lane as [`with_budget`](Self::with_budget); `regroup`: a statement's end yields once
+    /// to the scheduler before the next statement leaves ([`Inner::regroup`]).
+    fn build(to: Option<R::To>, slots: Slots, budget: &Arc<Budget>, regroup: bool) -> Self {
         let most = slots.most.max(1);
         let slots = Slots {
             most,
@@ -517,6 +573,7 @@ impl<R: Row> Lane<R> {
             inner: Arc::new(Inner {
                 to,
                 slots,
+                regroup,
                 budget: budget.clone(),
                 coalesced: [AtomicU64::new(0), AtomicU64::new(0)],
                 last_failure: Mutex::new(None),
@@ -689,6 +746,12 @@ impl<R: Row> Inner<R> {
             let (lane, to) = (self.clone(), to.clone());
             runtime.spawn(async move {
                 send_batch(&lane, &to, batch).await;
+                if lane.regroup {
+                    // The callers just answered are woken; one turn of the scheduler lets
+                    // those that go on at once (a release after its grant) queue for the
+                    // next statement, which would otherwise leave without them.
+                    tokio::task::yield_now().await;
+                }
                 lane.ended();
             });
         }
@@ -936,27 +999,111 @@ impl Row for ExtendRow {
                 .await?
                 .map(Some)]);
         }
-        let items: Vec<RenewItem<'_>> = rows
-            .iter()
-            .map(|r| RenewItem {
-                key: &r.key,
-                owner: &r.owner,
-                fencing_token: r.fencing_token,
-                ttl_us: r.ttl_us,
-            })
-            .collect();
+        let items: Vec<RenewItem<'_>> = rows.iter().map(ExtendRow::item).collect();
         let extended = backend.extend_many(&items, deadline).await?;
+        Ok(ExtendRow::answers(rows.iter(), &extended))
+    }
+}
+
+impl ExtendRow {
+    pub(crate) fn item(&self) -> RenewItem<'_> {
+        RenewItem {
+            key: &self.key,
+            owner: &self.owner,
+            fencing_token: self.fencing_token,
+            ttl_us: self.ttl_us,
+        }
+    }
+
+    /// Each row's answer from the holds a statement `extended`.
+    fn answers<'a>(
+        rows: impl Iterator<Item = &'a ExtendRow>,
+        extended: &Extended,
+    ) -> Vec<Option<Option<i64>>> {
         let live: HashSet<(&str, &str, u64)> = extended
             .iter()
             .map(|(k, o, t)| (k.as_str(), o.as_str(), *t))
             .collect();
-        Ok(rows
-            .iter()
-            .map(|r| {
-                live.contains(&(r.key.as_str(), r.owner.as_str(), r.fencing_token))
-                    .then_some(None)
+        rows.map(|r| {
+            live.contains(&(r.key.as_str(), r.owner.as_str(), r.fencing_token))
+                .then_some(None)
+        })
+        .collect()
+    }
+}
+
+/// A row of any kind, where statements of every kind share one transaction
+/// ([`Backend::coalesce_kinds_together`]). Each kind is still one statement of its own rows; the
+/// transaction gives them one commit (on SQLite, one WAL flush), and the lane one key per
+/// statement across kinds.
+#[derive(Debug)]
+pub(crate) enum WriteRow {
+    Acquire(AcquireRow),
+    Release(ReleaseRow),
+    Extend(ExtendRow),
+}
+
+/// A [`WriteRow`]'s answer: its kind's.
+#[derive(Debug)]
+pub(crate) enum WriteOut {
+    Acquire(Attempt),
+    Release(Released),
+    Extend(Option<Option<i64>>),
+}
+
+/// An answer of another kind than its row's: never (the answers follow the rows), and an error
+/// of unknown outcome if it were.
+fn mismatched() -> Failed {
+    Failed {
+        error: sqlx::Error::Protocol("a coalesced row got an answer of another kind".into()),
+        sent: true,
+    }
+}
+
+impl Row for WriteRow {
+    type Out = WriteOut;
+    type To = Backend;
+
+    fn key(&self) -> &str {
+        match self {
+            WriteRow::Acquire(a) => &a.key,
+            WriteRow::Release(r) => &r.key,
+            WriteRow::Extend(e) => &e.key,
+        }
+    }
+
+    async fn send(
+        backend: &Backend,
+        rows: &[Self],
+        deadline: Instant,
+    ) -> Result<Vec<WriteOut>, Failed> {
+        let mut acquires = Vec::new();
+        let mut releases = Vec::new();
+        let mut extends = Vec::new();
+        for row in rows {
+            match row {
+                WriteRow::Acquire(a) => acquires.push(a.as_acquire()),
+                WriteRow::Release(r) => releases.push(r.clone()),
+                WriteRow::Extend(e) => extends.push(e),
+            }
+        }
+        let items: Vec<RenewItem<'_>> = extends.iter().map(|e| e.item()).collect();
+        let (attempts, released, extended) = backend
+            .write_batch(&acquires, &releases, &items, deadline)
+            .await?;
+        let mut attempts = attempts.into_iter();
+        let mut released = released.into_iter();
+        let mut extended = ExtendRow::answers(extends.into_iter(), &extended).into_iter();
+        rows.iter()
+            .map(|row| {
+                let out = match row {
+                    WriteRow::Acquire(_) => attempts.next().map(WriteOut::Acquire),
+                    WriteRow::Release(_) => released.next().map(WriteOut::Release),
+                    WriteRow::Extend(_) => extended.next().map(WriteOut::Extend),
+                };
+                out.ok_or_else(mismatched)
             })
-            .collect())
+            .collect()
     }
 }
 

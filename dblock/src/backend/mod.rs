@@ -627,6 +627,58 @@ impl Backend {
         }
     }
 
+    /// Whether statements of every kind go together ([`coalesce::WriteRow`]): SQLite, whose
+    /// statements take turns at one write lock anyway, and whose acquires each wait for a WAL
+    /// flush: a transaction of a batch of each kind pays one flush for all of them.
+    pub(crate) fn coalesce_kinds_together(&self) -> bool {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Coalesced rows of every kind (sorted by key each, distinct keys over all): on SQLite one
+    /// transaction (`sqlite/batch.rs`), elsewhere a statement per kind.
+    pub(crate) async fn write_batch(
+        &self,
+        acquires: &[Acquire<'_>],
+        releases: &[coalesce::ReleaseRow],
+        extends: &[RenewItem<'_>],
+        deadline: Instant,
+    ) -> Result<(Vec<Attempt>, Vec<Released>, Extended), Failed> {
+        #[cfg(feature = "sqlite")]
+        #[allow(irrefutable_let_patterns)] // the only backend of a SQLite-only build
+        if let Backend::Sqlite(b) = self {
+            let kinds = [
+                !acquires.is_empty(),
+                !releases.is_empty(),
+                !extends.is_empty(),
+            ];
+            if kinds.iter().filter(|k| **k).count() > 1 {
+                return run(b, b.pool(), deadline, async |c| {
+                    sqlite::write_batch(b, c, acquires, releases, extends).await
+                })
+                .await;
+            }
+        }
+        // One kind (its own batch, or its one-row statement), or a backend whose kinds are
+        // statements of their own.
+        let attempts = if acquires.is_empty() {
+            Vec::new()
+        } else {
+            self.acquire_batch(acquires, deadline).await?
+        };
+        let released = if releases.is_empty() {
+            Vec::new()
+        } else {
+            self.release_batch(releases, deadline).await?
+        };
+        let extended = self.extend_many(extends, deadline).await?;
+        Ok((attempts, released, extended))
+    }
+
     /// Runs statement `s` on a pooled connection within `deadline` (see [`Statement`]).
     pub(crate) async fn run<S: Statement>(
         &self,

@@ -19,6 +19,8 @@ use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
 use super::admin::AdminSql;
 
 mod batch;
+
+pub(crate) use batch::write as write_batch;
 pub(crate) mod shared;
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,

@@ -15,12 +15,13 @@
 //! The list has [`listed`] entries, the batch padded with NULL keys that match nothing: seven
 //! statement texts per kind, each prepared once per connection.
 
-use sqlx::sqlite::SqliteConnection;
-use sqlx::{Row, SqlStr};
+use sqlx::query::Query;
+use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteConnection, SqliteRow};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
 use super::{bind_acquire, keyed_grant, ran_out, sql, Lite, SAME, TAKE_OVER};
 use crate::backend::coalesce::{listed, pad, ReleaseRow, MAX_ROWS as MAX};
-use crate::backend::{per_key, Acquire, Attempt, Outcome, Released};
+use crate::backend::{per_key, Acquire, Attempt, Extended, Outcome, Released, RenewItem};
 
 /// The coalesced statements of one table, by list size: `[i]` takes `2 << i` rows.
 #[derive(Debug)]
@@ -115,9 +116,30 @@ pub(crate) async fn acquire(
     if all.len() > MAX {
         return crate::backend::acquire_in_transaction(lite, conn, all).await;
     }
-    let text = &lite.batch_sql.acquire[size_index(all.len())];
-    let q = all.iter().fold(sqlx::query(text.clone()), bind_acquire);
-    let granted = pad(q, all.len(), 9).fetch_all(&mut *conn).await?;
+    let q = bind_acquires(
+        sqlx::query(lite.batch_sql.acquire[size_index(all.len())].clone()),
+        all,
+    );
+    let granted = q.fetch_all(&mut *conn).await?;
+    attempts(lite, conn, all, &granted).await
+}
+
+/// The acquire statement's values for `all`, padded to its list.
+fn bind_acquires<'q>(
+    q: Query<'q, Sqlite, SqliteArguments>,
+    all: &[Acquire<'q>],
+) -> Query<'q, Sqlite, SqliteArguments> {
+    let n = all.len();
+    pad(all.iter().fold(q, bind_acquire), n, 9)
+}
+
+/// Each acquire's attempt, from the rows its statement returned (the grants, by key).
+async fn attempts(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    all: &[Acquire<'_>],
+    granted: &[SqliteRow],
+) -> Result<Vec<Attempt>, sqlx::Error> {
     let grants = granted
         .iter()
         .map(keyed_grant)
@@ -140,8 +162,19 @@ pub(crate) async fn release(
     if all.len() > MAX {
         return crate::backend::release_in_transaction(lite, conn, all).await;
     }
-    let text = &lite.batch_sql.release[size_index(all.len())];
-    let mut q = sqlx::query(text.clone());
+    let q = bind_releases(
+        sqlx::query(lite.batch_sql.release[size_index(all.len())].clone()),
+        all,
+    );
+    let left = q.fetch_all(&mut *conn).await?;
+    released(all, &left)
+}
+
+/// The release statement's values for `all`, padded to its list.
+fn bind_releases<'q>(
+    mut q: Query<'q, Sqlite, SqliteArguments>,
+    all: &'q [ReleaseRow],
+) -> Query<'q, Sqlite, SqliteArguments> {
     for r in all {
         q = q
             .bind(r.key.as_str())
@@ -151,7 +184,12 @@ pub(crate) async fn release(
             .bind(i64::from(r.remaining))
             .bind(r.outcome.map(Outcome::code));
     }
-    let left = pad(q, all.len(), 6).fetch_all(&mut *conn).await?;
+    pad(q, all.len(), 6)
+}
+
+/// Each release's answer, from the rows its statement returned (`lock_key, hold_count` of
+/// the rows it released).
+fn released(all: &[ReleaseRow], left: &[SqliteRow]) -> Result<Vec<Released>, sqlx::Error> {
     let mut by_key = std::collections::HashMap::with_capacity(left.len());
     for row in left {
         by_key.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
@@ -164,6 +202,52 @@ pub(crate) async fn release(
             Some(n) => Released::StillHeld((*n).max(0) as u32),
         })
         .collect())
+}
+
+/// Rows of every kind in one transaction: one commit, one WAL flush, where a statement per
+/// kind would pay one each (`BEGIN IMMEDIATE`: the write lock from the start, so no statement
+/// of it waits on another writer half-way). The releases and the acquires are their own
+/// statements as above, sent together as one command (one hop to the connection's thread);
+/// a failure rolls back all of them, and every row's caller settles its own row by its
+/// attempt or release id, as for a batch of one kind. Releases, lazily durable on their own,
+/// are durable here: they share the acquires' flush.
+pub(crate) async fn write(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    acquires: &[Acquire<'_>],
+    releases: &[ReleaseRow],
+    extends: &[RenewItem<'_>],
+) -> Result<(Vec<Attempt>, Vec<Released>, Extended), sqlx::Error> {
+    let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
+    let extended = if extends.is_empty() {
+        Vec::new()
+    } else {
+        crate::backend::Dialect::extend_many(lite, &mut tx, extends).await?
+    };
+    let (attempts, released) = match (acquires.is_empty(), releases.is_empty()) {
+        (true, true) => (Vec::new(), Vec::new()),
+        (true, false) => (Vec::new(), release(lite, &mut tx, releases).await?),
+        (false, true) => (acquire(lite, &mut tx, acquires).await?, Vec::new()),
+        (false, false) => {
+            // Two statements, one command: the releases' rows come back with two columns,
+            // the acquires' with four.
+            let text = format!(
+                "{};\n{}",
+                lite.batch_sql.release[size_index(releases.len())].as_str(),
+                lite.batch_sql.acquire[size_index(acquires.len())].as_str()
+            );
+            let q = bind_releases(sqlx::query(AssertSqlSafe(text).into_sql_str()), releases);
+            let rows = bind_acquires(q, acquires).fetch_all(&mut *tx).await?;
+            let (left, granted): (Vec<SqliteRow>, Vec<SqliteRow>) =
+                rows.into_iter().partition(|r| r.len() == 2);
+            (
+                attempts(lite, &mut tx, acquires, &granted).await?,
+                released(releases, &left)?,
+            )
+        }
+    };
+    tx.commit().await?;
+    Ok((attempts, released, extended))
 }
 
 #[cfg(test)]
