@@ -577,28 +577,32 @@ impl Backend {
     /// parallelism while batches stay small: only a call that would have waited for a
     /// connection waits for a batch instead.
     ///
-    /// Once batches grow, the servers part ways (measured 2026-11-25 at 8 and 64 owners, pool
-    /// of 10, with 3, 5 and 10 statements of a kind in flight):
-    /// - PostgreSQL (a process per connection, a flush per commit) keeps one per connection:
-    ///   with 3 or 5 it fell to 0.5–0.8 of `coalesce(false)` at 8 and 64 owners alike.
-    /// - MariaDB runs out of CPU on statements first: with 3 in flight, 64 owners went from
-    ///   1.2–1.9× `coalesce(false)` to 2.7×, but 8 owners fell to 0.8×. So lone calls give up
-    ///   slots as batches grow, down to 3, and take them back as batches shrink
-    ///   ([`coalesce::Slots`]).
+    /// Once batches grow (8 rows on average), lone calls keep one slot, and every other call
+    /// waits for a batch; below 4 rows on average they get every slot back
+    /// ([`coalesce::Slots`]). Then most rows travel in few, large statements, and the server
+    /// spends its CPU on rows, not on statements. A fixed 3 or 5 slots per kind (not moving
+    /// with the batches) took the parallelism of 8 owners away (0.5–0.8× `coalesce(false)`);
+    /// the moving bound leaves 1 and 8 owners as they were (0.99–1.04×). Measured 2026-11-26,
+    /// 64 owners, pool of 10, each server's lock table vacuumed before every round:
+    ///
+    /// | lone calls' slots once batches are large | PostgreSQL | MariaDB |
+    /// |---|---|---|
+    /// | 10 (all) | 2.63–2.81× `coalesce(false)`, 12 rows a batch | – |
+    /// | 5 | 2.90× | – |
+    /// | 3 | 2.99–3.61×, 19 rows | 2.29–2.41×, 19.5 rows |
+    /// | 2 | 3.74–3.75×, 24 rows | 2.55× |
+    /// | 1 | 3.92–4.24×, 33 rows; p99 7.4–9.7 ms against 25–29 ms | 3.24–3.28×, 30 rows |
     pub(crate) fn coalesce_slots(&self) -> coalesce::Slots {
         match self {
             #[cfg(feature = "postgres")]
             Backend::Postgres(b) => {
                 let most = b.pool().options().get_max_connections() as usize;
-                coalesce::Slots { most, least: most }
+                coalesce::Slots { most, least: 1 }
             }
             #[cfg(feature = "mysql")]
             Backend::MySql(b) => {
                 let most = b.pool().options().get_max_connections() as usize;
-                coalesce::Slots {
-                    most,
-                    least: most.min(3),
-                }
+                coalesce::Slots { most, least: 1 }
             }
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(_) => coalesce::Slots { most: 1, least: 1 },
