@@ -101,6 +101,11 @@ const SMALL: usize = 4;
 /// first, then its own: a lane whose queue never empties cannot keep every slot to itself.
 pub(crate) struct Budget {
     most: usize,
+    /// The bound while the lanes' batches are large ([`BIG`] rows on average, until they fall
+    /// below [`SMALL`]): by then the server's CPU goes to rows, and fewer statements at once
+    /// serve more of them ([`Backend::coalesce_budget`]).
+    large_most: usize,
+    large: std::sync::atomic::AtomicBool,
     in_flight: AtomicUsize,
     lanes: Mutex<Vec<Weak<dyn Kick>>>,
 }
@@ -121,9 +126,18 @@ impl std::fmt::Debug for Budget {
 
 impl Budget {
     /// A budget of `most` statements in flight (`usize::MAX`: none beyond the lanes' own).
+    #[cfg(test)]
     pub(crate) fn new(most: usize) -> Arc<Budget> {
+        Budget::moving(most, most)
+    }
+
+    /// A budget of `most` statements in flight while batches are small, `large_most` once
+    /// they are large.
+    pub(crate) fn moving(most: usize, large_most: usize) -> Arc<Budget> {
         Arc::new(Budget {
             most: most.max(1),
+            large_most: large_most.clamp(1, most.max(1)),
+            large: std::sync::atomic::AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             lanes: Mutex::new(Vec::new()),
         })
@@ -131,11 +145,21 @@ impl Budget {
 
     /// Takes a slot if one is free.
     fn take(&self) -> bool {
+        let most = self.most();
         self.in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.most).then_some(n + 1)
+                (n < most).then_some(n + 1)
             })
             .is_ok()
+    }
+
+    /// The bound now, as the batches' size says.
+    fn most(&self) -> usize {
+        if self.large.load(Ordering::Relaxed) {
+            self.large_most
+        } else {
+            self.most
+        }
     }
 
     /// Takes a slot whether or not one is free (a queue sent beside statements that hang).
@@ -154,7 +178,7 @@ impl Budget {
     /// then `from`; otherwise `from` alone (the others' queues wait for their own statements,
     /// as without a budget). Called with no lane's state locked.
     fn give(&self, from: &Arc<dyn Kick>) {
-        let spent = self.in_flight.fetch_sub(1, Ordering::AcqRel) >= self.most;
+        let spent = self.in_flight.fetch_sub(1, Ordering::AcqRel) >= self.most();
         if spent {
             let lanes: Vec<Arc<dyn Kick>> = lock(&self.lanes)
                 .iter()
@@ -234,7 +258,8 @@ impl Coalescer {
         let slots = backend
             .as_ref()
             .map_or(Slots { most: 1, least: 1 }, Backend::coalesce_slots);
-        let budget = Budget::new(backend.as_ref().map_or(1, Backend::coalesce_budget));
+        let (most, large_most) = backend.as_ref().map_or((1, 1), Backend::coalesce_budget);
+        let budget = Budget::moving(most, large_most);
         let together = backend
             .as_ref()
             .is_some_and(Backend::coalesce_kinds_together);
@@ -744,8 +769,10 @@ impl<R: Row> Inner<R> {
             state.mean_x16 = state.mean_x16 - state.mean_x16 / 8 + 2 * batch.len();
             if state.mean_x16 >= 16 * BIG {
                 state.alone = self.slots.least;
+                self.budget.large.store(true, Ordering::Relaxed);
             } else if state.mean_x16 < 16 * SMALL {
                 state.alone = self.slots.most;
+                self.budget.large.store(false, Ordering::Relaxed);
             }
             if batch.len() > 1 {
                 self.coalesced[0].fetch_add(1, Ordering::Relaxed);
@@ -1570,6 +1597,60 @@ mod tests {
             t.elapsed(),
             Duration::from_millis(5),
             "all at once, none queued"
+        );
+    }
+
+    /// The budget is the small-batch bound until a lane's batches average `BIG` rows, then the
+    /// large-batch bound, and the small-batch bound again once they fall below `SMALL`.
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_narrows_while_batches_are_large() {
+        let db = Db {
+            delay: Duration::from_millis(5),
+            ..Db::default()
+        };
+        let budget = Budget::moving(4, 2);
+        let lane = Arc::new(Lane::with_budget(
+            Some(db.clone()),
+            Slots { most: 4, least: 1 },
+            &budget,
+        ));
+        assert_eq!(budget.most(), 4);
+        // Rounds of `queued` rows behind `alone` lone callers: one batch of them per round.
+        let round = |lane: &Arc<Lane<Key>>, tag: String, alone: usize, queued: usize| {
+            let lane = lane.clone();
+            async move {
+                let held = callers(&lane, &format!("{tag}:s"), alone, Duration::from_millis(10));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let rows = callers(&lane, &format!("{tag}:q"), queued, Duration::ZERO);
+                finish(held).await;
+                finish(rows).await;
+            }
+        };
+        for i in 0..3 {
+            round(&lane, format!("large{i}"), 4, 40).await;
+        }
+        assert_eq!(budget.most(), 2, "large batches: the large-batch bound");
+        // Two lone statements in flight spend it: the next call queues.
+        let a = lane.enter(|| Key("a".into()), Instant::now() + Duration::from_secs(1));
+        let b = Lane::with_budget(Some(db.clone()), Slots { most: 4, least: 4 }, &budget);
+        let b1 = b.enter(|| Key("b1".into()), Instant::now() + Duration::from_secs(1));
+        let b2 = b.enter(|| Key("b2".into()), Instant::now() + Duration::from_secs(1));
+        assert!(matches!(a, Entered::Alone(_)) && matches!(b1, Entered::Alone(_)));
+        assert!(
+            matches!(b2, Entered::Queued(_)),
+            "a third statement beside two"
+        );
+        drop((a, b1));
+        if let Entered::Queued(turn) = b2 {
+            turn.wait().await.unwrap();
+        }
+        for i in 0..30 {
+            round(&lane, format!("small{i}"), 1, 1).await;
+        }
+        assert_eq!(
+            budget.most(),
+            4,
+            "small batches: the small-batch bound again"
         );
     }
 

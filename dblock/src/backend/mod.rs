@@ -609,8 +609,13 @@ impl Backend {
         }
     }
 
-    /// Statements every lane of a locker keeps in flight together ([`coalesce::Budget`]).
-    /// - PostgreSQL: one per pooled connection. Measured 2026-11-25 at 64 owners, pool of 10,
+    /// Statements every lane of a locker keeps in flight together ([`coalesce::Budget`]): while
+    /// batches are small, and once they are large (8 rows on average).
+    /// - PostgreSQL: one per pooled connection while batches are small; three fifths of that
+    ///   once they are large: 64 owners, pool of 10, 2026-11-26, with lone calls keeping one
+    ///   slot: 4 or 6 in flight gave 4.00–4.19× `coalesce(false)` and 3.89–4.37× pgbench in
+    ///   four runs, all 10 gave 3.74–3.85× and 3.45–4.12× in six; a fixed 6 took 8 owners'
+    ///   parallelism (0.75–0.79×), which the moving bound keeps (1.00×). Before that, measured 2026-11-25 at 64 owners, pool of 10,
     ///   in the same conditions: 2.09–2.70× `coalesce(false)` with p99 16–32 ms (its own:
     ///   31–39 ms) in seven runs of eight (the eighth 1.63×, 60 ms), against 1.06–1.65× and
     ///   p99 54–98 ms (`coalesce(false)`: 28–72 ms) with each lane's 10 slots alone (a batch
@@ -620,14 +625,17 @@ impl Backend {
     ///   (18 to 10.5 rows) and 64 owners fell from 2.23–2.44× to 1.90–2.19×: there the server
     ///   runs out of CPU per statement, and fewer, larger statements serve more.
     /// - SQLite: its statements take turns in the process ([`Dialect::turn`]) anyway.
-    pub(crate) fn coalesce_budget(&self) -> usize {
+    pub(crate) fn coalesce_budget(&self) -> (usize, usize) {
         match self {
             #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => b.pool().options().get_max_connections() as usize,
+            Backend::Postgres(b) => {
+                let most = b.pool().options().get_max_connections() as usize;
+                (most, (most * 3 / 5).max(2))
+            }
             #[cfg(feature = "mysql")]
-            Backend::MySql(_) => usize::MAX,
+            Backend::MySql(_) => (usize::MAX, usize::MAX),
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => usize::MAX,
+            Backend::Sqlite(_) => (usize::MAX, usize::MAX),
         }
     }
 
