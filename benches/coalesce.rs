@@ -201,8 +201,7 @@ async fn vacuum(name: &str) {
     if !name.starts_with("postgres") {
         return;
     }
-    let url = std::env::var("DBLOCK_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = crate::postgres_url();
     let vacuumed = async {
         let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await?;
         sqlx::raw_sql("VACUUM dblock_bench")

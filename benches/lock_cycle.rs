@@ -174,8 +174,7 @@ async fn main() {
         "sqlite://{}?mode=rwc",
         dir.path().join("bench.db").display()
     );
-    let pg = std::env::var("DBLOCK_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let pg = postgres_url();
     let my = std::env::var("DBLOCK_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
     let redis_url =
@@ -1102,4 +1101,10 @@ async fn drop_table(url: &str, table: &str) {
             .await
             .unwrap();
     }
+}
+
+/// The PostgreSQL server's own URL (`DBLOCK_POSTGRES_URL`, or the local test server's).
+fn postgres_url() -> String {
+    std::env::var("DBLOCK_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }

@@ -296,18 +296,13 @@ impl Coalescer {
         if a.waiting {
             return backend.acquire(a, deadline).await;
         }
-        if let Some(write) = &self.write {
-            return match write.enter(|| WriteRow::Acquire(AcquireRow::from(a)), deadline) {
-                Entered::Alone(slot) => slot.noted(backend.acquire(a, deadline).await),
-                Entered::Queued(turn) => match turn.wait().await? {
-                    WriteOut::Acquire(attempt) => Ok(attempt),
-                    _ => Err(mismatched()),
-                },
-            };
-        }
-        match self.acquire.enter(|| AcquireRow::from(a), deadline) {
-            Entered::Alone(slot) => slot.noted(backend.acquire(a, deadline).await),
-            Entered::Queued(turn) => turn.wait().await,
+        let alone = backend.acquire(a, deadline);
+        match &self.write {
+            Some(write) => {
+                let row = || WriteRow::Acquire(AcquireRow::from(a));
+                through(write, row, deadline, alone, WriteOut::attempt).await
+            }
+            None => through(&self.acquire, || AcquireRow::from(a), deadline, alone, Ok).await,
         }
     }
 
@@ -329,26 +324,13 @@ impl Coalescer {
             outcome,
             release_id,
         };
-        if let Some(write) = &self.write {
-            return match write.enter(|| WriteRow::Release(row()), deadline) {
-                Entered::Alone(slot) => slot.noted(
-                    backend
-                        .release(h, remaining, outcome, release_id, deadline)
-                        .await,
-                ),
-                Entered::Queued(turn) => match turn.wait().await? {
-                    WriteOut::Release(released) => Ok(released),
-                    _ => Err(mismatched()),
-                },
-            };
-        }
-        match self.release.enter(row, deadline) {
-            Entered::Alone(slot) => slot.noted(
-                backend
-                    .release(h, remaining, outcome, release_id, deadline)
-                    .await,
-            ),
-            Entered::Queued(turn) => turn.wait().await,
+        let alone = backend.release(h, remaining, outcome, release_id, deadline);
+        match &self.write {
+            Some(write) => {
+                let row = || WriteRow::Release(row());
+                through(write, row, deadline, alone, WriteOut::released).await
+            }
+            None => through(&self.release, row, deadline, alone, Ok).await,
         }
     }
 
@@ -367,25 +349,30 @@ impl Coalescer {
             fencing_token: h.fencing_token,
             ttl_us,
         };
-        if let Some(write) = &self.write {
-            return match write.enter(|| WriteRow::Extend(row()), deadline) {
-                Entered::Alone(slot) => {
-                    let extended = slot.noted(backend.extend(h, ttl_us, deadline).await)?;
-                    Ok(extended.map(Some))
-                }
-                Entered::Queued(turn) => match turn.wait().await? {
-                    WriteOut::Extend(extended) => Ok(extended),
-                    _ => Err(mismatched()),
-                },
-            };
-        }
-        match self.extend.enter(row, deadline) {
-            Entered::Alone(slot) => {
-                let extended = slot.noted(backend.extend(h, ttl_us, deadline).await)?;
-                Ok(extended.map(Some))
+        let alone = async { Ok(backend.extend(h, ttl_us, deadline).await?.map(Some)) };
+        match &self.write {
+            Some(write) => {
+                let row = || WriteRow::Extend(row());
+                through(write, row, deadline, alone, WriteOut::extended).await
             }
-            Entered::Queued(turn) => turn.wait().await,
+            None => through(&self.extend, row, deadline, alone, Ok).await,
         }
+    }
+}
+
+/// One call through `lane`: alone (the caller's own one-row statement, `alone`, sent only if
+/// it gets a slot) or queued (`row()` travels with others, and `answer` takes the caller's
+/// answer out of the lane's).
+async fn through<R: Row, T>(
+    lane: &Lane<R>,
+    row: impl FnOnce() -> R,
+    deadline: Instant,
+    alone: impl Future<Output = Result<T, Failed>>,
+    answer: impl FnOnce(R::Out) -> Result<T, Failed>,
+) -> Result<T, Failed> {
+    match lane.enter(row, deadline) {
+        Entered::Alone(slot) => slot.noted(alone.await),
+        Entered::Queued(turn) => answer(turn.wait().await?),
     }
 }
 
@@ -594,8 +581,8 @@ impl<R: Row> Lane<R> {
         Lane::build(to, slots, budget, false)
     }
 
-    /// A lane as [`with_budget`](Self::with_budget); `regroup`: a statement's end yields once
-    /// to the scheduler before the next statement leaves ([`Inner::regroup`]).
+    /// A lane as [`with_budget`](Self::with_budget); `regroup`: a statement's end yields to the
+    /// scheduler before the next statement leaves ([`Inner::regroup`]).
     fn build(to: Option<R::To>, slots: Slots, budget: &Arc<Budget>, regroup: bool) -> Self {
         let most = slots.most.max(1);
         let slots = Slots {
@@ -1088,6 +1075,29 @@ pub(crate) enum WriteOut {
     Extend(Option<Option<i64>>),
 }
 
+impl WriteOut {
+    fn attempt(self) -> Result<Attempt, Failed> {
+        match self {
+            WriteOut::Acquire(attempt) => Ok(attempt),
+            _ => Err(mismatched()),
+        }
+    }
+
+    fn released(self) -> Result<Released, Failed> {
+        match self {
+            WriteOut::Release(released) => Ok(released),
+            _ => Err(mismatched()),
+        }
+    }
+
+    fn extended(self) -> Result<Option<Option<i64>>, Failed> {
+        match self {
+            WriteOut::Extend(extended) => Ok(extended),
+            _ => Err(mismatched()),
+        }
+    }
+}
+
 /// An answer of another kind than its row's: never (the answers follow the rows), and an error
 /// of unknown outcome if it were.
 fn mismatched() -> Failed {
@@ -1242,6 +1252,16 @@ mod tests {
     }
 
     /// Waits for callers ([`occupy`], [`callers`]), each of which must have succeeded.
+    /// A round of `queued` rows behind `alone` lone callers (holding their slots 10 ms): one
+    /// batch of them.
+    async fn round(lane: &Arc<Lane<Key>>, tag: String, alone: usize, queued: usize) {
+        let held = callers(lane, &format!("{tag}:s"), alone, Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let rows = callers(lane, &format!("{tag}:q"), queued, Duration::ZERO);
+        finish(held).await;
+        finish(rows).await;
+    }
+
     async fn finish(callers: Vec<tokio::task::JoinHandle<Result<usize, Failed>>>) {
         for c in callers {
             c.await.unwrap().unwrap();
@@ -1305,17 +1325,6 @@ mod tests {
         ));
         let alone_now = |lane: &Arc<Lane<Key>>| lock(&lane.inner.state).alone;
         assert_eq!(alone_now(&lane), 4);
-        // Rounds of `queued` rows behind `alone` lone callers: one batch of them per round.
-        let round = |lane: &Arc<Lane<Key>>, tag: String, alone: usize, queued: usize| {
-            let lane = lane.clone();
-            async move {
-                let held = callers(&lane, &format!("{tag}:s"), alone, Duration::from_millis(10));
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                let rows = callers(&lane, &format!("{tag}:q"), queued, Duration::ZERO);
-                finish(held).await;
-                finish(rows).await;
-            }
-        };
         for i in 0..3 {
             round(&lane, format!("large{i}"), 4, 40).await;
         }
@@ -1615,17 +1624,6 @@ mod tests {
             &budget,
         ));
         assert_eq!(budget.most(), 4);
-        // Rounds of `queued` rows behind `alone` lone callers: one batch of them per round.
-        let round = |lane: &Arc<Lane<Key>>, tag: String, alone: usize, queued: usize| {
-            let lane = lane.clone();
-            async move {
-                let held = callers(&lane, &format!("{tag}:s"), alone, Duration::from_millis(10));
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                let rows = callers(&lane, &format!("{tag}:q"), queued, Duration::ZERO);
-                finish(held).await;
-                finish(rows).await;
-            }
-        };
         for i in 0..3 {
             round(&lane, format!("large{i}"), 4, 40).await;
         }

@@ -615,8 +615,9 @@ impl Backend {
     ///   once they are large: 64 owners, pool of 10, 2026-11-26, with lone calls keeping one
     ///   slot: 4 or 6 in flight gave 4.00–4.19× `coalesce(false)` and 3.89–4.37× pgbench in
     ///   four runs, all 10 gave 3.74–3.85× and 3.45–4.12× in six; a fixed 6 took 8 owners'
-    ///   parallelism (0.75–0.79×), which the moving bound keeps (1.00×). Before that, measured 2026-11-25 at 64 owners, pool of 10,
-    ///   in the same conditions: 2.09–2.70× `coalesce(false)` with p99 16–32 ms (its own:
+    ///   parallelism (0.75–0.79×), which the moving bound keeps (1.00×). Before that,
+    ///   measured 2026-11-25 at 64 owners, pool of 10, in the same conditions: 2.09–2.70×
+    ///   `coalesce(false)` with p99 16–32 ms (its own:
     ///   31–39 ms) in seven runs of eight (the eighth 1.63×, 60 ms), against 1.06–1.65× and
     ///   p99 54–98 ms (`coalesce(false)`: 28–72 ms) with each lane's 10 slots alone (a batch
     ///   given a slot then queued again in the pool); 1 and 8 owners unchanged (1.00–1.12×).
