@@ -296,7 +296,7 @@ impl Coalescer {
         if a.waiting {
             return backend.acquire(a, deadline).await;
         }
-        let alone = backend.acquire(a, deadline);
+        let alone = || backend.acquire(a, deadline);
         match &self.write {
             Some(write) => {
                 let row = || WriteRow::Acquire(AcquireRow::from(a));
@@ -324,7 +324,7 @@ impl Coalescer {
             outcome,
             release_id,
         };
-        let alone = backend.release(h, remaining, outcome, release_id, deadline);
+        let alone = || backend.release(h, remaining, outcome, release_id, deadline);
         match &self.write {
             Some(write) => {
                 let row = || WriteRow::Release(row());
@@ -349,7 +349,7 @@ impl Coalescer {
             fencing_token: h.fencing_token,
             ttl_us,
         };
-        let alone = async { Ok(backend.extend(h, ttl_us, deadline).await?.map(Some)) };
+        let alone = async || Ok(backend.extend(h, ttl_us, deadline).await?.map(Some));
         match &self.write {
             Some(write) => {
                 let row = || WriteRow::Extend(row());
@@ -360,18 +360,19 @@ impl Coalescer {
     }
 }
 
-/// One call through `lane`: alone (the caller's own one-row statement, `alone`, sent only if
-/// it gets a slot) or queued (`row()` travels with others, and `answer` takes the caller's
-/// answer out of the lane's).
-async fn through<R: Row, T>(
+/// One call through `lane`: alone (the caller's own one-row statement, `alone()`, made and
+/// sent only if it gets a slot, so that the call's future holds it only in that arm) or
+/// queued (`row()` travels with others, and `answer` takes the caller's answer out of the
+/// lane's).
+async fn through<R: Row, T, F: Future<Output = Result<T, Failed>>>(
     lane: &Lane<R>,
     row: impl FnOnce() -> R,
     deadline: Instant,
-    alone: impl Future<Output = Result<T, Failed>>,
+    alone: impl FnOnce() -> F,
     answer: impl FnOnce(R::Out) -> Result<T, Failed>,
 ) -> Result<T, Failed> {
     match lane.enter(row, deadline) {
-        Entered::Alone(slot) => slot.noted(alone.await),
+        Entered::Alone(slot) => slot.noted(alone().await),
         Entered::Queued(turn) => answer(turn.wait().await?),
     }
 }
