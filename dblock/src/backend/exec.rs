@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "sqlite")]
+use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool};
 use tokio::time::Instant;
 
@@ -77,15 +79,57 @@ where
             if DB::NAME != SQLITE {
                 conn.close_on_drop();
             }
-            Err(Failed {
-                error: sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no reply from the database within the statement's time limit",
-                )),
-                sent: true,
-            })
+            Err(no_reply())
         }
     }
+}
+
+/// A statement whose reply did not come by its deadline: its outcome is unknown.
+fn no_reply() -> Failed {
+    Failed {
+        error: sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no reply from the database within the statement's time limit",
+        )),
+        sent: true,
+    }
+}
+
+/// Runs `op` on a connection of `pool` to its end, with no time limit once it has the
+/// connection: for an op that leaves its connection in a state only its own end undoes
+/// (SQLite: a transaction that one command opens and commits; a command dropped half-way stops
+/// before its `COMMIT`). `op` puts a failure right itself (a rollback) before it returns.
+///
+/// Should the op be dropped anyway (its task dropped with the runtime), its connection is
+/// closed, not pooled again, and whatever it left open ends with it.
+#[cfg(feature = "sqlite")]
+pub(crate) async fn run_to_end<DB, T>(
+    pool: &Pool<DB>,
+    deadline: Instant,
+    op: impl AsyncFnOnce(&mut PoolConnection<DB>) -> Result<T, sqlx::Error>,
+) -> Result<T, Failed>
+where
+    DB: Database,
+{
+    /// Closes its connection unless the op got to its end.
+    struct Whole<DB: Database> {
+        conn: PoolConnection<DB>,
+        ended: bool,
+    }
+    impl<DB: Database> Drop for Whole<DB> {
+        fn drop(&mut self) {
+            if !self.ended {
+                self.conn.close_on_drop();
+            }
+        }
+    }
+    let mut whole = Whole {
+        conn: connection(pool, deadline).await?,
+        ended: false,
+    };
+    let out = op(&mut whole.conn).await;
+    whole.ended = true;
+    out.map_err(Failed::from)
 }
 
 /// The first connection of a pool that `Locker::connect` made (lazily): waits for it at most
@@ -224,5 +268,55 @@ mod tests {
             .await
             .expect("the table survived");
         held.release().await.unwrap();
+    }
+
+    /// An op of `run_to_end` dropped half-way (its task dropped with the runtime) takes its
+    /// connection with it: a transaction it left open ends, never pooled again, where it would
+    /// hold the write lock against every other connection. Fails without the guard.
+    #[tokio::test]
+    async fn an_op_run_to_end_dropped_half_way_closes_its_connection() {
+        use std::str::FromStr;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .busy_timeout(Duration::ZERO);
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .unwrap();
+        let other = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (x INTEGER)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let half_way = run_to_end(&pool, deadline, async |c| {
+            sqlx::query("BEGIN IMMEDIATE").execute(&mut **c).await?;
+            std::future::pending::<()>().await;
+            Ok(())
+        });
+        let dropped = tokio::time::timeout(Duration::from_millis(100), half_way).await;
+        assert!(dropped.is_err(), "still in its transaction when dropped");
+        let free = tokio::time::timeout(Duration::from_secs(2), async {
+            while sqlx::query("INSERT INTO t VALUES (1)")
+                .execute(&other)
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(free.is_ok(), "the write lock is still held");
+        sqlx::query("INSERT INTO t VALUES (2)")
+            .execute(&pool)
+            .await
+            .expect("the pool goes on, on a new connection");
     }
 }

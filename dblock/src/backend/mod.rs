@@ -489,21 +489,29 @@ async fn run<D: Dialect, T>(
     deadline: Instant,
     op: impl AsyncFnOnce(&mut Conn<D>) -> Result<T, sqlx::Error>,
 ) -> Result<T, Failed> {
-    b.settle(deadline).await?;
-    let _turn = match b.turn() {
-        Some(turn) => match tokio::time::timeout_at(deadline, turn.lock()).await {
-            Ok(turn) => Some(turn),
-            // Nothing was sent: as a pool that had no connection to give in time.
-            Err(_) => {
-                return Err(Failed {
-                    error: sqlx::Error::PoolTimedOut,
-                    sent: false,
-                })
-            }
-        },
-        None => None,
-    };
+    let _turn = enter(b, deadline).await?;
     exec::run(pool, deadline, op).await
+}
+
+/// What every statement of `b` waits for before its connection: `b` ready for its first
+/// statement ([`Dialect::settle`]), then the database's turn in this process
+/// ([`Dialect::turn`]), held while the guard lives.
+async fn enter<D: Dialect>(
+    b: &D,
+    deadline: Instant,
+) -> Result<Option<tokio::sync::MutexGuard<'_, ()>>, Failed> {
+    b.settle(deadline).await?;
+    match b.turn() {
+        Some(turn) => match tokio::time::timeout_at(deadline, turn.lock()).await {
+            Ok(turn) => Ok(Some(turn)),
+            // Nothing was sent: as a pool that had no connection to give in time.
+            Err(_) => Err(Failed {
+                error: sqlx::Error::PoolTimedOut,
+                sent: false,
+            }),
+        },
+        None => Ok(None),
+    }
 }
 
 /// Forwards a call to whichever backend is active: `$b` is the dialect value, `$D` its type.
@@ -669,6 +677,12 @@ impl Backend {
                 !releases.is_empty(),
                 !extends.is_empty(),
             ];
+            if kinds == [true, true, false] && sqlite::one_command(acquires, releases) {
+                let _turn = enter(b, deadline).await?;
+                let (attempts, released) =
+                    sqlite::write_whole(b, acquires, releases, deadline).await?;
+                return Ok((attempts, released, Vec::new()));
+            }
             if kinds.iter().filter(|k| **k).count() > 1 {
                 return run(b, b.pool(), deadline, async |c| {
                     sqlite::write_batch(b, c, acquires, releases, extends).await

@@ -20,7 +20,7 @@ use super::admin::AdminSql;
 
 mod batch;
 
-pub(crate) use batch::write as write_batch;
+pub(crate) use batch::{one_command, write as write_batch, write_whole};
 pub(crate) mod shared;
 use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,
