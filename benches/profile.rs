@@ -9,6 +9,10 @@
 //!
 //! `DBLOCK_PROFILE`: `dblock` (the default) or `ceiling` (the same statements, none of the client's
 //! machinery). `DBLOCK_PROFILE_CYCLES` (default 2000) cycles after 200 of warm-up.
+//!
+//! `DBLOCK_PROFILE_OWNERS=64`: that many owners at once instead, each on keys of its own, every
+//! owner doing `DBLOCK_PROFILE_CYCLES` cycles (coalesced, the default): a workload to watch the
+//! whole machine with, server included (`perf record -a -g` while it runs).
 
 use std::time::Duration;
 
@@ -30,6 +34,34 @@ async fn main() {
     let owner = dblock::Owner::new().id().to_owned();
     let ttl = Duration::from_secs(30);
     let started = std::time::Instant::now();
+    let owners: usize = std::env::var("DBLOCK_PROFILE_OWNERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if owners > 0 {
+        let tasks: Vec<_> = (0..owners)
+            .map(|o| {
+                let locker = locker.clone();
+                tokio::spawn(async move {
+                    for i in 0..cycles {
+                        let key = format!("profile:{o}:{}", i % 64);
+                        let g = locker.lock(key).ttl(ttl).await.unwrap();
+                        g.release().await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let n = owners * cycles;
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!(
+            "{owners} owners: {n} cycles in {secs:.2} s, {:.0}/s",
+            n as f64 / secs
+        );
+        return;
+    }
     for i in 0..cycles + 200 {
         let key = format!("profile:{}", i % 64);
         if which == "ceiling" {

@@ -20,7 +20,11 @@
 //!   columns and the row's values in `r`, so the re-check sees everything the decision depends
 //!   on. The SET's CASE arms read the old row, as in the one-row statements.
 //! - New keys are inserted in key order with `ON CONFLICT DO NOTHING`: a racing inserter makes
-//!   that row busy, never an error that would fail the whole batch.
+//!   that row busy, never an error that would fail the whole batch. A key is new when `locked`
+//!   has no row for it (a hash anti-join, not an index probe a row: 0.077 against 0.024 ms of a
+//!   64-row batch's 0.6 ms): the same answer as the table read through the statement's
+//!   snapshot, except for a row deleted after the snapshot (`locked` skips it), whose key is
+//!   then tried as new, and the unique index still decides.
 //! - The answer is one row per requested key (a `LEFT JOIN` of the request to what was
 //!   written and to the row as `locked` read it, its latest committed version), so every
 //!   caller learns its own outcome.
@@ -76,7 +80,7 @@ const ACQUIRE: &str = r#"WITH r AS (
            CASE WHEN r.min_hold > 0 THEN statement_timestamp() + r.min_hold * interval '1 microsecond' END,
            r.once
     FROM r
-    WHERE NOT EXISTS (SELECT 1 FROM {table} AS e WHERE e.lock_key = r.k)
+    WHERE NOT EXISTS (SELECT 1 FROM locked AS e WHERE e.lock_key = r.k)
     ORDER BY r.k COLLATE "C"
     ON CONFLICT (lock_key) DO NOTHING
     RETURNING lock_key, hold_count, fencing_token, expires_at
