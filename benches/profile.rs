@@ -56,9 +56,13 @@ async fn main() {
         }
         let n = owners * cycles;
         let secs = started.elapsed().as_secs_f64();
+        let (statements, rows) = dblock::test_util::coalesced(&locker);
         eprintln!(
-            "{owners} owners: {n} cycles in {secs:.2} s, {:.0}/s",
-            n as f64 / secs
+            "{owners} owners: {n} cycles in {secs:.2} s, {:.0}/s; {statements} coalesced \
+             statements of {:.1} rows, {} rows alone",
+            n as f64 / secs,
+            rows as f64 / statements.max(1) as f64,
+            (2 * n as u64).saturating_sub(rows),
         );
         return;
     }
