@@ -7,6 +7,8 @@
 //!   error, and that connection is closed rather than returned to the pool (sqlx would otherwise
 //!   ping it on return and hand it out again, with the old statement's reply still pending).
 //! - Errors say whether the statement was sent: nothing was, if no connection could be had.
+//! - A command that must not be cut half-way (SQLite's transaction sent as one command) runs
+//!   to its end instead ([`run_to_end`]): only the wait for its connection has the deadline.
 
 use std::time::Duration;
 

@@ -678,9 +678,18 @@ impl Backend {
                 !extends.is_empty(),
             ];
             if kinds == [true, true, false] && sqlite::one_command(acquires, releases) {
-                let _turn = enter(b, deadline).await?;
-                let (attempts, released) =
-                    sqlite::write_whole(b, acquires, releases, deadline).await?;
+                let mut turn = enter(b, deadline).await?;
+                let whole = sqlite::write_whole(b, acquires, releases, deadline);
+                tokio::pin!(whole);
+                // The command runs to its end, but holds the turn no longer than a statement
+                // cut at its deadline would: what waits behind it goes on as it did then.
+                let (attempts, released) = tokio::select! {
+                    done = &mut whole => done?,
+                    () = tokio::time::sleep_until(deadline) => {
+                        turn.take();
+                        whole.await?
+                    }
+                };
                 return Ok((attempts, released, Vec::new()));
             }
             if kinds.iter().filter(|k| **k).count() > 1 {

@@ -260,7 +260,9 @@ pub(crate) fn one_command(acquires: &[Acquire<'_>], releases: &[ReleaseRow]) -> 
 /// write lock it holds. Its wait is bounded all the same: by the busy timeout for the write
 /// lock, and the statements are the batch's own rows. The batch's callers do not wait for it
 /// past their own deadlines ([`coalesce`](crate::backend::coalesce): "outcome unknown", settled
-/// by attempt or release id, as for any batch). A command that fails half-way (the write lock
+/// by attempt or release id, as for any batch), and the process's turn at the database
+/// ([`Dialect::turn`](crate::backend::Dialect::turn)) is given up at the batch's deadline, as
+/// when a statement was cut there (`Backend::write_batch`). A command that fails half-way (the write lock
 /// not had within the busy timeout, a disk error) is rolled back before the connection goes
 /// back to the pool; one whose state cannot be put right is closed.
 pub(crate) async fn write_whole(
@@ -434,6 +436,94 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(count, 1, "committed: `a` released, `b` held");
+    }
+
+    /// A one-command transaction still waiting for the write lock (another connection holds
+    /// it) at its deadline gives the process's turn up then, as a statement cut at its
+    /// deadline did, and goes on to its end: a read behind it does not wait for it.
+    #[tokio::test]
+    async fn a_command_past_its_deadline_gives_up_the_turn_and_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("l.db").display());
+        crate::Locker::connect(&url)
+            .await
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap();
+        let opts = crate::ConnectOptions::default();
+        let lite = crate::backend::sqlite::connect(&url, "dblock_locks", &opts)
+            .await
+            .unwrap();
+        let other = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(SqliteConnectOptions::from_str(&url).unwrap())
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO dblock_locks (lock_key, owner, hold_count, fencing_token, expires_at,
+             acquired_at) VALUES ('a', 'o', 1, 7, 32503680000000, 0)",
+        )
+        .execute(&other)
+        .await
+        .unwrap();
+        let mut blocker = other.acquire().await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *blocker)
+            .await
+            .unwrap();
+        let backend = crate::backend::Backend::Sqlite(lite);
+        let releases = [ReleaseRow {
+            key: "a".into(),
+            owner: "o".into(),
+            fencing_token: 7,
+            remaining: 0,
+            outcome: None,
+            release_id: 11,
+        }];
+        let acquires = [Acquire {
+            key: "b",
+            owner: "p",
+            ttl_us: 60_000_000,
+            holder: "h",
+            attempt: 12,
+            waiting: false,
+            tenure: None,
+            held: 0,
+            min_hold_us: 0,
+            once: false,
+        }];
+        let started = Instant::now();
+        let batch = backend.write_batch(
+            &acquires,
+            &releases,
+            &[],
+            started + Duration::from_millis(200),
+        );
+        let read = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let info = backend.inspect("a", started + Duration::from_secs(5)).await;
+            (info, started.elapsed())
+        };
+        let unblock = async {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            sqlx::query("COMMIT").execute(&mut *blocker).await.unwrap();
+        };
+        let (batch, (info, read_after), ()) = tokio::join!(batch, read, unblock);
+        assert!(
+            info.unwrap().unwrap().held,
+            "read before the batch committed"
+        );
+        assert!(
+            read_after < Duration::from_millis(1000),
+            "the read waited {read_after:?} for the turn"
+        );
+        let (attempts, released, _) = batch.expect("the command went on to its end");
+        assert!(
+            matches!(attempts[..], [Attempt::Acquired(_)]),
+            "{attempts:?}"
+        );
+        assert!(matches!(released[..], [Released::Free]), "{released:?}");
     }
 
     #[test]
