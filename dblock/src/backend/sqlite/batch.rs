@@ -342,19 +342,22 @@ mod tests {
     use std::str::FromStr;
     use std::time::Duration;
 
-    use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
     use tokio::time::Instant;
 
-    use super::{size_index, write_whole};
+    use super::{size_index, write_whole, Lite};
     use crate::backend::coalesce::ReleaseRow;
-    use crate::backend::{Acquire, Attempt, Released};
+    use crate::backend::{Acquire, Attempt, Backend, Released};
 
-    /// A one-command transaction whose acquire statement fails after its release statement
-    /// ran is rolled back before its connection goes back to the pool: the release is undone
-    /// with it, another connection gets the write lock at once (an open transaction would hold
-    /// it), and the pool's connections go on committing. Fails without the rollback.
-    #[tokio::test]
-    async fn a_command_failing_half_way_leaves_no_transaction_open() {
+    /// A lock table in a file, the locker's connections to it, another connection that never
+    /// waits for the write lock, and key `a` held by owner `o` (tenure 7).
+    struct Db {
+        lite: Lite,
+        other: SqlitePool,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn db() -> Db {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("l.db").display());
         crate::Locker::connect(&url)
@@ -383,15 +386,28 @@ mod tests {
         .execute(&other)
         .await
         .unwrap();
-        let release = || ReleaseRow {
+        Db {
+            lite,
+            other,
+            _dir: dir,
+        }
+    }
+
+    /// The full release of `a`'s hold.
+    fn release_a() -> ReleaseRow {
+        ReleaseRow {
             key: "a".into(),
             owner: "o".into(),
             fencing_token: 7,
             remaining: 0,
             outcome: None,
             release_id: 11,
-        };
-        let acquire = |key| Acquire {
+        }
+    }
+
+    /// Owner `p`'s acquire of `key`.
+    fn acquire(key: &str) -> Acquire<'_> {
+        Acquire {
             key,
             owner: "p",
             ttl_us: 60_000_000,
@@ -402,12 +418,21 @@ mod tests {
             held: 0,
             min_hold_us: 0,
             once: false,
-        };
+        }
+    }
+
+    /// A one-command transaction whose acquire statement fails after its release statement
+    /// ran is rolled back before its connection goes back to the pool: the release is undone
+    /// with it, another connection gets the write lock at once (an open transaction would hold
+    /// it), and the pool's connections go on committing. Fails without the rollback.
+    #[tokio::test]
+    async fn a_command_failing_half_way_leaves_no_transaction_open() {
+        let Db { lite, other, _dir } = db().await;
         let deadline = || Instant::now() + Duration::from_secs(5);
         // A key over the table's 255 bytes fails its CHECK: the acquire statement fails, after
         // the release statement before it updated `a`.
         let long = "k".repeat(300);
-        let failed = write_whole(&lite, &[acquire(&long)], &[release()], deadline())
+        let failed = write_whole(&lite, &[acquire(&long)], &[release_a()], deadline())
             .await
             .unwrap_err();
         assert!(failed.error.to_string().contains("CHECK"), "{failed:?}");
@@ -421,7 +446,7 @@ mod tests {
                 .await
                 .unwrap();
         assert_eq!(held, (Some("o".into()), 1), "the release was rolled back");
-        let (attempts, released) = write_whole(&lite, &[acquire("b")], &[release()], deadline())
+        let (attempts, released) = write_whole(&lite, &[acquire("b")], &[release_a()], deadline())
             .await
             .unwrap();
         assert!(
@@ -443,56 +468,14 @@ mod tests {
     /// deadline did, and goes on to its end: a read behind it does not wait for it.
     #[tokio::test]
     async fn a_command_past_its_deadline_gives_up_the_turn_and_goes_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}?mode=rwc", dir.path().join("l.db").display());
-        crate::Locker::connect(&url)
-            .await
-            .unwrap()
-            .migrate()
-            .await
-            .unwrap();
-        let opts = crate::ConnectOptions::default();
-        let lite = crate::backend::sqlite::connect(&url, "dblock_locks", &opts)
-            .await
-            .unwrap();
-        let other = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(SqliteConnectOptions::from_str(&url).unwrap())
-            .await
-            .unwrap();
-        sqlx::query(
-            "INSERT INTO dblock_locks (lock_key, owner, hold_count, fencing_token, expires_at,
-             acquired_at) VALUES ('a', 'o', 1, 7, 32503680000000, 0)",
-        )
-        .execute(&other)
-        .await
-        .unwrap();
+        let Db { lite, other, _dir } = db().await;
         let mut blocker = other.acquire().await.unwrap();
         sqlx::query("BEGIN IMMEDIATE")
             .execute(&mut *blocker)
             .await
             .unwrap();
-        let backend = crate::backend::Backend::Sqlite(lite);
-        let releases = [ReleaseRow {
-            key: "a".into(),
-            owner: "o".into(),
-            fencing_token: 7,
-            remaining: 0,
-            outcome: None,
-            release_id: 11,
-        }];
-        let acquires = [Acquire {
-            key: "b",
-            owner: "p",
-            ttl_us: 60_000_000,
-            holder: "h",
-            attempt: 12,
-            waiting: false,
-            tenure: None,
-            held: 0,
-            min_hold_us: 0,
-            once: false,
-        }];
+        let backend = Backend::Sqlite(lite);
+        let (acquires, releases) = ([acquire("b")], [release_a()]);
         let started = Instant::now();
         let batch = backend.write_batch(
             &acquires,
