@@ -246,7 +246,8 @@ pub(crate) struct Coalescer {
     pub(crate) release: Lane<ReleaseRow>,
     pub(crate) extend: Lane<ExtendRow>,
     /// Where a backend whose statements of every kind share one transaction sends them all
-    /// ([`Backend::coalesce_kinds_together`]: SQLite); the kinds' own lanes are then unused.
+    /// ([`Backend::coalesce_kinds_together`]: SQLite); the kinds' own lanes are then unused,
+    /// and have no backend.
     pub(crate) write: Option<Lane<WriteRow>>,
 }
 
@@ -263,11 +264,18 @@ impl Coalescer {
         let together = backend
             .as_ref()
             .is_some_and(Backend::coalesce_kinds_together);
+        // With one lane for every kind, the kinds' own lanes are never entered: they are
+        // built without a backend.
+        let (write, own) = if together {
+            (Some(Lane::build(backend, slots, &budget, true)), None)
+        } else {
+            (None, backend)
+        };
         Coalescer {
-            write: together.then(|| Lane::build(backend.clone(), slots, &budget, true)),
-            acquire: Lane::with_budget(backend.clone(), slots, &budget),
-            release: Lane::with_budget(backend.clone(), slots, &budget),
-            extend: Lane::with_budget(backend, slots, &budget),
+            write,
+            acquire: Lane::with_budget(own.clone(), slots, &budget),
+            release: Lane::with_budget(own.clone(), slots, &budget),
+            extend: Lane::with_budget(own, slots, &budget),
         }
     }
 
