@@ -1277,4 +1277,4 @@ mod tests {
 }
 
 #[cfg(test)]
-mod statement_tests;
+pub(crate) mod statement_tests;

@@ -264,7 +264,7 @@ async fn grants(b: &Backend, all: &[Acquire<'_>]) -> Vec<Grant> {
 }
 
 /// A first attempt of `owner` at `key` (nothing tracked), with a 30 s ttl.
-fn one<'a>(key: &'a str, owner: &'a str, attempt: i64) -> Acquire<'a> {
+pub(crate) fn one<'a>(key: &'a str, owner: &'a str, attempt: i64) -> Acquire<'a> {
     Acquire {
         key,
         owner,

@@ -405,20 +405,9 @@ mod tests {
         }
     }
 
-    /// Owner `p`'s acquire of `key`.
+    /// Owner `p`'s first acquire of `key`.
     fn acquire(key: &str) -> Acquire<'_> {
-        Acquire {
-            key,
-            owner: "p",
-            ttl_us: 60_000_000,
-            holder: "h",
-            attempt: 12,
-            waiting: false,
-            tenure: None,
-            held: 0,
-            min_hold_us: 0,
-            once: false,
-        }
+        crate::backend::statement_tests::one(key, "p", 12)
     }
 
     /// A one-command transaction whose acquire statement fails after its release statement
