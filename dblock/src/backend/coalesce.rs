@@ -105,7 +105,8 @@ pub(crate) struct Budget {
     /// below [`SMALL`]): by then the server's CPU goes to rows, and fewer statements at once
     /// serve more of them ([`Backend::coalesce_budget`]).
     large_most: usize,
-    large: std::sync::atomic::AtomicBool,
+    /// Lanes whose batches are large now: the large-batch bound holds while any is.
+    large_lanes: AtomicUsize,
     in_flight: AtomicUsize,
     lanes: Mutex<Vec<Weak<dyn Kick>>>,
 }
@@ -137,7 +138,7 @@ impl Budget {
         Arc::new(Budget {
             most: most.max(1),
             large_most: large_most.clamp(1, most.max(1)),
-            large: std::sync::atomic::AtomicBool::new(false),
+            large_lanes: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             lanes: Mutex::new(Vec::new()),
         })
@@ -155,10 +156,19 @@ impl Budget {
 
     /// The bound now, as the batches' size says.
     fn most(&self) -> usize {
-        if self.large.load(Ordering::Relaxed) {
+        if self.large_lanes.load(Ordering::Relaxed) > 0 {
             self.large_most
         } else {
             self.most
+        }
+    }
+
+    /// A lane's batches became large (`true`) or small again.
+    fn lane_large(&self, large: bool) {
+        if large {
+            self.large_lanes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.large_lanes.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -425,6 +435,9 @@ struct State<R: Row> {
     /// The mean size of the lane's batches, in sixteenths of a row, each new batch weighing
     /// 1/8.
     mean_x16: usize,
+    /// Whether the lane's batches count as large (from a mean of `BIG` rows until it falls
+    /// below `SMALL`), as the budget counts it.
+    large: bool,
     queue: VecDeque<Queued<R>>,
     next_id: u64,
     /// When a statement of the lane last started or ended.
@@ -609,6 +622,7 @@ impl<R: Row> Lane<R> {
                 state: Mutex::new(State {
                     alone: most,
                     mean_x16: 0,
+                    large: false,
                     in_flight: 0,
                     queue: VecDeque::new(),
                     next_id: 0,
@@ -763,12 +777,21 @@ impl<R: Row> Inner<R> {
             // The batches' mean size (in sixteenths, the latest weighing 1/8) moves lone calls'
             // slots: all of them while batches stay small, the fewest once they are large.
             state.mean_x16 = state.mean_x16 - state.mean_x16 / 8 + 2 * batch.len();
-            if state.mean_x16 >= 16 * BIG {
-                state.alone = self.slots.least;
-                self.budget.large.store(true, Ordering::Relaxed);
+            let large = if state.mean_x16 >= 16 * BIG {
+                true
             } else if state.mean_x16 < 16 * SMALL {
-                state.alone = self.slots.most;
-                self.budget.large.store(false, Ordering::Relaxed);
+                false
+            } else {
+                state.large
+            };
+            if large != state.large {
+                state.large = large;
+                state.alone = if large {
+                    self.slots.least
+                } else {
+                    self.slots.most
+                };
+                self.budget.lane_large(large);
             }
             if batch.len() > 1 {
                 self.coalesced[0].fetch_add(1, Ordering::Relaxed);
@@ -1260,7 +1283,6 @@ mod tests {
             .collect()
     }
 
-    /// Waits for callers ([`occupy`], [`callers`]), each of which must have succeeded.
     /// A round of `queued` rows behind `alone` lone callers (holding their slots 10 ms): one
     /// batch of them.
     async fn round(lane: &Arc<Lane<Key>>, tag: String, alone: usize, queued: usize) {
@@ -1271,6 +1293,7 @@ mod tests {
         finish(rows).await;
     }
 
+    /// Waits for callers ([`occupy`], [`callers`]), each of which must have succeeded.
     async fn finish(callers: Vec<tokio::task::JoinHandle<Result<usize, Failed>>>) {
         for c in callers {
             c.await.unwrap().unwrap();
