@@ -493,6 +493,28 @@ async fn run<D: Dialect, T>(
     exec::run(pool, deadline, op).await
 }
 
+/// As [`run`], for an op that must not be cut half-way ([`exec::run_to_end`]): it goes on to
+/// its end, but holds `b`'s turn no longer than a statement cut at `deadline` would, so that
+/// what waits behind it goes on as it would then.
+#[cfg(feature = "sqlite")]
+async fn run_to_end<D: Dialect, T>(
+    b: &D,
+    pool: &Pool<D::Db>,
+    deadline: Instant,
+    op: impl AsyncFnOnce(&mut sqlx::pool::PoolConnection<D::Db>) -> Result<T, sqlx::Error>,
+) -> Result<T, Failed> {
+    let mut turn = enter(b, deadline).await?;
+    let whole = Box::pin(exec::run_to_end(pool, deadline, op));
+    tokio::pin!(whole);
+    tokio::select! {
+        done = &mut whole => done,
+        () = tokio::time::sleep_until(deadline) => {
+            turn.take();
+            whole.await
+        }
+    }
+}
+
 /// What every statement of `b` waits for before its connection: `b` ready for its first
 /// statement ([`Dialect::settle`]), then the database's turn in this process
 /// ([`Dialect::turn`]), held while the guard lives.
@@ -678,18 +700,10 @@ impl Backend {
                 !extends.is_empty(),
             ];
             if kinds == [true, true, false] && sqlite::one_command(acquires, releases) {
-                let mut turn = enter(b, deadline).await?;
-                let whole = sqlite::write_whole(b, acquires, releases, deadline);
-                tokio::pin!(whole);
-                // The command runs to its end, but holds the turn no longer than a statement
-                // cut at its deadline would: what waits behind it goes on as it did then.
-                let (attempts, released) = tokio::select! {
-                    done = &mut whole => done?,
-                    () = tokio::time::sleep_until(deadline) => {
-                        turn.take();
-                        whole.await?
-                    }
-                };
+                let (attempts, released) = run_to_end(b, b.pool(), deadline, async |c| {
+                    sqlite::write_whole(b, c, acquires, releases).await
+                })
+                .await?;
                 return Ok((attempts, released, Vec::new()));
             }
             if kinds.iter().filter(|k| **k).count() > 1 {

@@ -253,38 +253,35 @@ pub(crate) fn one_command(acquires: &[Acquire<'_>], releases: &[ReleaseRow]) -> 
 /// instead of three (the begin, the statements, the commit as sqlx's transaction sends them),
 /// in a transaction that otherwise takes 0.4 ms, most of it the WAL flush.
 ///
-/// The command runs to its end ([`exec::run_to_end`](crate::backend::exec::run_to_end)): a
-/// command dropped half-way (at a deadline, say) would stop after the statement it was on,
-/// before the `COMMIT`, and leave the transaction open on a pooled connection, where the next
-/// statement of any caller would run inside it and every other connection would wait for the
-/// write lock it holds. Its wait is bounded all the same: by the busy timeout for the write
-/// lock, and the statements are the batch's own rows. The batch's callers do not wait for it
-/// past their own deadlines ([`coalesce`](crate::backend::coalesce): "outcome unknown", settled
-/// by attempt or release id, as for any batch), and the process's turn at the database
+/// The command must run to its end (`backend::run_to_end`, which `Backend::write_batch` sends
+/// it through): a command dropped half-way (at a deadline, say) would stop after the statement
+/// it was on, before the `COMMIT`, and leave the transaction open on a pooled connection, where
+/// the next statement of any caller would run inside it and every other connection would wait
+/// for the write lock it holds. Its wait is bounded all the same: by the busy timeout for the
+/// write lock, and the statements are the batch's own rows. The batch's callers do not wait
+/// for it past their own deadlines ([`coalesce`](crate::backend::coalesce): "outcome unknown",
+/// settled by attempt or release id, as for any batch), and the process's turn at the database
 /// ([`Dialect::turn`](crate::backend::Dialect::turn)) is given up at the batch's deadline, as
-/// when a statement was cut there (`Backend::write_batch`). A command that fails half-way (the write lock
-/// not had within the busy timeout, a disk error) is rolled back before the connection goes
-/// back to the pool; one whose state cannot be put right is closed.
+/// when a statement was cut there. A command that fails half-way (the write lock not had
+/// within the busy timeout, a disk error) is rolled back before the connection goes back to
+/// the pool; one whose state cannot be put right is closed.
 pub(crate) async fn write_whole(
     lite: &Lite,
+    conn: &mut sqlx::pool::PoolConnection<Sqlite>,
     acquires: &[Acquire<'_>],
     releases: &[ReleaseRow],
-    deadline: tokio::time::Instant,
-) -> Result<(Vec<Attempt>, Vec<Released>), crate::retry::Failed> {
-    let op = async |conn: &mut sqlx::pool::PoolConnection<Sqlite>| {
-        let q = both(lite, acquires, releases, "BEGIN IMMEDIATE;\n", ";\nCOMMIT");
-        let rows = match q.fetch_all(&mut **conn).await {
-            Ok(rows) => rows,
-            Err(e) => {
-                end_transaction(conn).await;
-                return Err(e);
-            }
-        };
-        // A `once` row found busy reads whether its key is done, after the commit, as the
-        // one-row acquire does after its statement.
-        answers(lite, conn, acquires, releases, rows).await
+) -> Result<(Vec<Attempt>, Vec<Released>), sqlx::Error> {
+    let q = both(lite, acquires, releases, "BEGIN IMMEDIATE;\n", ";\nCOMMIT");
+    let rows = match q.fetch_all(&mut **conn).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            end_transaction(conn).await;
+            return Err(e);
+        }
     };
-    Box::pin(crate::backend::exec::run_to_end(&lite.pool, deadline, op)).await
+    // A `once` row found busy reads whether its key is done, after the commit, as the one-row
+    // acquire does after its statement.
+    answers(lite, conn, acquires, releases, rows).await
 }
 
 /// After a command of [`write_whole`] failed: rolls back the transaction it may have left
@@ -345,7 +342,7 @@ mod tests {
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
     use tokio::time::Instant;
 
-    use super::{size_index, write_whole, Lite};
+    use super::{size_index, Lite};
     use crate::backend::coalesce::ReleaseRow;
     use crate::backend::{Acquire, Attempt, Backend, Released};
 
@@ -417,11 +414,13 @@ mod tests {
     #[tokio::test]
     async fn a_command_failing_half_way_leaves_no_transaction_open() {
         let Db { lite, other, _dir } = db().await;
+        let backend = Backend::Sqlite(lite);
         let deadline = || Instant::now() + Duration::from_secs(5);
         // A key over the table's 255 bytes fails its CHECK: the acquire statement fails, after
         // the release statement before it updated `a`.
         let long = "k".repeat(300);
-        let failed = write_whole(&lite, &[acquire(&long)], &[release_a()], deadline())
+        let failed = backend
+            .write_batch(&[acquire(&long)], &[release_a()], &[], deadline())
             .await
             .unwrap_err();
         assert!(failed.error.to_string().contains("CHECK"), "{failed:?}");
@@ -435,7 +434,8 @@ mod tests {
                 .await
                 .unwrap();
         assert_eq!(held, (Some("o".into()), 1), "the release was rolled back");
-        let (attempts, released) = write_whole(&lite, &[acquire("b")], &[release_a()], deadline())
+        let (attempts, released, _) = backend
+            .write_batch(&[acquire("b")], &[release_a()], &[], deadline())
             .await
             .unwrap();
         assert!(
