@@ -125,6 +125,11 @@ impl Locker {
     /// `default_transaction_isolation=read committed` (as [`Locker::connect`] does). Statements
     /// are bounded by the default statement time-out (5 s) in the client.
     ///
+    /// The pool's sessions keep their own planner settings ([`Locker::connect`]'s sessions turn
+    /// sequential scans off): on a server with autovacuum off, `ANALYZE` the lock table once it
+    /// has grown from empty, or the plans PostgreSQL cached for the statements that lock many
+    /// keys at once may keep scanning the whole table.
+    ///
     /// A pool behind a transaction pooler (PgBouncer in transaction mode) is found out before
     /// the first statement: two connections of the locker's own (with the pool's connect
     /// options, not the pool's connections) look whether server sessions are shared between
