@@ -607,8 +607,9 @@ impl Backend {
     /// parallelism while batches stay small: only a call that would have waited for a
     /// connection waits for a batch instead.
     ///
-    /// Once batches grow (8 rows on average), lone calls keep one slot, and every other call
-    /// waits for a batch; below 4 rows on average they get every slot back
+    /// Once batches grow (8 rows on average), lone calls keep one slot (whose call then
+    /// gathers the calls woken beside it rather than go alone: `coalesce::GATHER_YIELDS`),
+    /// and every other call waits for a batch; below 4 rows on average they get every slot back
     /// ([`coalesce::Slots`]). Then most rows travel in few, large statements, and the server
     /// spends its CPU on rows, not on statements. A fixed 3 or 5 slots per kind (not moving
     /// with the batches) took the parallelism of 8 owners away (0.5–0.8× `coalesce(false)`);

@@ -1540,7 +1540,8 @@ mod tests {
             b.release_batch(&rows, deadline()).await.unwrap();
         }
         #[allow(irrefutable_let_patterns)] // with no other backend built
-        let crate::backend::Backend::Postgres(pg) = &b else {
+        let crate::backend::Backend::Postgres(pg) = &b
+        else {
             unreachable!("a PostgreSQL URL")
         };
         let mut conn = pg.pool().acquire().await.unwrap();
