@@ -84,6 +84,7 @@ async fn kinds_worker() {
                     }
                 }
             }
+            Err(e) if pool_exhausted(&e) => {}
             Err(e) => {
                 if let Err(untyped) = history::error_kind(&e) {
                     line(format!("BAD {kind} {}", untyped.replace(' ', "_")));
@@ -94,6 +95,16 @@ async fn kinds_worker() {
     }
     tokio::time::sleep(LINGER).await;
     line("EXIT".into());
+}
+
+/// The worker's pool has two connections, and a fault that delays replies by more than the ttl
+/// can keep both busy past the call that used them (sqlx pings each connection on its way back
+/// to the pool, and that ping waits for the delayed bytes too). A call then finds the pool
+/// exhausted while the server accepts new connections, and says so: `PoolTimedOut`, a typed
+/// answer and no broken promise of the kinds (seen once in a full run of the suite,
+/// 2026-11-26, on a read). Every other error must still be typed.
+fn pool_exhausted(e: &dblock::LockError) -> bool {
+    matches!(e, dblock::LockError::Database(sqlx::Error::PoolTimedOut))
 }
 
 /// One hold of the history: the kind, and the span in which it was surely live (µs).
