@@ -1359,6 +1359,17 @@ mod tests {
         finish(rows).await;
     }
 
+    /// A lane of 4 slots whose lone calls keep 1 once its batches are large, on a database that
+    /// answers in 5 ms.
+    fn moving_lane() -> (Db, Arc<Lane<Key>>) {
+        let db = Db {
+            delay: Duration::from_millis(5),
+            ..Db::default()
+        };
+        let lane = Lane::with_slots(Some(db.clone()), Slots { most: 4, least: 1 });
+        (db, Arc::new(lane))
+    }
+
     /// Waits for callers ([`occupy`], [`callers`]), each of which must have succeeded.
     async fn finish(callers: Vec<tokio::task::JoinHandle<Result<usize, Failed>>>) {
         for c in callers {
@@ -1415,14 +1426,7 @@ mod tests {
     /// every slot.
     #[tokio::test(start_paused = true)]
     async fn lone_calls_leave_slots_to_batches_while_batches_are_large() {
-        let db = Db {
-            delay: Duration::from_millis(5),
-            ..Db::default()
-        };
-        let lane = Arc::new(Lane::with_slots(
-            Some(db.clone()),
-            Slots { most: 4, least: 1 },
-        ));
+        let (db, lane) = moving_lane();
         let alone_now = |lane: &Arc<Lane<Key>>| lock(&lane.inner.state).alone;
         assert_eq!(alone_now(&lane), 4);
         for i in 0..3 {
@@ -1765,14 +1769,7 @@ mod tests {
     /// the others behind it.
     #[tokio::test(start_paused = true)]
     async fn calls_woken_together_go_together_while_batches_are_large() {
-        let db = Db {
-            delay: Duration::from_millis(5),
-            ..Db::default()
-        };
-        let lane = Arc::new(Lane::with_slots(
-            Some(db.clone()),
-            Slots { most: 4, least: 1 },
-        ));
+        let (db, lane) = moving_lane();
         for i in 0..3 {
             round(&lane, format!("large{i}"), 4, 40).await;
         }
