@@ -764,7 +764,9 @@ impl<R: Row> Inner<R> {
     /// Batches of the queue, each in a task of its own, while fewer than `limit` statements are
     /// in flight and the budget has a slot (`force`: whether or not it has).
     fn send_batches(self: &Arc<Self>, state: &mut State<R>, limit: usize, force: bool) {
-        let Some(to) = &self.to else { return };
+        if self.to.is_none() {
+            return;
+        }
         while state.in_flight < limit && !state.queue.is_empty() {
             if force {
                 self.budget.force();
@@ -776,29 +778,54 @@ impl<R: Row> Inner<R> {
                 self.budget.put_back();
                 return;
             }
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                // Outside a runtime (a slot dropped there): the rows' callers time out and
-                // resend.
-                self.budget.put_back();
+            if !self.start(state, Some(batch)) {
                 return;
-            };
-            state.in_flight += 1;
-            state.progress = Instant::now();
+            }
+        }
+    }
+
+    /// Starts one statement of the lane, in a task of its own, on a slot already taken from
+    /// the budget: `batch`, or (`None`, [`gather`](Self::gather)) the queue as it stands
+    /// [`GATHER_YIELDS`] turns of the scheduler later. `false` outside a runtime (a slot
+    /// dropped there), the slot given back: the rows' callers time out and resend.
+    fn start(self: &Arc<Self>, state: &mut State<R>, batch: Option<Vec<Queued<R>>>) -> bool {
+        let (Some(to), Ok(runtime)) = (&self.to, tokio::runtime::Handle::try_current()) else {
+            self.budget.put_back();
+            return false;
+        };
+        state.in_flight += 1;
+        state.progress = Instant::now();
+        if let Some(batch) = &batch {
             self.sized(state, batch.len());
-            let (lane, to) = (self.clone(), to.clone());
-            runtime.spawn(async move {
-                send_batch(&lane, &to, batch).await;
-                if lane.regroup {
-                    // The callers just answered are woken; a few turns of the scheduler let
-                    // those that go on at once (a release after its grant) queue for the
-                    // next statement, which would otherwise leave without them.
-                    for _ in 0..REGROUP_YIELDS {
+        }
+        let (lane, to) = (self.clone(), to.clone());
+        runtime.spawn(async move {
+            let batch = match batch {
+                Some(batch) => batch,
+                None => {
+                    for _ in 0..GATHER_YIELDS {
                         tokio::task::yield_now().await;
                     }
+                    let mut state = lock(&lane.state);
+                    let batch = take_batch(&mut state);
+                    lane.sized(&mut state, batch.len());
+                    batch
                 }
-                lane.ended();
-            });
-        }
+            };
+            if !batch.is_empty() {
+                send_batch(&lane, &to, batch).await;
+            }
+            if lane.regroup {
+                // The callers just answered are woken; a few turns of the scheduler let those
+                // that go on at once (a release after its grant) queue for the next statement,
+                // which would otherwise leave without them.
+                for _ in 0..REGROUP_YIELDS {
+                    tokio::task::yield_now().await;
+                }
+            }
+            lane.ended();
+        });
+        true
     }
 
     /// Records a batch of `n` rows leaving: the batches' mean size (in sixteenths, the latest
@@ -832,29 +859,7 @@ impl<R: Row> Inner<R> {
     /// lane's batches are large: sent by a task of its own after [`GATHER_YIELDS`] turns of
     /// the scheduler, with whatever queued meanwhile.
     fn gather(self: &Arc<Self>, state: &mut State<R>) {
-        let (Some(to), Ok(runtime)) = (&self.to, tokio::runtime::Handle::try_current()) else {
-            // Outside a runtime: the row's caller times out and resends.
-            self.budget.put_back();
-            return;
-        };
-        state.in_flight += 1;
-        state.progress = Instant::now();
-        let (lane, to) = (self.clone(), to.clone());
-        runtime.spawn(async move {
-            for _ in 0..GATHER_YIELDS {
-                tokio::task::yield_now().await;
-            }
-            let batch = {
-                let mut state = lock(&lane.state);
-                let batch = take_batch(&mut state);
-                lane.sized(&mut state, batch.len());
-                batch
-            };
-            if !batch.is_empty() {
-                send_batch(&lane, &to, batch).await;
-            }
-            lane.ended();
-        });
+        self.start(state, None);
     }
 }
 

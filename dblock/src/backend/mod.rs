@@ -504,8 +504,7 @@ async fn run_to_end<D: Dialect, T>(
     op: impl AsyncFnOnce(&mut sqlx::pool::PoolConnection<D::Db>) -> Result<T, sqlx::Error>,
 ) -> Result<T, Failed> {
     let mut turn = enter(b, deadline).await?;
-    let whole = Box::pin(exec::run_to_end(pool, deadline, op));
-    tokio::pin!(whole);
+    let mut whole = Box::pin(exec::run_to_end(pool, deadline, op));
     tokio::select! {
         done = &mut whole => done,
         () = tokio::time::sleep_until(deadline) => {
