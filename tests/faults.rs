@@ -1135,3 +1135,54 @@ async fn batches_cut_mid_flight_are_settled_row_by_row() {
         );
     }
 }
+
+/// Replies slowed for a while, then fast again: the next call gets a connection at once. sqlx
+/// tests each connection on its way back to the pool with a round trip of its own, which waited
+/// out the same slow reply; a pool of two then had both connections in that test after both
+/// calls had their answers, and a third call (`wait` 1 s) ended with `PoolTimedOut` while the
+/// server answered in microseconds. The locker's own connections skip that test after a
+/// statement answered in full (`backend/conns.rs`). Fails without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_slow_replies_the_next_call_has_a_connection_at_once() {
+    let options = ConnectOptions::new()
+        .max_connections(2)
+        .statement_timeout(4 * SEC)
+        .acquire_timeout(SEC);
+    for s in servers("fault_slow_then_fast", options).await {
+        // Both connections open and warm (a connect whose replies are slowed takes a round
+        // trip each, and this test is about the statement).
+        let (a, b) = tokio::join!(s.locker.lock("warm-a"), s.locker.lock("warm-b"));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let (ra, rb) = tokio::join!(a.release(), b.release());
+        ra.unwrap();
+        rb.unwrap();
+        settle().await;
+
+        s.proxy.set(Mode::DelayReplies(Duration::from_millis(1500)));
+        let slow = Instant::now();
+        let (a, b) = tokio::join!(
+            s.locker.lock("slow-a").wait(10 * SEC),
+            s.locker.lock("slow-b").wait(10 * SEC)
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(slow.elapsed() >= Duration::from_millis(1400), "{}", s.name);
+        // Still slow for a moment after the answers (what sqlx's test sent after them would
+        // wait out too), then fast.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        s.proxy.set(Mode::Pass);
+
+        let fast = Instant::now();
+        let c = s.locker.lock("fast").wait(SEC).await;
+        let took = fast.elapsed();
+        let c = c.unwrap_or_else(|e| panic!("{}: {e} after {took:?}", s.name));
+        assert!(
+            took < Duration::from_millis(500),
+            "{}: the call after the slow replies took {took:?}",
+            s.name
+        );
+        for g in [a, b, c] {
+            g.release().await.unwrap();
+        }
+        drop(s.proxy);
+    }
+}

@@ -154,7 +154,7 @@ impl Locker {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres(pool: sqlx::PgPool) -> Locker {
-        Self::from_backend(crate::backend::postgres::Pg::new(pool, DEFAULT_TABLE).into())
+        Self::from_backend(crate::backend::postgres::Pg::new(pool.into(), DEFAULT_TABLE).into())
     }
 
     /// [`Locker::postgres`] with options: those of [`ConnectOptions`] that are not about
@@ -188,12 +188,13 @@ impl Locker {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres_with(pool: sqlx::PgPool, options: ConnectOptions) -> Locker {
-        let backend = crate::backend::postgres::Pg::configured(pool, DEFAULT_TABLE, &options)
-            .map(Backend::from)
-            .map_err(|e| match e {
-                LockError::Config(msg) => msg,
-                other => other.to_string(),
-            });
+        let backend =
+            crate::backend::postgres::Pg::configured(pool.into(), DEFAULT_TABLE, &options)
+                .map(Backend::from)
+                .map_err(|e| match e {
+                    LockError::Config(msg) => msg,
+                    other => other.to_string(),
+                });
         Locker {
             shared: Shared::with_options(backend, DEFAULT_TABLE, default_holder(), &options),
         }
@@ -211,7 +212,7 @@ impl Locker {
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub fn mysql(pool: sqlx::MySqlPool) -> Locker {
-        Self::from_backend(crate::backend::mysql::My::new(pool, DEFAULT_TABLE).into())
+        Self::from_backend(crate::backend::mysql::My::new(pool.into(), DEFAULT_TABLE).into())
     }
 
     /// Locks in an existing SQLite pool (use WAL and a busy timeout, as [`Locker::connect`] does).
@@ -227,7 +228,7 @@ impl Locker {
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub fn sqlite(pool: sqlx::SqlitePool) -> Locker {
-        Self::from_backend(crate::backend::sqlite::Lite::new(pool, DEFAULT_TABLE).into())
+        Self::from_backend(crate::backend::sqlite::Lite::new(pool.into(), DEFAULT_TABLE).into())
     }
 
     /// The same database, another lock table (default `dblock_locks`). The name is an

@@ -7,6 +7,8 @@
 //!   error, and that connection is closed rather than returned to the pool (sqlx would otherwise
 //!   ping it on return and hand it out again, with the old statement's reply still pending).
 //! - Errors say whether the statement was sent: nothing was, if no connection could be had.
+//! - The connection comes from [`Conns`] and goes back to it: kept for the next statement when
+//!   the statement answered in full and the pool is the locker's own, else to the pool.
 //! - A command that must not be cut half-way (SQLite's transaction sent as one command) runs
 //!   to its end instead ([`run_to_end`]): only the wait for its connection has the deadline.
 
@@ -17,6 +19,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool};
 use tokio::time::Instant;
 
+use super::conns::{Conn, Conns};
 use crate::retry::Failed;
 
 /// `sqlx::Database::NAME` of SQLite (checked by a test), whose connections survive a statement
@@ -45,7 +48,7 @@ const PROBE: Duration = Duration::from_millis(200);
 /// the task an attempt or a release runs in — stay small instead of being copied in full each
 /// time one of them is moved (into a task, say).
 pub(crate) async fn run<DB, T>(
-    pool: &Pool<DB>,
+    pool: &Conns<DB>,
     deadline: Instant,
     op: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, sqlx::Error>,
 ) -> Result<T, Failed>
@@ -56,7 +59,7 @@ where
 }
 
 async fn run_inline<DB, T>(
-    pool: &Pool<DB>,
+    pool: &Conns<DB>,
     deadline: Instant,
     op: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, sqlx::Error>,
 ) -> Result<T, Failed>
@@ -72,7 +75,11 @@ where
             conn.close_on_drop();
             Err(Failed::from(sqlx::Error::Database(e)))
         }
-        Ok(outcome) => outcome.map_err(Failed::from),
+        Ok(Ok(out)) => {
+            pool.keep(conn);
+            Ok(out)
+        }
+        Ok(Err(e)) => Err(Failed::from(e)),
         Err(_) => {
             // The statement may be executing, or done with its reply lost. On a network
             // connection never reuse it (its next reader would get the old reply): closed in the
@@ -106,7 +113,7 @@ fn no_reply() -> Failed {
 /// closed, not pooled again, and whatever it left open ends with it.
 #[cfg(feature = "sqlite")]
 pub(crate) async fn run_to_end<DB, T>(
-    pool: &Pool<DB>,
+    pool: &Conns<DB>,
     deadline: Instant,
     op: impl AsyncFnOnce(&mut PoolConnection<DB>) -> Result<T, sqlx::Error>,
 ) -> Result<T, Failed>
@@ -115,22 +122,22 @@ where
 {
     /// Closes its connection unless the op got to its end.
     struct Whole<DB: Database> {
-        conn: PoolConnection<DB>,
-        ended: bool,
+        conn: Option<Conn<DB>>,
     }
     impl<DB: Database> Drop for Whole<DB> {
         fn drop(&mut self) {
-            if !self.ended {
-                self.conn.close_on_drop();
+            if let Some(conn) = &mut self.conn {
+                conn.close_on_drop();
             }
         }
     }
-    let mut whole = Whole {
-        conn: connection(pool, deadline).await?,
-        ended: false,
-    };
-    let out = op(&mut whole.conn).await;
-    whole.ended = true;
+    let mut whole = Whole { conn: None };
+    let conn = whole.conn.insert(connection(pool, deadline).await?);
+    let out = op(conn.pooled_mut()).await;
+    // At its end: pooled again (kept, when it answered in full), not closed.
+    if let (Some(conn), Ok(_)) = (whole.conn.take(), &out) {
+        pool.keep(conn);
+    }
     out.map_err(Failed::from)
 }
 
@@ -144,7 +151,7 @@ where
 /// waited out, within `limit`. The connection then goes to the pool for the first statement.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn first_connection<DB: Database>(
-    pool: &Pool<DB>,
+    pool: &Conns<DB>,
     limit: Duration,
 ) -> Result<(), sqlx::Error> {
     let deadline = Instant::now() + limit;
@@ -167,7 +174,10 @@ pub(crate) async fn first_connection<DB: Database>(
         }
     }
     match connection(pool, deadline.max(Instant::now() + PROBE)).await {
-        Ok(_conn) => Ok(()),
+        Ok(conn) => {
+            pool.keep(conn);
+            Ok(())
+        }
         Err(failed) => Err(failed.error),
     }
 }
@@ -178,10 +188,7 @@ const STARTING_UP: &str = "57P03";
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 const STARTING_UP_PAUSE: Duration = Duration::from_millis(100);
 
-async fn connection<DB: Database>(
-    pool: &Pool<DB>,
-    deadline: Instant,
-) -> Result<sqlx::pool::PoolConnection<DB>, Failed> {
+async fn connection<DB: Database>(pool: &Conns<DB>, deadline: Instant) -> Result<Conn<DB>, Failed> {
     let not_sent = |error| Failed { error, sent: false };
     // Leave a little time to find out why, should the pool not hand out a connection.
     let now = Instant::now();
@@ -298,7 +305,8 @@ mod tests {
             .await
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
-        let half_way = run_to_end(&pool, deadline, async |c| {
+        let conns = Conns::own(pool.clone());
+        let half_way = run_to_end(&conns, deadline, async |c| {
             sqlx::query("BEGIN IMMEDIATE").execute(&mut **c).await?;
             std::future::pending::<()>().await;
             Ok(())

@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::Pool;
+pub(crate) use conns::Conns;
 use tokio::time::Instant;
 
 use crate::connect::ConnectOptions;
@@ -20,6 +20,7 @@ use crate::retry::{self, Failure};
 
 mod admin;
 pub(crate) mod coalesce;
+pub(crate) mod conns;
 pub(crate) mod exec;
 pub(crate) mod fence;
 #[cfg(feature = "mysql")]
@@ -203,7 +204,7 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     type Db: sqlx::Database;
 
     /// The pool statements run on.
-    fn pool(&self) -> &Pool<Self::Db>;
+    fn pool(&self) -> &Conns<Self::Db>;
 
     /// The database the pool reaches, as far as its connect options tell (host, port and
     /// database; SQLite: the file): with the table, where one owner's holds of a key are
@@ -211,7 +212,7 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     fn database(&self) -> String;
 
     /// The pool releases run on (a lazily durable release may need connections of its own).
-    fn release_pool(&self) -> &Pool<Self::Db> {
+    fn release_pool(&self) -> &Conns<Self::Db> {
         self.pool()
     }
 
@@ -485,7 +486,7 @@ pub(crate) enum Backend {
 /// `b` is ready for its first statement ([`Dialect::settle`]).
 async fn run<D: Dialect, T>(
     b: &D,
-    pool: &Pool<D::Db>,
+    pool: &Conns<D::Db>,
     deadline: Instant,
     op: impl AsyncFnOnce(&mut Conn<D>) -> Result<T, sqlx::Error>,
 ) -> Result<T, Failed> {
@@ -499,7 +500,7 @@ async fn run<D: Dialect, T>(
 #[cfg(feature = "sqlite")]
 async fn run_to_end<D: Dialect, T>(
     b: &D,
-    pool: &Pool<D::Db>,
+    pool: &Conns<D::Db>,
     deadline: Instant,
     op: impl AsyncFnOnce(&mut sqlx::pool::PoolConnection<D::Db>) -> Result<T, sqlx::Error>,
 ) -> Result<T, Failed> {

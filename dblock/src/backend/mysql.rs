@@ -6,14 +6,15 @@
 //! the columns already assigned. Every statement here is ordered so that each assignment reads
 //! only columns that are still old, except where it means to read a new value (said in place).
 
+use crate::backend::Conns;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::mysql::{
-    MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
+    MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPoolOptions,
 };
-use sqlx::{AssertSqlSafe, Pool, Row, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 use tokio::sync::OnceCell;
 
 use super::admin::AdminSql;
@@ -116,7 +117,7 @@ const US_NOW: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
 
 #[derive(Clone, Debug)]
 pub(crate) struct My {
-    pool: MySqlPool,
+    pool: Conns<MySql>,
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
@@ -430,12 +431,13 @@ pub(crate) async fn connect(
             })
         })
         .connect_lazy_with(options);
+    let pool = Conns::own(pool);
     super::exec::first_connection(&pool, acquire_timeout).await?;
     Ok(My::new(pool, table))
 }
 
 impl My {
-    pub(crate) fn new(pool: MySqlPool, table: &str) -> Self {
+    pub(crate) fn new(pool: Conns<MySql>, table: &str) -> Self {
         let t = quote_ident(table, '`');
         let q = quote_ident(&super::queue_table(table), '`');
         let statements = Statements {
@@ -645,7 +647,7 @@ impl Dialect for My {
         }
     }
 
-    fn pool(&self) -> &Pool<MySql> {
+    fn pool(&self) -> &Conns<MySql> {
         &self.pool
     }
 
@@ -1012,9 +1014,12 @@ impl My {
     #[cfg(feature = "_test-util")]
     pub(crate) async fn session_variable(&self, name: &str) -> Result<String, sqlx::Error> {
         let sql = format!("SELECT CAST(@@session.{name} AS CHAR)");
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(&self.pool)
-            .await
+        let mut conn = self.pool.acquire().await?;
+        let value = sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(&mut *conn)
+            .await?;
+        self.pool.keep(conn);
+        Ok(value)
     }
 }
 

@@ -5,16 +5,17 @@
 //! SQLite has no server: "the database clock" is the clock of the process running the
 //! statement, so every process sharing one SQLite file must share one machine clock.
 
+use crate::backend::Conns;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::query::Query;
 use sqlx::sqlite::{
-    Sqlite, SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
+    Sqlite, SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode,
     SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 
 use super::admin::AdminSql;
 
@@ -110,10 +111,10 @@ const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS IN
 
 #[derive(Clone, Debug)]
 pub(crate) struct Lite {
-    pool: SqlitePool,
+    pool: Conns<Sqlite>,
     /// Where releases run: connections of the locker's own at `synchronous = NORMAL` (a lazily
     /// durable release, `ConnectOptions::durable_release`), or `pool` itself.
-    release_pool: SqlitePool,
+    release_pool: Conns<Sqlite>,
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
@@ -243,15 +244,15 @@ pub(crate) async fn connect(
                 .connect_lazy_with(options.clone().synchronous(SqliteSynchronous::Normal)),
         )
     };
-    let mut lite = Lite::new(pool.connect_with(options).await?, table);
+    let mut lite = Lite::new(Conns::own(pool.connect_with(options).await?), table);
     if let Some(release_pool) = lazy_release {
-        lite.release_pool = release_pool;
+        lite.release_pool = Conns::own(release_pool);
     }
     Ok(lite)
 }
 
 impl Lite {
-    pub(crate) fn new(pool: SqlitePool, table: &str) -> Self {
+    pub(crate) fn new(pool: Conns<Sqlite>, table: &str) -> Self {
         let t = quote_ident(table, '"');
         let q = quote_ident(&super::queue_table(table), '"');
         let statements = Statements {
@@ -474,7 +475,7 @@ impl Dialect for Lite {
         }
     }
 
-    fn pool(&self) -> &Pool<Sqlite> {
+    fn pool(&self) -> &Conns<Sqlite> {
         &self.pool
     }
 
@@ -493,7 +494,7 @@ impl Dialect for Lite {
         canonical.unwrap_or(file).display().to_string()
     }
 
-    fn release_pool(&self) -> &Pool<Sqlite> {
+    fn release_pool(&self) -> &Conns<Sqlite> {
         &self.release_pool
     }
 

@@ -2,10 +2,11 @@
 //! after connecting, or with every statement behind a pooler), and finding out whether a
 //! transaction pooler stands between the locker and the server.
 
+use crate::backend::Conns;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions, Postgres};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
 use super::{Pg, ACQUIRE_TIMEOUT, KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL};
@@ -113,12 +114,18 @@ const PROBE_SETTING: &str = "dblock.pooler_probe";
 /// a pooler that ignores them), or session state is shared between connections
 /// ([`state_shared`]). Simple queries only: a prepared statement through such a pooler could
 /// itself fail.
-async fn pooler_found(pool: &PgPool, opts: &ConnectOptions) -> Result<Option<String>, sqlx::Error> {
+///
+/// Its connection is the pool's first (kept by `first_connection`), taken through [`Conns`]: the
+/// pool itself would have none to give until the kept one went back.
+async fn pooler_found(
+    pool: &Conns<Postgres>,
+    opts: &ConnectOptions,
+) -> Result<Option<String>, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     let rows = sqlx::raw_sql(AssertSqlSafe("SELECT current_setting('statement_timeout')"))
         .fetch_all(&mut *conn)
         .await?;
-    drop(conn);
+    pool.keep(conn);
     let timeout: String = rows
         .first()
         .map(|r| r.try_get(0))
@@ -316,6 +323,7 @@ async fn connect_pool(
             (pool, direct)
         }
     };
+    let pool = Conns::own(pool);
     crate::backend::exec::first_connection(&pool, acquire_timeout).await?;
     Pg::configured(pool, table, &opts)
 }

@@ -7,6 +7,7 @@
 //! default), or behind a pooler as one simple-protocol query with the values inlined. A new
 //! statement is a [`Stmt`] in [`Statements`] and a list of [`Arg`]s, nothing more.
 
+use crate::backend::Conns;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use tokio::time::Instant;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgRow, Postgres};
 use sqlx::query::Query;
 use sqlx::RawSql;
-use sqlx::{AssertSqlSafe, Connection, Pool, Row, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 
 use super::admin::{self, PURGE_BATCH};
 use super::{
@@ -143,7 +144,7 @@ fn ran_out(alias: &str) -> String {
 
 #[derive(Clone, Debug)]
 pub(crate) struct Pg {
-    pool: PgPool,
+    pool: Conns<Postgres>,
     /// NOTIFY channel for releases of this table (see [`notify_channel`]).
     channel: Arc<str>,
     sql: Arc<Statements>,
@@ -374,7 +375,7 @@ const INFO_COLUMNS: &str =
 
 impl Pg {
     /// Locks in `table` through `pool`, with LISTEN/NOTIFY wake-ups.
-    pub(crate) fn new(pool: PgPool, table: &str) -> Self {
+    pub(crate) fn new(pool: Conns<Postgres>, table: &str) -> Self {
         let settings = Settings::defaults(&pool);
         Pg::build(pool, table, settings)
     }
@@ -382,7 +383,7 @@ impl Pg {
     /// Locks in `table` through `pool`, set up as `opts` say (those options that are not about
     /// building the pool).
     pub(crate) fn configured(
-        pool: PgPool,
+        pool: Conns<Postgres>,
         table: &str,
         opts: &ConnectOptions,
     ) -> Result<Self, LockError> {
@@ -390,7 +391,7 @@ impl Pg {
         Ok(Pg::build(pool, table, settings))
     }
 
-    fn build(pool: PgPool, table: &str, settings: Settings) -> Self {
+    fn build(pool: Conns<Postgres>, table: &str, settings: Settings) -> Self {
         let t = quote_ident(table, '"');
         let q = quote_ident(&super::queue_table(table), '"');
         let statements = Statements {
@@ -871,7 +872,7 @@ impl Dialect for Pg {
         }
     }
 
-    fn pool(&self) -> &Pool<Postgres> {
+    fn pool(&self) -> &Conns<Postgres> {
         &self.pool
     }
 
@@ -1315,7 +1316,7 @@ mod tests {
     /// `($n)` in them are not placeholders).
     #[tokio::test]
     async fn every_statement_has_the_placeholders_its_values_fill() {
-        let sql = &Pg::new(lazy_pool(), "some.t").sql;
+        let sql = &Pg::new(lazy_pool().into(), "some.t").sql;
         for (name, s, n) in [
             ("exists", &sql.exists, 2),
             ("acquire", &sql.acquire, 10),
@@ -1463,7 +1464,7 @@ mod tests {
         let opts = ConnectOptions::new()
             .pooler(true)
             .statement_timeout(Duration::from_millis(300));
-        let pg = Pg::configured(pool.clone(), "unused", &opts).unwrap();
+        let pg = Pg::configured(pool.clone().into(), "unused", &opts).unwrap();
         let probe = stmt(
             "SELECT current_setting('transaction_isolation'), current_setting('statement_timeout'),
        current_setting('lock_timeout'), $1::text",
