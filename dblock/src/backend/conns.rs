@@ -11,8 +11,8 @@
 //! connections at once, and the next statement waits for the pool's time-out.
 //!
 //! So a connection whose statement completed (an answer in full, not an error, not cut at its
-//! deadline, not dropped half-way) is kept here instead, and the next statement takes it first. A kept connection
-//! goes back through the pool (with sqlx's test, lifetime and idle checks) once it has been
+//! deadline, not dropped half-way) is kept here instead, and the next statement takes it
+//! first. A kept connection goes back through the pool (with sqlx's test, lifetime and idle checks) once it has been
 //! idle for [`IDLE`] or out of the pool for [`OUT`], and when the pool is closed. A statement
 //! that waits for the pool also takes a connection that comes back here meanwhile, so a kept
 //! connection never leaves a caller waiting for one; and while any statement waits, a
@@ -106,7 +106,7 @@ impl<DB: Database> Conns<DB> {
             // A connection given to this caller as the pool's came (both at once): the pool's
             // goes on to the next waiter, or is kept.
             biased;
-            Ok(idling) = back => {
+            Ok(given) = back => {
                 // The pool's acquire may be opening a connection (the pool is not at its size):
                 // it finishes, for whoever waits next. Dropped, it would leave the pool as
                 // small as it was and the server with a half-made session, at every hand-over:
@@ -121,10 +121,7 @@ impl<DB: Database> Conns<DB> {
                         }
                     });
                 }
-                Ok(Conn {
-                    conn: idling.conn,
-                    out: idling.out,
-                })
+                Ok(given.into())
             }
             conn = &mut from_pool => Ok(Conn::pooled(conn?)),
         }
@@ -193,10 +190,7 @@ impl<DB: Database> Kept<DB> {
         if idle.waiting.iter().all(oneshot::Sender::is_closed) {
             idle.waiting.clear();
             if let Some(idling) = idle.conns.pop() {
-                return Ok(Conn {
-                    conn: idling.conn,
-                    out: idling.out,
-                });
+                return Ok(idling.into());
             }
         }
         let (give, back) = oneshot::channel();
@@ -306,6 +300,16 @@ impl<DB: Database> Conn<DB> {
     #[cfg(feature = "sqlite")]
     pub(crate) fn pooled_mut(&mut self) -> &mut PoolConnection<DB> {
         &mut self.conn
+    }
+}
+
+/// A kept connection, taken for a statement.
+impl<DB: Database> From<Idling<DB>> for Conn<DB> {
+    fn from(idling: Idling<DB>) -> Self {
+        Conn {
+            conn: idling.conn,
+            out: idling.out,
+        }
     }
 }
 

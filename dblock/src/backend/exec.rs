@@ -148,7 +148,8 @@ where
 /// It connects directly, once, rather than through the pool, whose own attempts go on until
 /// its time-out: a server that refuses the connection, or refuses us, is named at once. Only
 /// a PostgreSQL server that is starting up (57P03, "the database system is starting up") is
-/// waited out, within `limit`. The connection then goes to the pool for the first statement.
+/// waited out, within `limit`. The connection is then kept for the first statement
+/// ([`Conns::keep`]).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn first_connection<DB: Database>(
     pool: &Conns<DB>,

@@ -6,7 +6,6 @@
 //! the columns already assigned. Every statement here is ordered so that each assignment reads
 //! only columns that are still old, except where it means to read a new value (said in place).
 
-use crate::backend::Conns;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +24,7 @@ use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,
     RenewItem,
 };
+use crate::backend::Conns;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::retry::Failure;

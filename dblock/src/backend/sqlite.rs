@@ -5,7 +5,6 @@
 //! SQLite has no server: "the database clock" is the clock of the process running the
 //! statement, so every process sharing one SQLite file must share one machine clock.
 
-use crate::backend::Conns;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +26,7 @@ use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, Outcome, QueueStep, Released,
     RenewItem,
 };
+use crate::backend::Conns;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::retry::Failure;

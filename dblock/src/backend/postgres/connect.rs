@@ -2,7 +2,6 @@
 //! after connecting, or with every statement behind a pooler), and finding out whether a
 //! transaction pooler stands between the locker and the server.
 
-use crate::backend::Conns;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -10,6 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions, Postgres};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
 use super::{Pg, ACQUIRE_TIMEOUT, KEEPALIVE_COUNT, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL};
+use crate::backend::Conns;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 

@@ -7,7 +7,6 @@
 //! default), or behind a pooler as one simple-protocol query with the values inlined. A new
 //! statement is a [`Stmt`] in [`Statements`] and a list of [`Arg`]s, nothing more.
 
-use crate::backend::Conns;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +23,7 @@ use super::{
     quote_ident, Acquire, Attempt, Dialect, Extended, Grant, HoldRef, LastWrite, Outcome,
     QueueStep, Released, RenewItem,
 };
+use crate::backend::Conns;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::info::LockInfo;
