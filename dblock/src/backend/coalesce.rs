@@ -245,6 +245,13 @@ pub(crate) trait Row: Send + Sync + Sized + 'static {
     /// The key the row writes: no two rows of one key share a statement.
     fn key(&self) -> &str;
 
+    /// Whether the row goes ahead of the others: while any such row is queued, the next
+    /// statement carries only rows like it ([`take_batch`]), because it is cheaper without
+    /// the others. SQLite's lazily durable releases ([`WriteRow::leads`]).
+    fn leads(&self, _to: &Self::To) -> bool {
+        false
+    }
+
     /// Sends `rows` (sorted by key, distinct keys, at least one) as one statement; one answer
     /// per row, in their order.
     fn send(
@@ -764,16 +771,16 @@ impl<R: Row> Inner<R> {
     /// Batches of the queue, each in a task of its own, while fewer than `limit` statements are
     /// in flight and the budget has a slot (`force`: whether or not it has).
     fn send_batches(self: &Arc<Self>, state: &mut State<R>, limit: usize, force: bool) {
-        if self.to.is_none() {
+        let Some(to) = &self.to else {
             return;
-        }
+        };
         while state.in_flight < limit && !state.queue.is_empty() {
             if force {
                 self.budget.force();
             } else if !self.budget.take() {
                 return;
             }
-            let batch = take_batch(state);
+            let batch = take_batch(state, to);
             if batch.is_empty() {
                 self.budget.put_back();
                 return;
@@ -807,7 +814,7 @@ impl<R: Row> Inner<R> {
                         tokio::task::yield_now().await;
                     }
                     let mut state = lock(&lane.state);
-                    let batch = take_batch(&mut state);
+                    let batch = take_batch(&mut state, &to);
                     lane.sized(&mut state, batch.len());
                     batch
                 }
@@ -864,17 +871,24 @@ impl<R: Row> Inner<R> {
 }
 
 /// The next statement's rows out of `state`'s queue: at most [`MAX_ROWS`], one per key, in
-/// the order they queued; rows whose callers went away are dropped.
-fn take_batch<R: Row>(state: &mut State<R>) -> Vec<Queued<R>> {
+/// the order they queued; rows whose callers went away are dropped. While rows that lead
+/// ([`Row::leads`]) are queued, only they go: the others wait for the next statement. They
+/// wait a bounded time: on SQLite the rows that lead are releases, which only a hold can send,
+/// and the holds do not grow while the acquires behind them wait.
+fn take_batch<R: Row>(state: &mut State<R>, to: &R::To) -> Vec<Queued<R>> {
     let mut batch: Vec<Queued<R>> = Vec::new();
     let mut keys: HashSet<String> = HashSet::new();
     let mut later = VecDeque::new();
+    let leading = state
+        .queue
+        .iter()
+        .any(|q| !q.answer.is_closed() && q.row.leads(to));
     while let Some(q) = state.queue.pop_front() {
         if q.answer.is_closed() {
             // Its caller went away before it was sent: nothing to send.
             continue;
         }
-        if batch.len() >= MAX_ROWS || keys.contains(q.row.key()) {
+        if batch.len() >= MAX_ROWS || keys.contains(q.row.key()) || (leading && !q.row.leads(to)) {
             later.push_back(q);
             continue;
         }
@@ -1214,6 +1228,15 @@ impl Row for WriteRow {
     type Out = WriteOut;
     type To = Backend;
 
+    /// A lazily durable release leads ([`Backend::releases_lead`]): a statement of releases
+    /// alone commits on connections that do not flush the log, where a transaction beside an
+    /// acquire waits for the acquire's flush. Under load a lane of one slot then sends the
+    /// releases, answered at once, and the acquires their callers send next travel together:
+    /// the owners fall into step, and a flush serves every acquire rather than half of them.
+    fn leads(&self, to: &Backend) -> bool {
+        matches!(self, WriteRow::Release(_)) && to.releases_lead()
+    }
+
     fn key(&self) -> &str {
         match self {
             WriteRow::Acquire(a) => &a.key,
@@ -1280,6 +1303,11 @@ mod tests {
 
         fn key(&self) -> &str {
             &self.0
+        }
+
+        /// As SQLite's lazily durable releases: keys named `lazy:…`.
+        fn leads(&self, _db: &Db) -> bool {
+            self.0.starts_with("lazy:")
         }
 
         async fn send(db: &Db, rows: &[Self], _deadline: Instant) -> Result<Vec<usize>, Failed> {
@@ -1518,6 +1546,42 @@ mod tests {
         let sent = lock(&db.sent).clone();
         assert_eq!(sent.len(), 1, "one statement for the five: {sent:?}");
         assert_eq!(sent[0], ["k", "kk", "kkk", "kkkk", "kkkkk"], "in key order");
+    }
+
+    /// Rows that lead (SQLite's lazily durable releases) go first, in a statement of their
+    /// own, whenever any is queued; the others, queued before or after them, go together in
+    /// the next one.
+    #[tokio::test(start_paused = true)]
+    async fn rows_that_lead_go_first_in_a_statement_of_their_own() {
+        let db = Db {
+            delay: Duration::from_millis(3),
+            ..Db::default()
+        };
+        let lane = Arc::new(Lane::new(Some(db.clone()), 1));
+        let alone = callers(&lane, "slot", 1, Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let mut queued = Vec::new();
+        for key in ["a1", "lazy:1", "a2", "lazy:2"] {
+            queued.push((key, callers(&lane, key, 1, Duration::ZERO)));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(lane.queued(), 4);
+        for (key, caller) in queued {
+            for c in caller {
+                assert_eq!(
+                    c.await.unwrap().unwrap(),
+                    key.len() + 1,
+                    "{key}'s own answer"
+                );
+            }
+        }
+        finish(alone).await;
+        let sent = lock(&db.sent).clone();
+        assert_eq!(
+            sent,
+            [vec!["lazy:10", "lazy:20"], vec!["a10", "a20"]],
+            "the leading rows first, then the others together"
+        );
     }
 
     #[tokio::test(start_paused = true)]

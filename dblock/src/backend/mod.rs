@@ -671,6 +671,19 @@ impl Backend {
         }
     }
 
+    /// Whether a statement of releases alone commits without waiting for a flush to disk, which
+    /// a statement beside an acquire waits for: SQLite's lazily durable releases, which go
+    /// ahead of the acquires in its lane of every kind ([`coalesce::Row::leads`]). Elsewhere
+    /// each kind has a lane of its own.
+    pub(crate) fn releases_lead(&self) -> bool {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(b) => b.releases_lazily(),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
     /// Whether statements of every kind go together ([`coalesce::WriteRow`]): SQLite, whose
     /// statements take turns at one write lock anyway, and whose acquires each wait for a WAL
     /// flush: a transaction of a batch of each kind pays one flush for all of them.

@@ -115,6 +115,9 @@ pub(crate) struct Lite {
     /// Where releases run: connections of the locker's own at `synchronous = NORMAL` (a lazily
     /// durable release, `ConnectOptions::durable_release`), or `pool` itself.
     release_pool: Conns<Sqlite>,
+    /// Whether `release_pool` is those connections: a release then commits without a WAL
+    /// flush.
+    lazy_release: bool,
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
@@ -247,6 +250,7 @@ pub(crate) async fn connect(
     let mut lite = Lite::new(Conns::own(pool.connect_with(options).await?), table);
     if let Some(release_pool) = lazy_release {
         lite.release_pool = Conns::own(release_pool);
+        lite.lazy_release = true;
     }
     Ok(lite)
 }
@@ -389,6 +393,7 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
         };
         Lite {
             release_pool: pool.clone(),
+            lazy_release: false,
             pool,
             shared_sql: Arc::new(shared::Sql::new(&t)),
             batch_sql: Arc::new(batch::Sql::new(&t)),
@@ -430,6 +435,12 @@ fn keyed_grant(row: &SqliteRow) -> Result<(String, Grant), sqlx::Error> {
 }
 
 impl Lite {
+    /// Whether a release commits without waiting for a WAL flush (on connections of its own at
+    /// `synchronous = NORMAL`).
+    pub(crate) fn releases_lazily(&self) -> bool {
+        self.lazy_release
+    }
+
     /// After a busy `once` attempt (SQLite returns no row then): done, or busy.
     async fn done(&self, conn: &mut SqliteConnection, key: &str) -> Result<Attempt, sqlx::Error> {
         let done: Option<(bool, Option<i64>)> = sqlx::query_as(self.sql.done.clone())
@@ -454,6 +465,7 @@ impl Dialect for Lite {
     fn with_table(&self, table: &str) -> Self {
         Lite {
             release_pool: self.release_pool.clone(),
+            lazy_release: self.lazy_release,
             turn: self.turn.clone(),
             ..Lite::new(self.pool.clone(), table)
         }
