@@ -311,12 +311,25 @@ async fn transfers_both_ways_never_deadlock_and_conserve_money() {
     }
 }
 
+/// The warnings traced on one thread.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
 
-impl std::io::Write for Captured {
+thread_local! {
+    /// Where the warnings of this thread go, if anywhere.
+    static CAPTURE: std::cell::RefCell<Option<Captured>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Writes to the calling thread's [`CAPTURE`].
+struct ThisThread;
+
+impl std::io::Write for ThisThread {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        CAPTURE.with(|c| {
+            if let Some(out) = &*c.borrow() {
+                out.0.lock().unwrap().extend_from_slice(buf);
+            }
+        });
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -325,6 +338,26 @@ impl std::io::Write for Captured {
 }
 
 impl Captured {
+    /// The warnings traced on this thread from now on. The subscriber is the test binary's
+    /// global one, writing each event to the buffer of the thread that traced it. (One set with
+    /// `set_default` for this thread alone missed events in a third of the runs: while it is
+    /// the only subscriber, tracing caches whether a callsite is enabled as the first thread to
+    /// reach it sees it, and that may be another test's thread, which has no subscriber.)
+    fn start() -> Captured {
+        static INSTALLED: std::sync::Once = std::sync::Once::new();
+        INSTALLED.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_writer(|| ThisThread)
+                .with_ansi(false)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+        });
+        let out = Captured::default();
+        CAPTURE.with(|c| *c.borrow_mut() = Some(out.clone()));
+        out
+    }
+
     /// The warnings traced since the last call, and forget them.
     fn take(&self) -> String {
         String::from_utf8(std::mem::take(&mut *self.0.lock().unwrap())).unwrap()
@@ -333,17 +366,11 @@ impl Captured {
 
 /// A task that waits for a key it already holds through a handle (another owner) is told at
 /// once, naming the fix; the wait itself stays a wait (another future of the same task may end
-/// the hold), and its timeout stays `Busy`.
+/// the hold), and its timeout stays `Busy`. (One thread: the test's current-thread runtime runs
+/// every task of it on the thread whose warnings are captured.)
 #[tokio::test]
 async fn waiting_for_a_key_this_task_holds_is_diagnosed() {
-    let out = Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let out = Captured::start();
 
     let (dbs, _dir) = common::all("multi_self").await;
     for db in &dbs {
