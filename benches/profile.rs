@@ -7,7 +7,8 @@
 //! DBLOCK_PROFILE=dblock valgrind --tool=callgrind target/release/deps/profile-* postgres://postgres@127.0.0.1:5432/test
 //! ```
 //!
-//! `DBLOCK_PROFILE`: `dblock` (the default) or `ceiling` (the same statements, none of the client's
+//! `DBLOCK_PROFILE`: `dblock` (the default), `dblock-off` (the same with `coalesce(false)`: what
+//! coalescing costs a lone caller) or `ceiling` (the same statements, none of the client's
 //! machinery). `DBLOCK_PROFILE_CYCLES` (default 2000) cycles after 200 of warm-up.
 //!
 //! `DBLOCK_PROFILE_OWNERS=64`: that many owners at once instead, each on keys of its own, every
@@ -28,7 +29,11 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
     let which = std::env::var("DBLOCK_PROFILE").unwrap_or_else(|_| "dblock".into());
-    let locker = Locker::connect(&url).await.unwrap().table("dblock_profile");
+    let options = dblock::ConnectOptions::new().coalesce(which != "dblock-off");
+    let locker = Locker::connect_with(&url, options)
+        .await
+        .unwrap()
+        .table("dblock_profile");
     locker.migrate().await.unwrap();
     let raw = dblock::test_util::statements(&locker);
     let owner = dblock::Owner::new().id().to_owned();
