@@ -245,9 +245,9 @@ pub(crate) trait Row: Send + Sync + Sized + 'static {
     /// The key the row writes: no two rows of one key share a statement.
     fn key(&self) -> &str;
 
-    /// Whether the row goes ahead of the others: while any such row is queued, the next
-    /// statement carries only rows like it ([`take_batch`]), because it is cheaper without
-    /// the others. SQLite's lazily durable releases ([`WriteRow::leads`]).
+    /// Whether the row goes ahead of the others: when the oldest queued row is such a row, the
+    /// next statement carries only rows like it ([`take_batch`]), because it is cheaper
+    /// without the others. SQLite's lazily durable releases ([`WriteRow::leads`]).
     fn leads(&self, _to: &Self::To) -> bool {
         false
     }
@@ -871,10 +871,10 @@ impl<R: Row> Inner<R> {
 }
 
 /// The next statement's rows out of `state`'s queue: at most [`MAX_ROWS`], one per key, in
-/// the order they queued; rows whose callers went away are dropped. While rows that lead
-/// ([`Row::leads`]) are queued, only they go: the others wait for the next statement. They
-/// wait a bounded time: on SQLite the rows that lead are releases, which only a hold can send,
-/// and the holds do not grow while the acquires behind them wait.
+/// the order they queued; rows whose callers went away are dropped. When the oldest row leads
+/// ([`Row::leads`]), only rows that lead go, and the others wait for the next statement; when
+/// it does not, every kind goes. A row that does not lead so waits for one statement at most
+/// that it would have travelled in, however many rows that lead queue behind it.
 fn take_batch<R: Row>(state: &mut State<R>, to: &R::To) -> Vec<Queued<R>> {
     let mut batch: Vec<Queued<R>> = Vec::new();
     let mut keys: HashSet<String> = HashSet::new();
@@ -882,7 +882,8 @@ fn take_batch<R: Row>(state: &mut State<R>, to: &R::To) -> Vec<Queued<R>> {
     let leading = state
         .queue
         .iter()
-        .any(|q| !q.answer.is_closed() && q.row.leads(to));
+        .find(|q| !q.answer.is_closed())
+        .is_some_and(|q| q.row.leads(to));
     while let Some(q) = state.queue.pop_front() {
         if q.answer.is_closed() {
             // Its caller went away before it was sent: nothing to send.
@@ -1231,8 +1232,9 @@ impl Row for WriteRow {
     /// A lazily durable release leads ([`Backend::releases_lead`]): a statement of releases
     /// alone commits on connections that do not flush the log, where a transaction beside an
     /// acquire waits for the acquire's flush. Under load a lane of one slot then sends the
-    /// releases, answered at once, and the acquires their callers send next travel together:
-    /// the owners fall into step, and a flush serves every acquire rather than half of them.
+    /// releases of the holders a statement of acquires answered, and the acquires their
+    /// callers send next travel together: the owners fall into step, and a flush serves every
+    /// acquire rather than half of them.
     fn leads(&self, to: &Backend) -> bool {
         matches!(self, WriteRow::Release(_)) && to.releases_lead()
     }
@@ -1548,40 +1550,48 @@ mod tests {
         assert_eq!(sent[0], ["k", "kk", "kkk", "kkkk", "kkkkk"], "in key order");
     }
 
-    /// Rows that lead (SQLite's lazily durable releases) go first, in a statement of their
-    /// own, whenever any is queued; the others, queued before or after them, go together in
-    /// the next one.
+    /// When the oldest queued row leads (SQLite's lazily durable releases), the rows that lead
+    /// go first, in a statement of their own, and the others, queued before or after them, in
+    /// the next one; when the oldest does not lead, every row goes, so none waits for more
+    /// than one statement of rows that lead.
     #[tokio::test(start_paused = true)]
     async fn rows_that_lead_go_first_in_a_statement_of_their_own() {
-        let db = Db {
-            delay: Duration::from_millis(3),
-            ..Db::default()
-        };
-        let lane = Arc::new(Lane::new(Some(db.clone()), 1));
-        let alone = callers(&lane, "slot", 1, Duration::from_millis(10));
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        let mut queued = Vec::new();
-        for key in ["a1", "lazy:1", "a2", "lazy:2"] {
-            queued.push((key, callers(&lane, key, 1, Duration::ZERO)));
+        for (order, expected) in [
+            (
+                ["lazy:1", "a1", "lazy:2", "a2"],
+                vec![vec!["lazy:10", "lazy:20"], vec!["a10", "a20"]],
+            ),
+            (
+                ["a1", "lazy:1", "a2", "lazy:2"],
+                vec![vec!["a10", "a20", "lazy:10", "lazy:20"]],
+            ),
+        ] {
+            let db = Db {
+                delay: Duration::from_millis(3),
+                ..Db::default()
+            };
+            let lane = Arc::new(Lane::new(Some(db.clone()), 1));
+            let alone = callers(&lane, "slot", 1, Duration::from_millis(10));
             tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert_eq!(lane.queued(), 4);
-        for (key, caller) in queued {
-            for c in caller {
-                assert_eq!(
-                    c.await.unwrap().unwrap(),
-                    key.len() + 1,
-                    "{key}'s own answer"
-                );
+            let mut queued = Vec::new();
+            for key in order {
+                queued.push((key, callers(&lane, key, 1, Duration::ZERO)));
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
+            assert_eq!(lane.queued(), 4);
+            for (key, caller) in queued {
+                for c in caller {
+                    assert_eq!(
+                        c.await.unwrap().unwrap(),
+                        key.len() + 1,
+                        "{key}'s own answer"
+                    );
+                }
+            }
+            finish(alone).await;
+            let sent = lock(&db.sent).clone();
+            assert_eq!(sent, expected, "queued as {order:?}");
         }
-        finish(alone).await;
-        let sent = lock(&db.sent).clone();
-        assert_eq!(
-            sent,
-            [vec!["lazy:10", "lazy:20"], vec!["a10", "a20"]],
-            "the leading rows first, then the others together"
-        );
     }
 
     #[tokio::test(start_paused = true)]
