@@ -13,7 +13,11 @@
 //!
 //! `DBLOCK_PROFILE_OWNERS=64`: that many owners at once instead, each on keys of its own, every
 //! owner doing `DBLOCK_PROFILE_CYCLES` cycles (coalesced, the default): a workload to watch the
-//! whole machine with, server included (`perf record -a -g` while it runs).
+//! whole machine with, server included (`perf record -a -g` while it runs). With
+//! `DBLOCK_PROFILE=ceiling` the same owners' keys go as raw coalesced statements instead, in
+//! `DBLOCK_PROFILE_SENDERS` (default 2) tasks' perfectly formed batches, as the benchmark's
+//! "raw coalesced statements": what the statements cost without the library's machinery.
+//! `DBLOCK_PROFILE_POOL=n`: the locker's pool size (its coalescing slots).
 
 use std::time::Duration;
 
@@ -29,7 +33,13 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
     let which = std::env::var("DBLOCK_PROFILE").unwrap_or_else(|_| "dblock".into());
-    let options = dblock::ConnectOptions::new().coalesce(which != "dblock-off");
+    let mut options = dblock::ConnectOptions::new().coalesce(which != "dblock-off");
+    if let Some(n) = std::env::var("DBLOCK_PROFILE_POOL")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        options = options.max_connections(n);
+    }
     let locker = Locker::connect_with(&url, options)
         .await
         .unwrap()
@@ -43,6 +53,48 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
+    if owners > 0 && which == "ceiling" {
+        // The same keys in flight in perfectly formed batches: each sender acquires its share
+        // of the owners' next keys in one coalesced statement and releases them in another
+        // (the benchmark's raw coalesced statements).
+        let raw = std::sync::Arc::new(raw);
+        let senders: usize = std::env::var("DBLOCK_PROFILE_SENDERS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2);
+        let per = owners / senders;
+        let tasks: Vec<_> = (0..senders)
+            .map(|t| {
+                let raw = raw.clone();
+                let owner = owner.clone();
+                tokio::spawn(async move {
+                    for i in 0..cycles {
+                        let mut keys: Vec<String> = (0..per)
+                            .map(|o| format!("profile:{}:{}", t * per + o, i % 64))
+                            .collect();
+                        keys.sort_unstable();
+                        let tokens = raw.acquire_batch(&keys, &owner, ttl).await.unwrap();
+                        let held: Vec<(String, u64)> = keys
+                            .into_iter()
+                            .zip(tokens)
+                            .map(|(k, t)| (k, t.unwrap()))
+                            .collect();
+                        raw.release_batch(&held, &owner).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let n = senders * per * cycles;
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!(
+            "raw coalesced statements, {owners} owners' keys in batches of {per}: {n} cycles in {secs:.2} s, {:.0}/s",
+            n as f64 / secs
+        );
+        return;
+    }
     if owners > 0 {
         let tasks: Vec<_> = (0..owners)
             .map(|o| {

@@ -427,3 +427,42 @@ async fn kinds_sent_together_answer_per_row() {
         drop((kept, holds));
     }
 }
+
+/// The benchmark's raw coalesced statements (`test_util::Statements::acquire_batch`,
+/// `release_batch`) answer per row as the coalescer's batches do: a key another owner holds is
+/// busy and the rest are granted in one statement; a release with a stale token releases
+/// nothing and the others free their keys; every key is free afterwards.
+#[cfg(feature = "_test-util")]
+#[tokio::test]
+async fn raw_coalesced_statements_answer_per_row() {
+    let (dbs, _dir) = common::all("coalesce_raw").await;
+    for db in &dbs {
+        let l = db.locker.clone();
+        let raw = dblock::test_util::statements(&l);
+        let tag = format!("{}-{}", db.name, fastrand::u32(..));
+        let mut keys: Vec<String> = (0..6).map(|i| format!("{tag}:{i}")).collect();
+        keys.sort_unstable();
+        let other = l.lock(&keys[2]).ttl(30 * SEC).await.unwrap();
+        let owner = dblock::Owner::new().id().to_owned();
+        let tokens = raw.acquire_batch(&keys, &owner, 30 * SEC).await.unwrap();
+        assert_eq!(tokens.len(), keys.len(), "{}", db.name);
+        assert!(tokens[2].is_none(), "{}: a held key is busy", db.name);
+        let mut held: Vec<(String, u64)> = keys
+            .iter()
+            .zip(&tokens)
+            .filter_map(|(k, t)| t.map(|t| (k.clone(), t)))
+            .collect();
+        assert_eq!(held.len(), keys.len() - 1, "{}: {tokens:?}", db.name);
+        held[0].1 += 1; // not its tenure
+        let released = raw.release_batch(&held, &owner).await.unwrap();
+        assert_eq!(released, vec![false, true, true, true, true], "{}", db.name);
+        held[0].1 -= 1;
+        let again = raw.release_batch(&held[..1], &owner).await.unwrap();
+        assert_eq!(again, vec![true], "{}", db.name);
+        other.release().await.unwrap();
+        for key in &keys {
+            let info = l.inspect(key).await.unwrap().unwrap();
+            assert!(!info.held, "{}: {key} still held", db.name);
+        }
+    }
+}

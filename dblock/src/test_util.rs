@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::coalesce::ReleaseRow;
 use crate::backend::{Acquire, Attempt, Backend, HoldRef, Outcome, Released};
 use crate::locker::Locker;
 
@@ -152,6 +153,77 @@ impl Statements {
             .await
             .map_err(|f| f.error)?;
         Ok(released != Released::NotHeld)
+    }
+
+    /// One coalesced acquire statement for `keys` (sorted by bytes, distinct), as the locker's
+    /// coalescer sends a batch: each key's fencing token, or `None` where it is busy. One key
+    /// goes as the one-row statement, as in the coalescer.
+    pub async fn acquire_batch(
+        &self,
+        keys: &[String],
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Vec<Option<u64>>, sqlx::Error> {
+        let holder = &self.locker.shared().holder;
+        let rows: Vec<Acquire<'_>> = keys
+            .iter()
+            .map(|key| Acquire {
+                key,
+                owner,
+                ttl_us: ttl.as_micros() as i64,
+                holder,
+                attempt: fastrand::i64(1..i64::MAX),
+                waiting: false,
+                tenure: None,
+                held: 0,
+                min_hold_us: 0,
+                once: false,
+            })
+            .collect();
+        let limit = Instant::now() + STATEMENT_LIMIT;
+        let attempts = self
+            .backend()?
+            .acquire_batch(&rows, limit)
+            .await
+            .map_err(|f| f.error)?;
+        Ok(attempts
+            .into_iter()
+            .map(|a| match a {
+                Attempt::Acquired(grant) => Some(grant.fencing_token),
+                Attempt::Busy { .. } | Attempt::Done { .. } => None,
+            })
+            .collect())
+    }
+
+    /// One coalesced release statement for `held` (key and fencing token, sorted by key,
+    /// distinct keys), as the locker's coalescer sends a batch: `true` for each hold of `owner`
+    /// it released.
+    pub async fn release_batch(
+        &self,
+        held: &[(String, u64)],
+        owner: &str,
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let rows: Vec<ReleaseRow> = held
+            .iter()
+            .map(|(key, fencing_token)| ReleaseRow {
+                key: key.clone(),
+                owner: owner.to_owned(),
+                fencing_token: *fencing_token,
+                remaining: 0,
+                outcome: Some(Outcome::Succeeded),
+                release_id: fastrand::i64(1..i64::MAX),
+            })
+            .collect();
+        let limit = Instant::now() + STATEMENT_LIMIT;
+        let released = self
+            .backend()?
+            .release_batch(&rows, limit)
+            .await
+            .map_err(|f| f.error)?;
+        Ok(released
+            .into_iter()
+            .map(|r| r != Released::NotHeld)
+            .collect())
     }
 }
 
