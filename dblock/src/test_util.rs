@@ -101,14 +101,9 @@ impl Statements {
             .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))
     }
 
-    /// One acquire statement for `owner`: the fencing token, or `None` when the key is busy.
-    pub async fn acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Option<u64>, sqlx::Error> {
-        let attempt = Acquire {
+    /// The values of `owner`'s first hold of `key` for `ttl`, with a fresh attempt id.
+    fn first_hold<'a>(&'a self, key: &'a str, owner: &'a str, ttl: Duration) -> Acquire<'a> {
+        Acquire {
             key,
             owner,
             ttl_us: ttl.as_micros() as i64,
@@ -119,13 +114,20 @@ impl Statements {
             held: 0,
             min_hold_us: 0,
             once: false,
-        };
+        }
+    }
+
+    /// One acquire statement for `owner`: the fencing token, or `None` when the key is busy.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, sqlx::Error> {
+        let attempt = self.first_hold(key, owner, ttl);
         let limit = Instant::now() + STATEMENT_LIMIT;
         let attempted = self.backend()?.acquire(&attempt, limit).await;
-        Ok(match attempted.map_err(|f| f.error)? {
-            Attempt::Acquired(grant) => Some(grant.fencing_token),
-            Attempt::Busy { .. } | Attempt::Done { .. } => None,
-        })
+        Ok(token(attempted.map_err(|f| f.error)?))
     }
 
     /// One release statement: `true` if it released a hold of `owner` in that tenure.
@@ -164,21 +166,9 @@ impl Statements {
         owner: &str,
         ttl: Duration,
     ) -> Result<Vec<Option<u64>>, sqlx::Error> {
-        let holder = &self.locker.shared().holder;
         let rows: Vec<Acquire<'_>> = keys
             .iter()
-            .map(|key| Acquire {
-                key,
-                owner,
-                ttl_us: ttl.as_micros() as i64,
-                holder,
-                attempt: fastrand::i64(1..i64::MAX),
-                waiting: false,
-                tenure: None,
-                held: 0,
-                min_hold_us: 0,
-                once: false,
-            })
+            .map(|key| self.first_hold(key, owner, ttl))
             .collect();
         let limit = Instant::now() + STATEMENT_LIMIT;
         let attempts = self
@@ -186,13 +176,7 @@ impl Statements {
             .acquire_batch(&rows, limit)
             .await
             .map_err(|f| f.error)?;
-        Ok(attempts
-            .into_iter()
-            .map(|a| match a {
-                Attempt::Acquired(grant) => Some(grant.fencing_token),
-                Attempt::Busy { .. } | Attempt::Done { .. } => None,
-            })
-            .collect())
+        Ok(attempts.into_iter().map(token).collect())
     }
 
     /// One coalesced release statement for `held` (key and fencing token, sorted by key,
@@ -224,6 +208,14 @@ impl Statements {
             .into_iter()
             .map(|r| r != Released::NotHeld)
             .collect())
+    }
+}
+
+/// An attempt's fencing token, `None` when it did not acquire.
+fn token(attempt: Attempt) -> Option<u64> {
+    match attempt {
+        Attempt::Acquired(grant) => Some(grant.fencing_token),
+        Attempt::Busy { .. } | Attempt::Done { .. } => None,
     }
 }
 
