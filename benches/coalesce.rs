@@ -260,20 +260,9 @@ async fn raw_batches(
                         .collect();
                     keys.sort_unstable();
                     let began = std::time::Instant::now();
-                    let tokens = raw
-                        .acquire_batch(&keys, &owner, TTL)
+                    raw.cycle_batch(&keys, &owner, TTL)
                         .await
-                        .expect("raw coalesced acquire");
-                    let held: Vec<(String, u64)> = keys
-                        .into_iter()
-                        .zip(tokens)
-                        .map(|(k, t)| (k, t.expect("its keys are never busy")))
-                        .collect();
-                    let released = raw
-                        .release_batch(&held, &owner)
-                        .await
-                        .expect("raw coalesced release");
-                    assert!(released.iter().all(|r| *r), "raw coalesced release");
+                        .expect("raw coalesced statements");
                     let took = began.elapsed();
                     lat.extend(std::iter::repeat_n(took, per));
                     cycles += per;

@@ -73,13 +73,7 @@ async fn main() {
                             .map(|o| format!("profile:{}:{}", t * per + o, i % 64))
                             .collect();
                         keys.sort_unstable();
-                        let tokens = raw.acquire_batch(&keys, &owner, ttl).await.unwrap();
-                        let held: Vec<(String, u64)> = keys
-                            .into_iter()
-                            .zip(tokens)
-                            .map(|(k, t)| (k, t.unwrap()))
-                            .collect();
-                        raw.release_batch(&held, &owner).await.unwrap();
+                        raw.cycle_batch(&keys, &owner, ttl).await.unwrap();
                     }
                 })
             })

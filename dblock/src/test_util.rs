@@ -209,6 +209,33 @@ impl Statements {
             .map(|r| r != Released::NotHeld)
             .collect())
     }
+
+    /// One batched lock cycle: `keys` (sorted by bytes, distinct) acquired by `owner` in one
+    /// coalesced statement and released in another. An error if a key was busy or a hold was
+    /// not released: the benchmark's keys are its own.
+    pub async fn cycle_batch(
+        &self,
+        keys: &[String],
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let tokens = self.acquire_batch(keys, owner, ttl).await?;
+        let held = keys
+            .iter()
+            .zip(tokens)
+            .map(|(key, token)| match token {
+                Some(token) => Ok((key.clone(), token)),
+                None => Err(sqlx::Error::Protocol(format!("key `{key}` was busy"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let released = self.release_batch(&held, owner).await?;
+        match held.iter().zip(released).find(|(_, r)| !r) {
+            Some(((key, _), _)) => Err(sqlx::Error::Protocol(format!(
+                "the hold of `{key}` was not released"
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// An attempt's fencing token, `None` when it did not acquire.
