@@ -50,38 +50,53 @@ impl Line {
     }
 }
 
-/// The lines by (database and table, key); dead entries are pruned as the map grows.
+/// The lines by database and table, then by key; dead entries are pruned as the map grows.
+/// Looked up by borrowed names: a release or a lone lock call that finds no line allocates
+/// nothing.
 #[derive(Default)]
 struct Lines {
-    map: HashMap<(Arc<str>, Box<str>), Weak<Line>>,
+    map: Map<Arc<str>, Map<Box<str>, Weak<Line>>>,
+    /// Entries over every space.
+    len: usize,
     prune_at: usize,
 }
+
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 static LINES: LazyLock<Mutex<Lines>> = LazyLock::new(Mutex::default);
 
 /// The line for `key` in `space` (joined by holding the returned `Arc`).
 pub(crate) fn of(space: &Arc<str>, key: &str) -> Arc<Line> {
-    let mut lines = lock(&LINES);
-    if lines.map.len() > lines.prune_at.max(256) {
-        lines.map.retain(|_, line| line.strong_count() > 0);
-        lines.prune_at = lines.map.len() * 2;
-    }
-    let entry = lines.map.entry((space.clone(), key.into())).or_default();
-    match entry.upgrade() {
-        Some(line) => line,
-        None => {
-            let line = Arc::new(Line::default());
-            *entry = Arc::downgrade(&line);
-            line
+    let mut guard = lock(&LINES);
+    let lines = &mut *guard;
+    if lines.len > lines.prune_at.max(256) {
+        for keys in lines.map.values_mut() {
+            keys.retain(|_, line| line.strong_count() > 0);
         }
+        lines.map.retain(|_, keys| !keys.is_empty());
+        lines.len = lines.map.values().map(HashMap::len).sum();
+        lines.prune_at = lines.len * 2;
     }
+    let keys = match lines.map.get_mut(&**space) {
+        Some(keys) => keys,
+        None => lines.map.entry(space.clone()).or_default(),
+    };
+    if let Some(line) = keys.get(key).and_then(Weak::upgrade) {
+        return line;
+    }
+    let line = Arc::new(Line::default());
+    if keys.insert(key.into(), Arc::downgrade(&line)).is_none() {
+        lines.len += 1;
+    }
+    line
 }
 
 /// The line for `key` in `space` if there is one, without making one.
-fn existing(space: &Arc<str>, key: &str) -> Option<Arc<Line>> {
+fn existing(space: &str, key: &str) -> Option<Arc<Line>> {
     lock(&LINES)
         .map
-        .get(&(space.clone(), Box::from(key)))
+        .get(space)?
+        .get(key)
         .and_then(Weak::upgrade)
 }
 

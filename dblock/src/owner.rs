@@ -84,7 +84,11 @@ impl Owner {
     /// ```
     pub fn new() -> Self {
         Owner {
-            id: uuid::Uuid::new_v4().hyphenated().to_string().into(),
+            id: Arc::from(
+                &*uuid::Uuid::new_v4()
+                    .hyphenated()
+                    .encode_lower(&mut uuid::Uuid::encode_buffer()),
+            ),
         }
     }
 

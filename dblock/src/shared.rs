@@ -67,7 +67,7 @@ struct Lifecycle {
 }
 
 /// The holds of live guards by the hold's address, each with the copy it belongs to.
-type Live = HashMap<usize, (Weak<Hold>, Weak<Shared>)>;
+type Live = HashMap<usize, (Weak<Hold>, Weak<Shared>), foldhash::fast::RandomState>;
 
 impl Shared {
     pub(crate) fn new(backend: Result<Backend, String>, table: &str, holder: String) -> Arc<Self> {
@@ -680,17 +680,15 @@ struct Entry {
 /// key name in two tables holds two locks, and counts of one must never leak into the other.
 #[derive(Default)]
 struct Registry {
-    buckets: HashMap<u64, Vec<Entry>>,
+    /// Hashes (space, owner, key), seeded once per process.
+    hasher: foldhash::fast::RandomState,
+    buckets: HashMap<u64, Vec<Entry>, foldhash::fast::RandomState>,
     entries: usize,
     /// Prune when the registry has grown to twice its size after the last pruning.
     prune_at: usize,
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-
-/// Fixed keys, so every call hashes alike (the map is in-process only).
-static HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =
-    std::hash::BuildHasherDefault::new();
 
 impl Registry {
     fn entry(
@@ -704,7 +702,7 @@ impl Registry {
         }
         let bucket = self
             .buckets
-            .entry(HASHER.hash_one((&**space, owner.id(), key)))
+            .entry(self.hasher.hash_one((&**space, owner.id(), key)))
             .or_default();
         if let Some(e) = bucket
             .iter()

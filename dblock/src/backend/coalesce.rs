@@ -29,8 +29,9 @@
 //!   process takes its row locks, so two batches cannot deadlock), and never two rows of one
 //!   key: a second row of a key waits for the next statement.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -875,9 +876,14 @@ impl<R: Row> Inner<R> {
 /// ([`Row::leads`]), only rows that lead go, and the others wait for the next statement; when
 /// it does not, every kind goes. A row that does not lead so waits for one statement at most
 /// that it would have travelled in, however many rows that lead queue behind it.
+/// Hashes a batch's keys ([`take_batch`]).
+static KEYS: foldhash::fast::FixedState = foldhash::fast::FixedState::with_seed(0x6462_6c6f_636b);
+
 fn take_batch<R: Row>(state: &mut State<R>, to: &R::To) -> Vec<Queued<R>> {
-    let mut batch: Vec<Queued<R>> = Vec::new();
-    let mut keys: HashSet<String> = HashSet::new();
+    let mut batch: Vec<Queued<R>> = Vec::with_capacity(state.queue.len().min(MAX_ROWS));
+    // The keys taken, by hash: a row whose key's hash is taken waits for the next statement
+    // (two distinct keys of one hash merely wait one statement more). No copy of a key.
+    let mut keys: Vec<u64> = Vec::with_capacity(batch.capacity());
     let mut later = VecDeque::new();
     let leading = state
         .queue
@@ -889,11 +895,12 @@ fn take_batch<R: Row>(state: &mut State<R>, to: &R::To) -> Vec<Queued<R>> {
             // Its caller went away before it was sent: nothing to send.
             continue;
         }
-        if batch.len() >= MAX_ROWS || keys.contains(q.row.key()) || (leading && !q.row.leads(to)) {
+        let hash = KEYS.hash_one(q.row.key());
+        if batch.len() >= MAX_ROWS || keys.contains(&hash) || (leading && !q.row.leads(to)) {
             later.push_back(q);
             continue;
         }
-        keys.insert(q.row.key().to_owned());
+        keys.push(hash);
         batch.push(q);
     }
     state.queue = later;
@@ -1162,7 +1169,7 @@ impl ExtendRow {
         rows: impl Iterator<Item = &'a ExtendRow>,
         extended: &Extended,
     ) -> Vec<Option<Option<i64>>> {
-        let live: HashSet<(&str, &str, u64)> = extended
+        let live: std::collections::HashSet<(&str, &str, u64)> = extended
             .iter()
             .map(|(k, o, t)| (k.as_str(), o.as_str(), *t))
             .collect();
@@ -1285,6 +1292,7 @@ impl Row for WriteRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
     use std::time::Duration;
 
     /// A fake database: records each statement's keys, answers each row with its key's length
