@@ -221,7 +221,7 @@ impl ReadRequest {
         let ttl_us = validate::ttl_micros(self.ttl)?;
         let backend = self.shared.backend()?.clone();
         let shared = self.shared.clone();
-        let holder: Arc<str> = shared.holder_for(self.label.as_deref()).into();
+        let holder: Arc<str> = shared.holder_for(self.label.as_deref());
         let started = Instant::now();
         let deadline = started + self.wait.min(FOREVER);
         // The call's whole time: its wait, or one attempt's floor.

@@ -293,7 +293,7 @@ impl LockRequest {
             once: self.once,
             fair: self.fair,
             caller: Caller::current(),
-            holder: self.shared.holder_for(self.label.as_deref()).into(),
+            holder: self.shared.holder_for(self.label.as_deref()),
             key: self.key,
             ttl: self.ttl,
             wait: self.wait,

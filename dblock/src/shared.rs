@@ -33,8 +33,9 @@ pub(crate) struct Shared {
     /// The database and table: where an owner's holds of a key are tracked (two lockers of one
     /// table share it; the same key in two tables or databases is two locks).
     space: Arc<str>,
-    /// `host/pid`: the start of every `holder` value this locker writes.
-    pub(crate) holder: String,
+    /// `host/pid`: the start of every `holder` value this locker writes (shared by every
+    /// lock taken without a label).
+    pub(crate) holder: Arc<str>,
     /// Longest time one statement may take (`ConnectOptions::statement_timeout`).
     pub(crate) statement_timeout: Duration,
     /// Whether concurrent statements share a round trip (`ConnectOptions::coalesce`).
@@ -109,7 +110,7 @@ impl Shared {
             renewer: Arc::default(),
             table: table.to_owned(),
             space: space.into(),
-            holder,
+            holder: holder.into(),
             statement_timeout,
             coalesce,
             coalescer,
@@ -253,7 +254,7 @@ impl Shared {
         Self::in_lifecycle(
             Ok(backend),
             &self.table,
-            self.holder.clone(),
+            self.holder.to_string(),
             tuning,
             Arc::default(),
         )
@@ -273,7 +274,7 @@ impl Shared {
         Self::in_lifecycle(
             backend,
             name,
-            self.holder.clone(),
+            self.holder.to_string(),
             tuning,
             self.lifecycle.clone(),
         )
@@ -314,9 +315,9 @@ impl Shared {
     }
 
     /// The holder label for a lock taken with `label` (`host/pid/label`).
-    pub(crate) fn holder_for(&self, label: Option<&str>) -> String {
+    pub(crate) fn holder_for(&self, label: Option<&str>) -> Arc<str> {
         match label {
-            Some(label) => validate::holder(format!("{}/{label}", self.holder)),
+            Some(label) => validate::holder(format!("{}/{label}", self.holder)).into(),
             None => self.holder.clone(),
         }
     }

@@ -53,10 +53,10 @@ pub(crate) struct Sql {
 /// min_hold (µs), `$9` once (0/1). Per row as the one-key statement (`ACQUIRE` in `mod.rs`):
 /// update if free, ours or ours again (re-entry, a resend), else insert if no row, else busy.
 const ACQUIRE: &str = r#"WITH r AS (
-    SELECT k, owner, ttl, holder, attempt, tenure, held, min_hold, once_n <> 0 AS once
+    SELECT k, owner, ttl, holder, attempt, tenure, held, min_hold, once_n <> 0 AS once, n
     FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::int8[], $6::int8[],
-                $7::int8[], $8::float8[], $9::int8[])
-         AS q(k, owner, ttl, holder, attempt, tenure, held, min_hold, once_n)
+                $7::int8[], $8::float8[], $9::int8[]) WITH ORDINALITY
+         AS q(k, owner, ttl, holder, attempt, tenure, held, min_hold, once_n, n)
 ), locked AS MATERIALIZED (
     SELECT b.lock_key, b.hold_count, b.fencing_token, b.expires_at, b.last_outcome, b.owner,
            b.success_token, b.finished_at
@@ -98,7 +98,7 @@ SELECT g.lock_key IS NOT NULL AS acquired,
            AND NOT {ran_out_b} AS done,
        (extract(epoch FROM b.finished_at) * 1000000)::int8,
        b.lock_key IS NOT NULL AS seen,
-       r.k
+       r.n
 FROM r
 LEFT JOIN got AS g ON g.lock_key = r.k
 LEFT JOIN locked AS b ON b.lock_key = r.k"#;
@@ -109,7 +109,7 @@ LEFT JOIN locked AS b ON b.lock_key = r.k"#;
 /// id recorded; a full release of a contended key NOTIFYs at commit.
 const RELEASE: &str = "WITH q AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[])
-        AS q(k, owner, token, release_id, remaining, outcome)
+        WITH ORDINALITY AS q(k, owner, token, release_id, remaining, outcome, n)
 ), locked AS MATERIALIZED (
     SELECT b.lock_key FROM {table} AS b WHERE b.lock_key = ANY($1)
     ORDER BY b.lock_key
@@ -143,7 +143,7 @@ SELECT n.hold_count, n.notified,
        -- Lazily durable releases (only ever batched with each other): the transaction commits
        -- without waiting for its WAL flush, as the one-key release does.
        CASE WHEN $8 THEN set_config('synchronous_commit', 'off', true) END,
-       q.k
+       q.n
 FROM q LEFT JOIN n ON n.lock_key = q.k";
 
 impl Sql {
@@ -203,13 +203,11 @@ pub(crate) async fn acquire(
             ],
         )
         .await?;
-    let mut by_key = std::collections::HashMap::with_capacity(answer.len());
-    for row in &answer {
-        by_key.insert(row.try_get::<String, _>(8)?, row);
-    }
+    let by_row = answered(&answer, rows.len(), 8)?;
     rows.iter()
-        .map(|a| {
-            let Some(row) = by_key.get(a.key) else {
+        .zip(by_row)
+        .map(|(a, row)| {
+            let Some(row) = row else {
                 return Err(sqlx::Error::Protocol(format!(
                     "the coalesced acquire did not answer for key `{}`",
                     a.key
@@ -267,22 +265,46 @@ pub(crate) async fn release(
             ],
         )
         .await?;
-    let mut by_key = std::collections::HashMap::with_capacity(answer.len());
-    for row in &answer {
-        let left: Option<i32> = row.try_get(0)?;
-        by_key.insert(row.try_get::<String, _>(3)?, left);
-    }
+    let by_row = answered(&answer, rows.len(), 3)?;
     rows.iter()
-        .map(|r| match by_key.get(r.key.as_str()) {
-            None => Err(sqlx::Error::Protocol(format!(
-                "the coalesced release did not answer for key `{}`",
-                r.key
-            ))),
-            Some(None) => Ok(Released::NotHeld),
-            Some(Some(0)) => Ok(Released::Free),
-            Some(Some(n)) => Ok(Released::StillHeld((*n).max(0) as u32)),
-        })
+        .zip(by_row)
+        .map(
+            |(r, row)| match row.map(|row| row.try_get::<Option<i32>, _>(0)) {
+                None => Err(sqlx::Error::Protocol(format!(
+                    "the coalesced release did not answer for key `{}`",
+                    r.key
+                ))),
+                Some(Err(e)) => Err(e),
+                Some(Ok(None)) => Ok(Released::NotHeld),
+                Some(Ok(Some(0))) => Ok(Released::Free),
+                Some(Ok(Some(n))) => Ok(Released::StillHeld(n.max(0) as u32)),
+            },
+        )
         .collect()
+}
+
+/// The answer's rows by the request's row they answer: column `at` holds the request row's
+/// place in the arrays (`WITH ORDINALITY`, from 1). `None` where no row answered; a place
+/// outside the request is a protocol error.
+fn answered(
+    answer: &[sqlx::postgres::PgRow],
+    n: usize,
+    at: usize,
+) -> Result<Vec<Option<&sqlx::postgres::PgRow>>, sqlx::Error> {
+    let mut by_row = vec![None; n];
+    for row in answer {
+        let place: i64 = row.try_get(at)?;
+        let slot = usize::try_from(place - 1)
+            .ok()
+            .and_then(|i| by_row.get_mut(i))
+            .ok_or_else(|| {
+                sqlx::Error::Protocol(format!(
+                    "a coalesced statement of {n} rows answered for row {place}"
+                ))
+            })?;
+        *slot = Some(row);
+    }
+    Ok(by_row)
 }
 
 #[cfg(test)]
