@@ -440,7 +440,8 @@ impl Shared {
         until: Instant,
     ) -> Result<Released, LockError> {
         if let Some(reader) = &hold.reader {
-            return self.release_read(hold, reader.id, outcome, until).await;
+            // Boxed, as the rare statements below: kept out of every release's future.
+            return Box::pin(self.release_read(hold, reader.id, outcome, until)).await;
         }
         let backend = self.backend()?;
         let current = tracked.tenure == Some(hold.fencing_token);
@@ -478,8 +479,7 @@ impl Shared {
         let released = match tried.result {
             Ok(Released::NotHeld) if tried.after_unknown => {
                 let limit = Instant::now() + self.statement_timeout;
-                let row = backend
-                    .last_write(&hold.key, limit)
+                let row = Box::pin(backend.last_write(&hold.key, limit))
                     .await
                     .map_err(|f| LockError::database(f.error, true, "release"))?;
                 match earlier_send(row, release_id, hold.fencing_token) {

@@ -288,9 +288,9 @@ impl Request {
                             lease_us: INTENT_LEASE.as_micros() as i64,
                         };
                         let limit = (now + shared.statement_timeout).min(wait_until);
-                        *intent =
-                            matches!(shared.backend()?.run(&statement, limit).await, Ok(true))
-                                || *intent;
+                        // Boxed: a rare statement, kept out of every call's future.
+                        let recorded = Box::pin(shared.backend()?.run(&statement, limit)).await;
+                        *intent = matches!(recorded, Ok(true)) || *intent;
                         intent_at = Some(now);
                     }
                     if now >= wait_until {
@@ -467,7 +467,9 @@ impl Request {
                             // `Attempted`.
                             Ok(guard) => return Attempted::got(guard, serial),
                             // Shut down meanwhile: given back before the caller hears it.
-                            Err(refused) => Try::Failed(refused.give_back(serial.as_mut()).await),
+                            Err(refused) => {
+                                Try::Failed(Box::pin(refused.give_back(serial.as_mut())).await)
+                            }
                         }
                     } else {
                         // Its lease could be over by the time the caller used it: given back

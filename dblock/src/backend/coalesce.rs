@@ -336,7 +336,7 @@ impl Coalescer {
     ) -> Result<Attempt, Failed> {
         // A waiter's attempt that asks for a NOTIFY (PostgreSQL) carries a statement of its own.
         if a.waiting {
-            return backend.acquire(a, deadline).await;
+            return Box::pin(backend.acquire(a, deadline)).await;
         }
         let alone = || backend.acquire(a, deadline);
         match &self.write {
@@ -414,7 +414,9 @@ async fn through<R: Row, T, F: Future<Output = Result<T, Failed>>>(
     answer: impl FnOnce(R::Out) -> Result<T, Failed>,
 ) -> Result<T, Failed> {
     match lane.enter(row, deadline) {
-        Entered::Alone(slot) => slot.noted(alone().await),
+        // Boxed: the one-row statement's future is large, and a caller's future (boxed itself,
+        // in `Detached`) would otherwise be that large on the queued path too.
+        Entered::Alone(slot) => slot.noted(Box::pin(alone()).await),
         Entered::Queued(turn) => answer(turn.wait().await?),
     }
 }
