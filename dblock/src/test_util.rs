@@ -189,13 +189,14 @@ impl Statements {
     ) -> Result<Vec<bool>, sqlx::Error> {
         let rows: Vec<ReleaseRow> = held
             .iter()
-            .map(|(key, fencing_token)| ReleaseRow {
-                key: key.clone(),
-                owner: owner.to_owned(),
-                fencing_token: *fencing_token,
-                remaining: 0,
-                outcome: Some(Outcome::Succeeded),
-                release_id: fastrand::i64(1..i64::MAX),
+            .map(|(key, fencing_token)| {
+                let hold = HoldRef {
+                    key,
+                    owner,
+                    fencing_token: *fencing_token,
+                };
+                let release_id = fastrand::i64(1..i64::MAX);
+                ReleaseRow::new(&hold, 0, Some(Outcome::Succeeded), release_id)
             })
             .collect();
         let limit = Instant::now() + STATEMENT_LIMIT;

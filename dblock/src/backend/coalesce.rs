@@ -358,14 +358,7 @@ impl Coalescer {
         release_id: i64,
         deadline: Instant,
     ) -> Result<Released, Failed> {
-        let row = || ReleaseRow {
-            key: h.key.to_owned(),
-            owner: h.owner.to_owned(),
-            fencing_token: h.fencing_token,
-            remaining,
-            outcome,
-            release_id,
-        };
+        let row = || ReleaseRow::new(h, remaining, outcome, release_id);
         let alone = || backend.release(h, remaining, outcome, release_id, deadline);
         match &self.write {
             Some(write) => {
@@ -386,8 +379,7 @@ impl Coalescer {
         deadline: Instant,
     ) -> Result<Option<Option<i64>>, Failed> {
         let row = || ExtendRow {
-            key: h.key.to_owned(),
-            owner: h.owner.to_owned(),
+            texts: Texts::new([h.key, h.owner]),
             fencing_token: h.fencing_token,
             ttl_us,
         };
@@ -1012,13 +1004,41 @@ impl sqlx::error::DatabaseError for Copied {
     }
 }
 
+/// A queued row's strings, copied in one allocation (a queued row outlives its caller's
+/// borrow): `N` strings end to end, and where each ends.
+#[derive(Debug, Clone)]
+pub(crate) struct Texts<const N: usize> {
+    all: Box<str>,
+    ends: [usize; N],
+}
+
+impl<const N: usize> Texts<N> {
+    pub(crate) fn new(parts: [&str; N]) -> Self {
+        let mut all = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+        let mut ends = [0; N];
+        for (end, part) in ends.iter_mut().zip(parts) {
+            all.push_str(part);
+            *end = all.len();
+        }
+        Texts {
+            all: all.into_boxed_str(),
+            ends,
+        }
+    }
+
+    /// The `i`th string.
+    fn get(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.all[start..self.ends[i]]
+    }
+}
+
 /// An acquire's values, owned (a queued row outlives its caller's borrow).
 #[derive(Debug, Clone)]
 pub(crate) struct AcquireRow {
-    pub(crate) key: String,
-    pub(crate) owner: String,
+    /// Key, owner, holder.
+    texts: Texts<3>,
     pub(crate) ttl_us: i64,
-    pub(crate) holder: String,
     pub(crate) attempt: i64,
     pub(crate) tenure: Option<i64>,
     pub(crate) held: u32,
@@ -1029,10 +1049,8 @@ pub(crate) struct AcquireRow {
 impl From<&Acquire<'_>> for AcquireRow {
     fn from(a: &Acquire<'_>) -> Self {
         AcquireRow {
-            key: a.key.to_owned(),
-            owner: a.owner.to_owned(),
+            texts: Texts::new([a.key, a.owner, a.holder]),
             ttl_us: a.ttl_us,
-            holder: a.holder.to_owned(),
             attempt: a.attempt,
             tenure: a.tenure,
             held: a.held,
@@ -1045,10 +1063,10 @@ impl From<&Acquire<'_>> for AcquireRow {
 impl AcquireRow {
     pub(crate) fn as_acquire(&self) -> Acquire<'_> {
         Acquire {
-            key: &self.key,
-            owner: &self.owner,
+            key: self.texts.get(0),
+            owner: self.texts.get(1),
             ttl_us: self.ttl_us,
-            holder: &self.holder,
+            holder: self.texts.get(2),
             attempt: self.attempt,
             waiting: false,
             tenure: self.tenure,
@@ -1064,7 +1082,7 @@ impl Row for AcquireRow {
     type To = Backend;
 
     fn key(&self) -> &str {
-        &self.key
+        self.texts.get(0)
     }
 
     async fn send(
@@ -1080,8 +1098,8 @@ impl Row for AcquireRow {
 /// A release's values, owned.
 #[derive(Debug, Clone)]
 pub(crate) struct ReleaseRow {
-    pub(crate) key: String,
-    pub(crate) owner: String,
+    /// Key, owner.
+    texts: Texts<2>,
     pub(crate) fencing_token: u64,
     pub(crate) remaining: u32,
     pub(crate) outcome: Option<Outcome>,
@@ -1089,10 +1107,34 @@ pub(crate) struct ReleaseRow {
 }
 
 impl ReleaseRow {
+    /// The release of `h` that leaves `remaining` holds, recording `outcome`, by `release_id`.
+    pub(crate) fn new(
+        h: &HoldRef<'_>,
+        remaining: u32,
+        outcome: Option<Outcome>,
+        release_id: i64,
+    ) -> Self {
+        ReleaseRow {
+            texts: Texts::new([h.key, h.owner]),
+            fencing_token: h.fencing_token,
+            remaining,
+            outcome,
+            release_id,
+        }
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        self.texts.get(0)
+    }
+
+    pub(crate) fn owner(&self) -> &str {
+        self.texts.get(1)
+    }
+
     pub(crate) fn hold(&self) -> HoldRef<'_> {
         HoldRef {
-            key: &self.key,
-            owner: &self.owner,
+            key: self.key(),
+            owner: self.owner(),
             fencing_token: self.fencing_token,
         }
     }
@@ -1103,7 +1145,7 @@ impl Row for ReleaseRow {
     type To = Backend;
 
     fn key(&self) -> &str {
-        &self.key
+        ReleaseRow::key(self)
     }
 
     async fn send(
@@ -1118,8 +1160,8 @@ impl Row for ReleaseRow {
 /// An extension's values, owned.
 #[derive(Debug, Clone)]
 pub(crate) struct ExtendRow {
-    pub(crate) key: String,
-    pub(crate) owner: String,
+    /// Key, owner.
+    texts: Texts<2>,
     pub(crate) fencing_token: u64,
     pub(crate) ttl_us: i64,
 }
@@ -1131,7 +1173,7 @@ impl Row for ExtendRow {
     type To = Backend;
 
     fn key(&self) -> &str {
-        &self.key
+        self.texts.get(0)
     }
 
     async fn send(
@@ -1141,8 +1183,8 @@ impl Row for ExtendRow {
     ) -> Result<Vec<Self::Out>, Failed> {
         if let [one] = rows {
             let h = HoldRef {
-                key: &one.key,
-                owner: &one.owner,
+                key: one.texts.get(0),
+                owner: one.texts.get(1),
                 fencing_token: one.fencing_token,
             };
             return Ok(vec![backend
@@ -1159,8 +1201,8 @@ impl Row for ExtendRow {
 impl ExtendRow {
     pub(crate) fn item(&self) -> RenewItem<'_> {
         RenewItem {
-            key: &self.key,
-            owner: &self.owner,
+            key: self.texts.get(0),
+            owner: self.texts.get(1),
             fencing_token: self.fencing_token,
             ttl_us: self.ttl_us,
         }
@@ -1176,7 +1218,7 @@ impl ExtendRow {
             .map(|(k, o, t)| (k.as_str(), o.as_str(), *t))
             .collect();
         rows.map(|r| {
-            live.contains(&(r.key.as_str(), r.owner.as_str(), r.fencing_token))
+            live.contains(&(r.texts.get(0), r.texts.get(1), r.fencing_token))
                 .then_some(None)
         })
         .collect()
@@ -1250,9 +1292,9 @@ impl Row for WriteRow {
 
     fn key(&self) -> &str {
         match self {
-            WriteRow::Acquire(a) => &a.key,
-            WriteRow::Release(r) => &r.key,
-            WriteRow::Extend(e) => &e.key,
+            WriteRow::Acquire(a) => a.key(),
+            WriteRow::Release(r) => r.key(),
+            WriteRow::Extend(e) => e.key(),
         }
     }
 

@@ -193,10 +193,10 @@ pub(crate) async fn release(
     let listed_keys = listed(rows.len());
     let mut read = sqlx::query(AssertSqlSafe(release_read(listed_keys, &my.table)).into_sql_str());
     for r in rows {
-        read = read.bind(r.key.as_bytes());
+        read = read.bind(r.key().as_bytes());
     }
     for _ in rows.len()..listed_keys {
-        read = read.bind(first.key.as_bytes()); // padding: a key listed twice
+        read = read.bind(first.key().as_bytes()); // padding: a key listed twice
     }
     let found = read.fetch_all(&mut *tx).await?;
     let mut live = std::collections::HashMap::with_capacity(found.len());
@@ -215,10 +215,10 @@ pub(crate) async fn release(
     let ours: Vec<bool> = rows
         .iter()
         .map(|r| {
-            live.get(r.key.as_str())
+            live.get(r.key())
                 .is_some_and(|(owner, token, attempt, live)| {
                     *live
-                        && owner.as_deref() == Some(r.owner.as_str())
+                        && owner.as_deref() == Some(r.owner())
                         && *token == r.fencing_token as i64
                         && *attempt != Some(r.release_id)
                 })
@@ -236,7 +236,7 @@ pub(crate) async fn release(
         let mut write = sqlx::query(text);
         for r in &released {
             write = write
-                .bind(r.key.as_bytes())
+                .bind(r.key().as_bytes())
                 .bind(i64::from(r.remaining))
                 .bind(r.outcome.map(Outcome::code))
                 .bind(r.release_id);

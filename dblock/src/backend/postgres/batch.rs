@@ -240,8 +240,8 @@ pub(crate) async fn release(
     conn: &mut PgConnection,
     rows: &[ReleaseRow],
 ) -> Result<Vec<Released>, sqlx::Error> {
-    let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
-    let owners: Vec<&str> = rows.iter().map(|r| r.owner.as_str()).collect();
+    let keys: Vec<&str> = rows.iter().map(|r| r.key()).collect();
+    let owners: Vec<&str> = rows.iter().map(|r| r.owner()).collect();
     let tokens: Vec<i64> = rows.iter().map(|r| r.fencing_token as i64).collect();
     let ids: Vec<i64> = rows.iter().map(|r| r.release_id).collect();
     let remaining: Vec<i64> = rows.iter().map(|r| i64::from(r.remaining)).collect();
@@ -272,7 +272,7 @@ pub(crate) async fn release(
             |(r, row)| match row.map(|row| row.try_get::<Option<i32>, _>(0)) {
                 None => Err(sqlx::Error::Protocol(format!(
                     "the coalesced release did not answer for key `{}`",
-                    r.key
+                    r.key()
                 ))),
                 Some(Err(e)) => Err(e),
                 Some(Ok(None)) => Ok(Released::NotHeld),

@@ -1530,13 +1530,13 @@ mod tests {
                 .each_ref()
                 .map(|k| crate::backend::statement_tests::one(k, "o", 1));
             b.acquire_batch(&rows, deadline()).await.unwrap();
-            let rows = keys.map(|key| crate::backend::coalesce::ReleaseRow {
-                key,
-                owner: "o".into(),
-                fencing_token: 1,
-                remaining: 0,
-                outcome: None,
-                release_id: 2,
+            let rows = keys.map(|key| {
+                let hold = HoldRef {
+                    key: &key,
+                    owner: "o",
+                    fencing_token: 1,
+                };
+                crate::backend::coalesce::ReleaseRow::new(&hold, 0, None, 2)
             });
             b.release_batch(&rows, deadline()).await.unwrap();
         }

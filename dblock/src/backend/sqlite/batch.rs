@@ -177,8 +177,8 @@ fn bind_releases<'q>(
 ) -> Query<'q, Sqlite, SqliteArguments> {
     for r in all {
         q = q
-            .bind(r.key.as_str())
-            .bind(r.owner.as_str())
+            .bind(r.key())
+            .bind(r.owner())
             .bind(r.fencing_token as i64)
             .bind(r.release_id)
             .bind(i64::from(r.remaining))
@@ -196,7 +196,7 @@ fn released(all: &[ReleaseRow], left: &[SqliteRow]) -> Result<Vec<Released>, sql
     }
     Ok(all
         .iter()
-        .map(|r| match by_key.get(r.key.as_str()) {
+        .map(|r| match by_key.get(r.key()) {
             None => Released::NotHeld,
             Some(0) => Released::Free,
             Some(n) => Released::StillHeld((*n).max(0) as u32),
@@ -392,14 +392,12 @@ mod tests {
 
     /// The full release of `a`'s hold.
     fn release_a() -> ReleaseRow {
-        ReleaseRow {
-            key: "a".into(),
-            owner: "o".into(),
+        let hold = crate::backend::HoldRef {
+            key: "a",
+            owner: "o",
             fencing_token: 7,
-            remaining: 0,
-            outcome: None,
-            release_id: 11,
-        }
+        };
+        ReleaseRow::new(&hold, 0, None, 11)
     }
 
     /// Owner `p`'s first acquire of `key`.
