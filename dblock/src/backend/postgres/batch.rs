@@ -27,7 +27,9 @@
 //!   then tried as new, and the unique index still decides.
 //! - The answer is one row per requested key (a `LEFT JOIN` of the request to what was
 //!   written and to the row as `locked` read it, its latest committed version), so every
-//!   caller learns its own outcome.
+//!   caller learns its own outcome. Each answer row carries its request row's place in the
+//!   arrays (`WITH ORDINALITY`), by which it is matched to its caller ([`answered`]): no key
+//!   is decoded or looked up to do so.
 //! - Every read of the table is by key (`locked`'s `= ANY($1)`, the UPDATE's list): the plan
 //!   PostgreSQL caches for a prepared statement cannot know how many rows an array holds, and
 //!   without an index condition it hash-joined the request against a scan of the whole table
