@@ -1505,11 +1505,16 @@ mod tests {
     /// A lane of 4 slots whose lone calls keep 1 once its batches are large, on a database that
     /// answers in 5 ms.
     fn moving_lane() -> (Db, Arc<Lane<Key>>) {
+        moving_lane_on(&Budget::new(usize::MAX))
+    }
+
+    /// [`moving_lane`] sharing `budget`.
+    fn moving_lane_on(budget: &Arc<Budget>) -> (Db, Arc<Lane<Key>>) {
         let db = Db {
             delay: Duration::from_millis(5),
             ..Db::default()
         };
-        let lane = Lane::with_slots(Some(db.clone()), Slots { most: 4, least: 1 });
+        let lane = Lane::with_budget(Some(db.clone()), Slots { most: 4, least: 1 }, budget);
         (db, Arc::new(lane))
     }
 
@@ -1908,16 +1913,8 @@ mod tests {
     /// large-batch bound, and the small-batch bound again once they fall below `SMALL`.
     #[tokio::test(start_paused = true)]
     async fn the_budget_narrows_while_batches_are_large() {
-        let db = Db {
-            delay: Duration::from_millis(5),
-            ..Db::default()
-        };
         let budget = Budget::moving(4, 2);
-        let lane = Arc::new(Lane::with_budget(
-            Some(db.clone()),
-            Slots { most: 4, least: 1 },
-            &budget,
-        ));
+        let (db, lane) = moving_lane_on(&budget);
         assert_eq!(budget.most(), 4);
         for i in 0..3 {
             round(&lane, format!("large{i}"), 4, 40).await;
@@ -1995,16 +1992,8 @@ mod tests {
     /// with no calls coming, it goes when the other statement ends.
     #[tokio::test(start_paused = true)]
     async fn stragglers_wait_for_the_next_calls_while_batches_are_large() {
-        let db = Db {
-            delay: Duration::from_millis(5),
-            ..Db::default()
-        };
         let budget = Budget::moving(4, 4);
-        let lane = Arc::new(Lane::with_budget(
-            Some(db.clone()),
-            Slots { most: 4, least: 1 },
-            &budget,
-        ));
+        let (db, lane) = moving_lane_on(&budget);
         for i in 0..3 {
             round(&lane, format!("large{i}"), 4, 40).await;
         }
