@@ -388,11 +388,7 @@ impl Coalescer {
         ttl_us: i64,
         deadline: Instant,
     ) -> Result<Option<Option<i64>>, Failed> {
-        let row = || ExtendRow {
-            texts: Texts::new([h.key, h.owner]),
-            fencing_token: h.fencing_token,
-            ttl_us,
-        };
+        let row = || ExtendRow::new(h, ttl_us);
         let alone = async || Ok(backend.extend(h, ttl_us, deadline).await?.map(Some));
         match &self.write {
             Some(write) => {
@@ -1222,6 +1218,25 @@ pub(crate) struct ExtendRow {
     pub(crate) ttl_us: i64,
 }
 
+impl ExtendRow {
+    /// The extension of `h`'s lease to `ttl_us` from now.
+    pub(crate) fn new(h: &HoldRef<'_>, ttl_us: i64) -> Self {
+        ExtendRow {
+            texts: Texts::new([h.key, h.owner]),
+            fencing_token: h.fencing_token,
+            ttl_us,
+        }
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        self.texts.get(0)
+    }
+
+    pub(crate) fn owner(&self) -> &str {
+        self.texts.get(1)
+    }
+}
+
 impl Row for ExtendRow {
     /// `None`: not this tenure's any more; `Some(None)`: extended (the batch does not read
     /// the new end).
@@ -1229,7 +1244,7 @@ impl Row for ExtendRow {
     type To = Backend;
 
     fn key(&self) -> &str {
-        self.texts.get(0)
+        ExtendRow::key(self)
     }
 
     async fn send(
@@ -1239,8 +1254,8 @@ impl Row for ExtendRow {
     ) -> Result<Vec<Self::Out>, Failed> {
         if let [one] = rows {
             let h = HoldRef {
-                key: one.texts.get(0),
-                owner: one.texts.get(1),
+                key: one.key(),
+                owner: one.owner(),
                 fencing_token: one.fencing_token,
             };
             return Ok(vec![backend
@@ -1257,8 +1272,8 @@ impl Row for ExtendRow {
 impl ExtendRow {
     pub(crate) fn item(&self) -> RenewItem<'_> {
         RenewItem {
-            key: self.texts.get(0),
-            owner: self.texts.get(1),
+            key: self.key(),
+            owner: self.owner(),
             fencing_token: self.fencing_token,
             ttl_us: self.ttl_us,
         }
@@ -1274,7 +1289,7 @@ impl ExtendRow {
             .map(|(k, o, t)| (k.as_str(), o.as_str(), *t))
             .collect();
         rows.map(|r| {
-            live.contains(&(r.texts.get(0), r.texts.get(1), r.fencing_token))
+            live.contains(&(r.key(), r.owner(), r.fencing_token))
                 .then_some(None)
         })
         .collect()
