@@ -20,7 +20,16 @@ use crate::{
 };
 
 const OWNERS: [usize; 3] = [1, 8, 64];
-const ROUNDS: usize = 5;
+
+/// Rounds of a cell, the sides taking turns. Nine, not five: on the 2-core VM the one-owner
+/// cells' medians of five rounds moved by up to 15 % between runs minutes apart (PgBouncer:
+/// 0.90, 1.05, 0.92 and 0.95 on 2026-11-26, the same code on both sides), while each round's
+/// ratio moves by about as much; a median of nine halves the chance that a burst of the
+/// machine's noise decides it.
+const ROUNDS: usize = 9;
+
+/// A round's length a side, as a share of `DBLOCK_BENCH_SECS` (5 s by default: 1 s).
+const ROUND_SHARE: f64 = 0.2;
 
 /// The part's rows for every backend in `targets` (name, URL, options).
 pub(crate) async fn coalescing(
@@ -33,12 +42,12 @@ pub(crate) async fn coalescing(
     println!(
         "Coalescing: lock + unlock cycles on distinct keys, coalesced (the default) and not \
          (`coalesce(false)`), {ROUNDS} alternating rounds of {:.1} s a side",
-        secs / ROUNDS as f64
+        secs * ROUND_SHARE
     );
     println!();
     println!("| backend | owners | impl | cycles/s | p50 | p99 | ratio |");
     println!("|---|---|---|---|---|---|---|");
-    let round = Duration::from_secs_f64(secs / ROUNDS as f64);
+    let round = Duration::from_secs_f64(secs * ROUND_SHARE);
     for (name, url, options) in targets {
         // DBLOCK_BENCH_POOL=n: both lockers with pools of n connections (the coalescing
         // locker's slots per kind; see `Backend::coalesce_slots`).
@@ -196,7 +205,7 @@ pub(crate) async fn coalescing(
                 });
             }
             if let Some((label, peer)) = crate::peer_for(name, url).await {
-                let mut p = crate::measure(peer, owners, secs / ROUNDS as f64).await;
+                let mut p = crate::measure(peer, owners, secs * ROUND_SHARE).await;
                 row(&format!("peer: {label}"), &mut p, String::new());
                 bars.push(Bar {
                     backend: name,
@@ -207,7 +216,7 @@ pub(crate) async fn coalescing(
             }
             if *name == "postgres" {
                 for (label, peer) in redis {
-                    let mut p = crate::measure(peer.clone(), owners, secs / ROUNDS as f64).await;
+                    let mut p = crate::measure(peer.clone(), owners, secs * ROUND_SHARE).await;
                     println!(
                         "| redis | {owners} | peer: {label} | {:.0} | {} | {} | |",
                         p.rate(),
