@@ -162,11 +162,12 @@ pub(crate) async fn coalescing(
             let (statements, rows) = (after.0 - before.0, after.1 - before.1);
             // Calls that went alone are the rest of the cycles' two statements each.
             let alone = (a.cycles as u64 * 2).saturating_sub(rows);
+            let rounds = each(&ratio);
             row(
                 "dblock (coalesced)",
                 &mut a,
                 format!(
-                    "{:.2}× coalesce(false); {statements} coalesced statements of {:.1} rows, {alone} alone",
+                    "{:.2}× coalesce(false) (rounds: {rounds}); {statements} coalesced statements of {:.1} rows, {alone} alone",
                     median(ratio),
                     rows as f64 / statements.max(1) as f64
                 ),
@@ -193,8 +194,9 @@ pub(crate) async fn coalescing(
             }
             if !pgb.is_empty() {
                 let tps = median(pgb);
+                let rounds = each(&vs_pgbench);
                 println!(
-                    "| {name} | {owners} | pgbench, minimal statements | {tps:.0} | | | coalesced dblock is {:.2}× it |",
+                    "| {name} | {owners} | pgbench, minimal statements | {tps:.0} | | | coalesced dblock is {:.2}× it (rounds: {rounds}) |",
                     median(vs_pgbench)
                 );
                 bars.push(Bar {
@@ -234,6 +236,15 @@ pub(crate) async fn coalescing(
         }
     }
     bars
+}
+
+/// A cell's per-round ratios, in the order the rounds ran: how far the machine moved them.
+fn each(ratios: &[f64]) -> String {
+    ratios
+        .iter()
+        .map(|r| format!("{r:.2}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Tasks that send the raw coalesced statements: one per core of the machine the figures in

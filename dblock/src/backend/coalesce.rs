@@ -25,10 +25,11 @@
 //!   resends its own row with its own attempt or release id, so an unknown outcome is settled
 //!   row by row and nothing is counted twice.
 //! - **Per-row deadlines**: a caller waits for its row at most its own send limit. A row still
-//!   queued by then is taken out and reported as not sent (nothing was); a row in flight is
-//!   reported as an unknown outcome, which the caller's policy resolves like any other (its
-//!   attempt id recognises a grant the batch made, and a grant nobody waits for is given back
-//!   by the attempt's detached task, as for a single statement).
+//!   queued by then is taken out and reported as not sent (nothing was); a row in flight gets
+//!   [`IN_FLIGHT_GRACE`] more for its statement's own answer (within the wait loop's own grace
+//!   for an attempt's answer), then is reported as an unknown outcome, which the caller's policy
+//!   resolves like any other (its attempt id recognises a grant the batch made, and a grant
+//!   nobody waits for is given back by the attempt's detached task, as for a single statement).
 //! - Rows go into a statement sorted by key (the canonical order in which every batch of every
 //!   process takes its row locks, so two batches cannot deadlock), and never two rows of one
 //!   key: a second row of a key waits for the next statement.
