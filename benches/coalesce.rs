@@ -1,7 +1,7 @@
 //! Part 6 of the benchmark, **coalescing** (`DBLOCK_BENCH_PARTS=coalesce`): lock + unlock
 //! cycles on distinct keys at 1, 8 and 64 owners, by one `Locker` with coalescing (the default)
-//! and by one with `coalesce(false)`, alternating in rounds; ratios are medians of per-round
-//! ratios. From 8 owners, in the same rounds, the library's own coalesced statements with none
+//! and by one with `coalesce(false)`, alternating in rounds (one owner: cycle by cycle within
+//! each round, [`paired`]); ratios are medians of per-round ratios. From 8 owners, in the same rounds, the library's own coalesced statements with none
 //! of its machinery ([`raw_batches`]): the same keys in flight in perfectly formed batches, the
 //! batched ceiling on PostgreSQL and MySQL/MariaDB (on SQLite the lane sends the kinds
 //! together in one transaction, which these separate statements do not, and beats them).
@@ -97,11 +97,17 @@ pub(crate) async fn coalescing(
                 // second or last): none of them always meets the table as the others left it.
                 let (mut x, mut y, mut z) = (None, None, None);
                 let turns = if batched { 3 } else { 2 };
-                for j in 0..turns {
-                    match (i + j) % turns {
-                        0 => x = Some(run(on.clone(), owners, round, "on").await),
-                        1 => y = Some(run(off.clone(), owners, round, "off").await),
-                        _ => z = Some(raw_batches(&raw, owners, round).await),
+                if owners == 1 {
+                    // One owner: the sides take turns cycle by cycle ([`paired`]).
+                    let (a, b) = paired(&on, &off, round * 2).await;
+                    (x, y) = (Some(a), Some(b));
+                } else {
+                    for j in 0..turns {
+                        match (i + j) % turns {
+                            0 => x = Some(run(on.clone(), owners, round, "on").await),
+                            1 => y = Some(run(off.clone(), owners, round, "off").await),
+                            _ => z = Some(raw_batches(&raw, owners, round).await),
+                        }
                     }
                 }
                 let (x, y) = (x.unwrap(), y.unwrap());
@@ -236,6 +242,45 @@ pub(crate) async fn coalescing(
         }
     }
     bars
+}
+
+/// One owner's lock + unlock cycles on both sides at once for `secs`, taking turns cycle by
+/// cycle (on, off, off, on, on, off, …), in a task of its own as [`run`]'s owners are; each
+/// side's time is the sum of its own cycles. A lone caller's cycles do not depend on each
+/// other, so each pair meets the same machine: in rounds of 1 s a side, one side after the
+/// other, a burst of the VM's noise decided whole rounds (one-owner rounds' ratios of 0.86 to
+/// 1.40 on 2026-11-27, with the same statement on both sides).
+async fn paired(on: &Arc<dyn Cycle>, off: &Arc<dyn Cycle>, secs: Duration) -> (Stats, Stats) {
+    let (on, off) = (on.clone(), off.clone());
+    let sides = tokio::spawn(async move {
+        let owner = dblock::Owner::new().id().to_owned();
+        let keys = |tag: &str| -> Vec<String> {
+            (0..KEYS_PER_OWNER)
+                .map(|k| format!("bench:{tag}:0:{k}"))
+                .collect()
+        };
+        let keys = [keys("on"), keys("off")];
+        let mut latencies = [Vec::new(), Vec::new()];
+        let start = std::time::Instant::now();
+        let mut i = 0;
+        while start.elapsed() < secs {
+            let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+            for side in order {
+                let imp = if side == 0 { &on } else { &off };
+                let t = std::time::Instant::now();
+                imp.cycle(&keys[side][i % KEYS_PER_OWNER], &owner).await;
+                latencies[side].push(t.elapsed());
+            }
+            i += 1;
+        }
+        latencies
+    });
+    let [x, y] = sides.await.unwrap().map(|latencies| Stats {
+        cycles: latencies.len(),
+        elapsed: latencies.iter().sum(),
+        latencies,
+    });
+    (x, y)
 }
 
 /// A cell's per-round ratios, in the order the rounds ran: how far the machine moved them.
