@@ -1818,33 +1818,40 @@ mod tests {
         );
     }
 
+    /// A row queued behind every slot taken for 5 ms, with a deadline of 30 ms, on `db`: how
+    /// long its call took, and how it failed.
+    async fn in_flight_at_its_deadline(db: &Db) -> (Duration, Failed) {
+        let lane = lane(db);
+        let hold = occupy(&lane, Duration::from_millis(5));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let t = Instant::now();
+        let got = call(
+            lane.clone(),
+            "row",
+            Duration::ZERO,
+            Duration::from_millis(30),
+        )
+        .await;
+        let took = t.elapsed();
+        finish(hold).await;
+        (took, got.unwrap_err())
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_row_in_flight_at_its_deadline_is_an_unknown_outcome() {
         let db = Db {
             delay: Duration::from_millis(100),
             ..Db::default()
         };
-        let lane = lane(&db);
-        let hold = occupy(&lane, Duration::from_millis(5));
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        let t = Instant::now();
-        let got = call(
-            lane.clone(),
-            "slow",
-            Duration::ZERO,
-            Duration::from_millis(30),
-        )
-        .await;
+        let (took, failed) = in_flight_at_its_deadline(&db).await;
         // Its deadline, and the grace for the answer of a statement that ends at it.
-        assert_eq!(t.elapsed(), Duration::from_millis(30) + IN_FLIGHT_GRACE);
-        let failed = got.unwrap_err();
+        assert_eq!(took, Duration::from_millis(30) + IN_FLIGHT_GRACE);
         assert!(failed.sent, "in flight: the outcome is unknown");
         assert!(
             failed.error.to_string().contains("no reply"),
             "{:?}",
             failed.error
         );
-        finish(hold).await;
         assert_eq!(lock(&db.sent).len(), 1);
     }
 
@@ -1859,25 +1866,13 @@ mod tests {
             past_deadline: Some(Duration::from_millis(2)),
             ..Db::default()
         };
-        let lane = lane(&db);
-        let hold = occupy(&lane, Duration::from_millis(5));
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        let t = Instant::now();
-        let got = call(
-            lane.clone(),
-            "refused",
-            Duration::ZERO,
-            Duration::from_millis(30),
-        )
-        .await;
-        assert_eq!(t.elapsed(), Duration::from_millis(32));
-        let failed = got.unwrap_err();
+        let (took, failed) = in_flight_at_its_deadline(&db).await;
+        assert_eq!(took, Duration::from_millis(32));
         assert!(
             failed.error.to_string().contains("Fatal"),
             "the statement's own failure: {:?}",
             failed.error
         );
-        finish(hold).await;
     }
 
     #[tokio::test(start_paused = true)]
