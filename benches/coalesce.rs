@@ -1,13 +1,13 @@
 //! Part 6 of the benchmark, **coalescing** (`DBLOCK_BENCH_PARTS=coalesce`): lock + unlock
 //! cycles on distinct keys at 1, 8 and 64 owners, by one `Locker` with coalescing (the default)
 //! and by one with `coalesce(false)`, alternating in rounds (one owner: cycle by cycle within
-//! each round, [`paired`]); ratios are medians of per-round ratios. From 8 owners, in the same rounds, the library's own coalesced statements with none
-//! of its machinery ([`raw_batches`]): the same keys in flight in perfectly formed batches, the
-//! batched ceiling on PostgreSQL and MySQL/MariaDB (on SQLite the lane sends the kinds
-//! together in one transaction, which these separate statements do not, and beats them).
-//! PostgreSQL: `pgbench` on the design's minimal statements with as many clients, interleaved
-//! in the same rounds. Beside them, each server's session lock and the Redis lock at the same
-//! owner counts.
+//! each round, [`paired`]); ratios are medians of per-round ratios. From 8 owners, in the same
+//! rounds, the library's own coalesced statements with none of its machinery
+//! ([`raw_batches`]): the same keys in flight in perfectly formed batches, the batched ceiling
+//! on PostgreSQL and MySQL/MariaDB (on SQLite the lane sends the kinds together in one
+//! transaction, which these separate statements do not, and beats them). PostgreSQL:
+//! `pgbench` on the design's minimal statements with as many clients, interleaved in the same
+//! rounds. Beside them, each server's session lock and the Redis lock at the same owner counts.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -16,7 +16,8 @@ use std::time::Duration;
 use dblock::{ConnectOptions, Locker};
 
 use crate::{
-    median, merge, pgbench, run, Bar, Cycle, Dblock, Stats, KEYS_PER_OWNER, PGBENCH_SCRIPT, TTL,
+    median, merge, owner_keys, pgbench, run, Bar, Cycle, Dblock, Stats, KEYS_PER_OWNER,
+    PGBENCH_SCRIPT, TTL,
 };
 
 const OWNERS: [usize; 3] = [1, 8, 64];
@@ -254,12 +255,7 @@ async fn paired(on: &Arc<dyn Cycle>, off: &Arc<dyn Cycle>, secs: Duration) -> (S
     let (on, off) = (on.clone(), off.clone());
     let sides = tokio::spawn(async move {
         let owner = dblock::Owner::new().id().to_owned();
-        let keys = |tag: &str| -> Vec<String> {
-            (0..KEYS_PER_OWNER)
-                .map(|k| format!("bench:{tag}:0:{k}"))
-                .collect()
-        };
-        let keys = [keys("on"), keys("off")];
+        let keys = [owner_keys("on", 0), owner_keys("off", 0)];
         let mut latencies = [Vec::new(), Vec::new()];
         let start = std::time::Instant::now();
         let mut i = 0;

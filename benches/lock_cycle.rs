@@ -100,6 +100,13 @@ impl Stats {
     }
 }
 
+/// The keys that owner `o` of a side tagged `tag` cycles over.
+fn owner_keys(tag: &str, o: usize) -> Vec<String> {
+    (0..KEYS_PER_OWNER)
+        .map(|k| format!("bench:{tag}:{o}:{k}"))
+        .collect()
+}
+
 /// `owners` tasks, each cycling over keys of its own, for `secs`.
 async fn run(imp: Arc<dyn Cycle>, owners: usize, secs: Duration, tag: &str) -> Stats {
     let start = Instant::now();
@@ -109,9 +116,7 @@ async fn run(imp: Arc<dyn Cycle>, owners: usize, secs: Duration, tag: &str) -> S
             let tag = tag.to_owned();
             tokio::spawn(async move {
                 let owner = dblock::Owner::new().id().to_owned();
-                let keys: Vec<String> = (0..KEYS_PER_OWNER)
-                    .map(|k| format!("bench:{tag}:{o}:{k}"))
-                    .collect();
+                let keys = owner_keys(&tag, o);
                 let mut lat = Vec::new();
                 let mut i = 0;
                 while start.elapsed() < secs {
