@@ -272,7 +272,7 @@ impl LockAllRequest {
             validate::key(key)?;
         }
         let started = Instant::now();
-        let until = started + self.wait;
+        let until = crate::timing::after(started, self.wait);
         let mut guards: Vec<LockGuard> = Vec::with_capacity(self.keys.len());
         if self.keys.len() > 1 && !self.fair {
             // First every key in one statement (one round trip when they are free); what is

@@ -257,7 +257,7 @@ impl IntoFuture for LockRequest {
                 .unwrap_or_default();
             let span = tracing::debug_span!(
                 "dblock.lock",
-                key = %self.key,
+                key = %crate::Escaped(&self.key),
                 backend = self.shared.backend_name(),
                 owner = %owner,
                 ttl_ms = self.ttl.as_millis() as u64,
@@ -280,6 +280,9 @@ impl LockRequest {
         LockError::require_runtime()?;
         self.shared.check_open()?;
         validate::key(&self.key)?;
+        if let Some(key) = &self.metrics_key {
+            validate::text("metrics key", key)?;
+        }
         let request = Request {
             meter: meter::Label::new(
                 self.metrics_key.as_ref(),
@@ -293,7 +296,7 @@ impl LockRequest {
             once: self.once,
             fair: self.fair,
             caller: Caller::current(),
-            holder: self.shared.holder_for(self.label.as_deref()),
+            holder: self.shared.holder_for(self.label.as_deref())?,
             key: self.key,
             ttl: self.ttl,
             wait: self.wait,

@@ -157,14 +157,7 @@ async fn purge(locker: &Locker, older_than: Duration) -> Result<(), LockError> {
 /// wrong `--table`), which table, where, and how to create it, instead of the database's bare
 /// "relation does not exist".
 fn explain(e: LockError, locker: &Locker, default_table: &str, url: &str) -> String {
-    let LockError::Database(sqlx::Error::Database(db)) = &e else {
-        return e.to_string();
-    };
-    // PostgreSQL: undefined_table; MySQL/MariaDB: 1146 ER_NO_SUCH_TABLE (SQLSTATE 42S02);
-    // SQLite: a plain SQLITE_ERROR, told by its message.
-    let missing = matches!(db.code().as_deref(), Some("42P01" | "42S02"))
-        || db.message().starts_with("no such table");
-    if !missing {
+    if !e.is_not_migrated() {
         return e.to_string();
     }
     let table = locker.table_name();
@@ -181,11 +174,10 @@ fn explain(e: LockError, locker: &Locker, default_table: &str, url: &str) -> Str
         )
     };
     format!(
-        "no lock table {table:?} in {} (the database says: {})\n  \
+        "no lock table {table:?} in {} ({e})\n  \
          create it: run {migrate} once from the application (or apply {files})\n  \
          or, if the locks live in another table, pass --table NAME",
         without_password(url),
-        db.message()
     )
 }
 

@@ -230,6 +230,14 @@ impl Notifier {
     }
 }
 
+/// The locker (every clone, every `table()` copy and guard) is gone: its LISTEN connection goes
+/// with it, now, not at the next notification.
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        self.abort_task();
+    }
+}
+
 impl std::fmt::Debug for Notifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Notifier")
