@@ -36,7 +36,7 @@ use std::time::Duration;
 /// # Ok(()) }
 /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ConnectOptions {
     pub(crate) max_connections: Option<u32>,
@@ -48,6 +48,25 @@ pub struct ConnectOptions {
     pub(crate) pooler: Option<bool>,
     pub(crate) listen_url: Option<String>,
     pub(crate) coalesce: bool,
+}
+
+/// Every setting, with `listen_url` shown without its password.
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("listen", &self.listen)
+            .field("durable_release", &self.durable_release)
+            .field("pooler", &self.pooler)
+            .field(
+                "listen_url",
+                &self.listen_url.as_deref().map(crate::redact::Redacted),
+            )
+            .field("coalesce", &self.coalesce)
+            .finish()
+    }
 }
 
 impl Default for ConnectOptions {

@@ -109,7 +109,7 @@ impl Locker {
     pub async fn connect_with(url: &str, options: ConnectOptions) -> Result<Locker, LockError> {
         LockError::require_runtime()?;
         options.check().map_err(LockError::Config)?;
-        let scheme = url.split(':').next().unwrap_or_default();
+        let scheme = crate::redact::scheme(url).unwrap_or("(none)");
         let span = tracing::debug_span!("dblock.connect", scheme);
         let backend = Backend::connect(url, DEFAULT_TABLE, &options)
             .instrument(span)
