@@ -46,14 +46,23 @@ pub(crate) fn redact(url: &str) -> String {
     }
     if let Some(query) = query {
         out.push('?');
-        let params: Vec<String> = query
-            .split('&')
-            .map(|param| match param.split_once('=') {
-                Some((name, _)) if secret(name) => format!("{name}={HIDDEN}"),
-                _ => param.to_owned(),
-            })
-            .collect();
-        out.push_str(&params.join("&"));
+        // Parameters split at every `&`, `?` or `;`, so that a stray separator cannot hide a
+        // `password=` inside another parameter's value.
+        for param in query.split_inclusive(['&', '?', ';']) {
+            let (body, sep) = match param.char_indices().last() {
+                Some((at, c)) if matches!(c, '&' | '?' | ';') => (&param[..at], &param[at..]),
+                _ => (param, ""),
+            };
+            match body.split_once('=') {
+                Some((name, _)) if secret(name) => {
+                    out.push_str(name);
+                    out.push('=');
+                    out.push_str(HIDDEN);
+                }
+                _ => out.push_str(body),
+            }
+            out.push_str(sep);
+        }
     }
     out
 }
@@ -74,7 +83,7 @@ pub(crate) fn scrub(message: &str, url: &str) -> String {
             }
         }
     }
-    for param in query.into_iter().flat_map(|q| q.split('&')) {
+    for param in query.into_iter().flat_map(|q| q.split(['&', '?', ';'])) {
         if let Some((name, value)) = param.split_once('=') {
             if secret(name) {
                 secrets.push(value.to_owned());
@@ -178,6 +187,11 @@ mod tests {
                 "(a connection string that is not a URL)",
             ),
             ("pg:host=h password=secret", "pg:…"),
+            ("sqlite:?=?password=secret", "sqlite:?=?password=***"),
+            (
+                "postgres://h/d?a=1;pwd=secret&b",
+                "postgres://h/d?a=1;pwd=***&b",
+            ),
             ("", "(a connection string that is not a URL)"),
         ] {
             assert_eq!(redact(url), shown, "{url}");
