@@ -50,7 +50,7 @@ pub(crate) fn redact(url: &str) -> String {
         // `password=` inside another parameter's value.
         for param in query.split_inclusive(['&', '?', ';']) {
             let (body, sep) = match param.char_indices().last() {
-                Some((at, c)) if matches!(c, '&' | '?' | ';') => (&param[..at], &param[at..]),
+                Some((at, '&' | '?' | ';')) => (&param[..at], &param[at..]),
                 _ => (param, ""),
             };
             match body.split_once('=') {
