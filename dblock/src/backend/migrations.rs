@@ -12,10 +12,22 @@
 macro_rules! files {
     ($backend:literal) => {
         [
-            include_str!(concat!("../../migrations/", $backend, "/0001_dblock_locks.sql")),
+            include_str!(concat!(
+                "../../migrations/",
+                $backend,
+                "/0001_dblock_locks.sql"
+            )),
             include_str!(concat!("../../migrations/", $backend, "/0002_outcomes.sql")),
-            include_str!(concat!("../../migrations/", $backend, "/0003_exactly_once.sql")),
-            include_str!(concat!("../../migrations/", $backend, "/0004_fair_queue.sql")),
+            include_str!(concat!(
+                "../../migrations/",
+                $backend,
+                "/0003_exactly_once.sql"
+            )),
+            include_str!(concat!(
+                "../../migrations/",
+                $backend,
+                "/0004_fair_queue.sql"
+            )),
             include_str!(concat!("../../migrations/", $backend, "/0005_permits.sql")),
             include_str!(concat!("../../migrations/", $backend, "/0006_shared.sql")),
         ]
@@ -80,8 +92,15 @@ mod tests {
 
     #[test]
     fn a_file_gives_the_statements_of_one_table() {
-        let file = "-- a comment\nALTER TABLE \"t_permits\" ADD x;\nALTER TABLE \"t\"\n    ADD x;\n";
-        assert_eq!(statements(file, "\"t\""), "ALTER TABLE {table}\n    ADD x;\n");
-        assert_eq!(statements(file, "\"t_permits\""), "ALTER TABLE {table} ADD x;\n");
+        let file =
+            "-- a comment\nALTER TABLE \"t_permits\" ADD x;\nALTER TABLE \"t\"\n    ADD x;\n";
+        assert_eq!(
+            statements(file, "\"t\""),
+            "ALTER TABLE {table}\n    ADD x;\n"
+        );
+        assert_eq!(
+            statements(file, "\"t_permits\""),
+            "ALTER TABLE {table} ADD x;\n"
+        );
     }
 }

@@ -56,11 +56,6 @@ mod code {
 /// How long `Locker::connect`'s pool waits for a connection before failing.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
-
-
-
-
-
 /// `hold_count` travels in the bits above this in `LAST_INSERT_ID` on the MySQL 8 path (fencing
 /// tokens are seeded from the clock in µs and stay below 2^52 until the year 2112).
 const COUNT_SHIFT: u32 = 52;

@@ -48,11 +48,6 @@ const CLOCK_TOLERANCE_MS: i64 = 1000;
 /// How long a statement waits for SQLite's write lock (its busy handler) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-
-
-
-
-
 /// A hold that ran out without a release: it ended in failure, unless its success committed
 /// with the work (`succeed_in`: `success_token` is its tenure). `{l}` is the row's alias.
 const RAN_OUT: &str = "({l}owner IS NOT NULL AND {l}expires_at <= {now}
@@ -217,14 +212,29 @@ impl Lite {
         let q = quote_ident(&super::queue_table(table), '"');
         let files = super::migrations::SQLITE;
         let statements = Statements {
-            ddl: sql(&super::migrations::statements(files[0], "\"dblock_locks\""), &t),
-            outcomes: sql(&super::migrations::statements(files[1], "\"dblock_locks\""), &t),
-            exactly_once: sql(&super::migrations::statements(files[2], "\"dblock_locks\""), &t),
+            ddl: sql(
+                &super::migrations::statements(files[0], "\"dblock_locks\""),
+                &t,
+            ),
+            outcomes: sql(
+                &super::migrations::statements(files[1], "\"dblock_locks\""),
+                &t,
+            ),
+            exactly_once: sql(
+                &super::migrations::statements(files[2], "\"dblock_locks\""),
+                &t,
+            ),
             has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
             has_exactly_once: sql("SELECT release_token FROM {table} LIMIT 0", &t),
             has_shared: sql("SELECT intent_owner FROM {table} LIMIT 0", &t),
-            shared: sql(&super::migrations::statements(files[5], "\"dblock_locks\""), &t),
-            queue: sql(&super::migrations::statements(files[3], "\"dblock_locks_queue\""), &q),
+            shared: sql(
+                &super::migrations::statements(files[5], "\"dblock_locks\""),
+                &t,
+            ),
+            queue: sql(
+                &super::migrations::statements(files[3], "\"dblock_locks_queue\""),
+                &q,
+            ),
             // The fair waiters' queue: each statement runs under SQLite's one write lock (or
             // reads one snapshot). The queue orders attempts only: exclusion stays the
             // acquire's alone. A leave also clears every ticket whose lease ran out.

@@ -80,11 +80,6 @@ const KEEPALIVE_COUNT: &str = "3";
 /// Lease end as microseconds since the epoch.
 const US: &str = "(extract(epoch FROM {c}) * 1000000)::int8";
 
-
-
-
-
-
 /// A hold that ran out without a release: it ended in failure, unless its success committed
 /// with the work (`succeed_in`: `success_token` is its tenure). `{l}` is the row's alias.
 const RAN_OUT: &str = "({l}owner IS NOT NULL AND {l}expires_at <= statement_timestamp()
