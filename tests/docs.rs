@@ -289,6 +289,39 @@ fn the_error_list_names_every_variant_of_lock_error() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Limits
+
+/// The `MAX_*` constants dblock exports (`pub use ...::{.., MAX_PERMITS}` in lib.rs).
+fn exported_limits() -> BTreeSet<String> {
+    let lib = read(&package().join("src/lib.rs"));
+    lib.lines()
+        .filter(|l| l.starts_with("pub use "))
+        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .filter(|word| word.starts_with("MAX_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_limits_table_names_every_exported_limit() {
+    let limits = exported_limits();
+    assert!(limits.contains("MAX_KEY_LEN"), "{limits:?}");
+    let docs = section(&document("docs/reference.md"), "## Limits");
+    let named: BTreeSet<String> = code_spans(&docs)
+        .iter()
+        .filter_map(|s| s.strip_prefix("dblock::"))
+        .filter(|s| s.starts_with("MAX_"))
+        .map(str::to_owned)
+        .collect();
+    assert_same(
+        "limits",
+        &limits,
+        &named,
+        "docs/reference.md, \"## Limits\"",
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Cargo features
 
 /// Features a user can pick: `[features]` of dblock/Cargo.toml without `default`, private
@@ -579,7 +612,7 @@ fn anchors(text: &str) -> BTreeSet<String> {
 
 /// Files other changes add; a link to one may dangle until they land, and is checked like any
 /// other once the file is there.
-const ADDED_ELSEWHERE: [&str; 2] = ["CHANGELOG.md", "docs/cli.md"];
+const ADDED_ELSEWHERE: [&str; 1] = ["docs/cli.md"];
 
 #[test]
 fn every_relative_link_resolves() {
