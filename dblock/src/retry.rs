@@ -29,12 +29,19 @@ use crate::sync::lock;
 pub(crate) struct Failed {
     pub(crate) error: sqlx::Error,
     pub(crate) sent: bool,
+    /// How the failure is already classed, where it was (a row of a coalesced statement that
+    /// failed: as the statement's failure was); `None`: by the backend's mapping of `error`.
+    pub(crate) class: Option<Failure>,
 }
 
 impl From<sqlx::Error> for Failed {
     /// A failure of a statement that was sent (decoding a reply, a server error, ...).
     fn from(error: sqlx::Error) -> Self {
-        Failed { error, sent: true }
+        Failed {
+            error,
+            sent: true,
+            class: None,
+        }
     }
 }
 
@@ -228,6 +235,7 @@ mod tests {
         Failed {
             error: sqlx::Error::Protocol(class.into()),
             sent: class != "not-sent",
+            class: None,
         }
     }
 

@@ -367,6 +367,7 @@ impl Shared {
                     result: Err(Failed {
                         error: sqlx::Error::Configuration(e.to_string().into()),
                         sent: false,
+                        class: None,
                     }),
                     after_unknown: false,
                 };

@@ -101,6 +101,7 @@ fn no_reply() -> Failed {
             "no reply from the database within the statement's time limit",
         )),
         sent: true,
+        class: None,
     }
 }
 
@@ -190,7 +191,11 @@ const STARTING_UP: &str = "57P03";
 const STARTING_UP_PAUSE: Duration = Duration::from_millis(100);
 
 async fn connection<DB: Database>(pool: &Conns<DB>, deadline: Instant) -> Result<Conn<DB>, Failed> {
-    let not_sent = |error| Failed { error, sent: false };
+    let not_sent = |error| Failed {
+        error,
+        sent: false,
+        class: None,
+    };
     // Leave a little time to find out why, should the pool not hand out a connection.
     let now = Instant::now();
     let reserve = PROBE.min(deadline.saturating_duration_since(now) / 4);

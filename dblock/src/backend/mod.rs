@@ -19,6 +19,7 @@ pub(crate) use crate::info::Outcome;
 use crate::retry::{self, Failure};
 
 mod admin;
+pub(crate) mod batch;
 pub(crate) mod coalesce;
 pub(crate) mod conns;
 pub(crate) mod exec;
@@ -531,6 +532,7 @@ async fn enter<D: Dialect>(
             Err(_) => Err(Failed {
                 error: sqlx::Error::PoolTimedOut,
                 sent: false,
+                class: None,
             }),
         },
         None => Ok(None),
@@ -795,13 +797,11 @@ impl Backend {
     /// mapping, everything else by the transport's; whatever failed before anything was sent
     /// certainly did not commit.
     pub(crate) fn classify(&self, failed: &Failed) -> Failure {
-        let failure = match &failed.error {
+        let failure = match (&failed.error, failed.class) {
             // A row of a coalesced statement that failed: classed as the statement was.
-            sqlx::Error::Database(db) => match db.try_downcast_ref::<coalesce::Copied>() {
-                Some(copied) => copied.class,
-                None => dispatch!(self, _b, D => D::classify(db.as_ref())),
-            },
-            other => retry::transport(other),
+            (_, Some(class)) => class,
+            (sqlx::Error::Database(db), None) => dispatch!(self, _b, D => D::classify(db.as_ref())),
+            (other, None) => retry::transport(other),
         };
         match failure {
             Failure::Unknown | Failure::NotCommitted if !failed.sent => Failure::NotSent,

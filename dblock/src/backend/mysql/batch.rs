@@ -36,7 +36,8 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
 use super::{expand, My, NEW_ROW, UPSERT, US_NOW};
-use crate::backend::coalesce::{listed, pad, ReleaseRow};
+use crate::backend::batch::{listed, pad};
+use crate::backend::coalesce::ReleaseRow;
 use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
 
 /// The derived table's columns, named apart from the lock table's (`ON DUPLICATE KEY UPDATE`

@@ -793,7 +793,11 @@ impl Dialect for Pg {
         };
         Box::pin(self.settings.pooler.find_out(probe))
             .await
-            .map_err(|error| Failed { error, sent: false })
+            .map_err(|error| Failed {
+                error,
+                sent: false,
+                class: None,
+            })
     }
 
     fn with_table(&self, table: &str) -> Self {

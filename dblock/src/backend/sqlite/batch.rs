@@ -20,7 +20,8 @@ use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
 use super::{bind_acquire, keyed_grant, ran_out, sql, Lite, SAME, TAKE_OVER};
-use crate::backend::coalesce::{listed, pad, ReleaseRow, MAX_ROWS as MAX};
+use crate::backend::batch::{listed, pad};
+use crate::backend::coalesce::{ReleaseRow, MAX_ROWS as MAX};
 use crate::backend::{per_key, Acquire, Attempt, Extended, Outcome, Released, RenewItem};
 
 /// The coalesced statements of one table, by list size: `[i]` takes `2 << i` rows.
