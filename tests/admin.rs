@@ -5,6 +5,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
 #[cfg(not(feature = "admin"))]
 #[test]
@@ -312,5 +313,114 @@ async fn list_columns_line_up_with_the_header() {
             }
         }
         drop((short, long));
+    }
+}
+
+/// `migration_status` reports every migration pending on a table that is not there, and
+/// applied once `migrate` ran; a table made with the first migration only (a team that applied
+/// `0001_dblock_locks.sql` with its own tool) has exactly that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_status_follows_the_schema() {
+    let (dbs, _dir) = common::all("admin_migrations").await;
+    for db in dbs.iter().filter(|d| d.name != "mysql8-path") {
+        let status = db.locker.migration_status().await.unwrap();
+        let versions: Vec<u32> = status.iter().map(|m| m.version).collect();
+        assert_eq!(versions, [1, 2, 3, 4, 5, 6], "{}", db.name);
+        assert_eq!(
+            status.iter().map(|m| m.name).collect::<Vec<_>>(),
+            [
+                "dblock_locks",
+                "outcomes",
+                "exactly_once",
+                "fair_queue",
+                "permits",
+                "shared"
+            ]
+        );
+        assert!(status.iter().all(|m| m.applied), "{}: {status:?}", db.name);
+
+        let fresh = db.locker.table(&common::table_for("admin_fresh"));
+        let status = fresh.migration_status().await.unwrap();
+        assert!(status.iter().all(|m| !m.applied), "{}: {status:?}", db.name);
+
+        let old = common::table_for("admin_0001");
+        common::create_with_0001(db, &old).await;
+        let status = db.locker.table(&old).migration_status().await.unwrap();
+        let applied: Vec<bool> = status.iter().map(|m| m.applied).collect();
+        assert_eq!(
+            applied,
+            [true, false, false, false, false, false],
+            "{}",
+            db.name
+        );
+
+        fresh.migrate().await.unwrap();
+        db.locker.table(&old).migrate().await.unwrap();
+        for locker in [&fresh, &db.locker.table(&old)] {
+            let status = locker.migration_status().await.unwrap();
+            assert!(status.iter().all(|m| m.applied), "{}: {status:?}", db.name);
+        }
+    }
+}
+
+/// `waiters` lists the fair waiters of a key in ticket order, with their owners and live ticket
+/// leases, filtered by prefix; a waiter that got the key has left the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_the_fair_queue() {
+    let (dbs, _dir) = common::all("admin_waiters").await;
+    for db in dbs.iter().filter(|d| d.name != "mysql8-path") {
+        assert!(db.locker.waiters("").await.unwrap().is_empty());
+        let held = db.locker.lock("queue:k").await.unwrap();
+        let mut tasks = Vec::new();
+        let mut owners = Vec::new();
+        for _ in 0..2 {
+            let owner = dblock::Owner::new();
+            owners.push(owner.id().to_owned());
+            let locker = db.locker.clone();
+            tasks.push(tokio::spawn(async move {
+                let g = locker
+                    .lock("queue:k")
+                    .owner(&owner)
+                    .fair()
+                    .wait(Duration::from_secs(60))
+                    .await
+                    .unwrap();
+                g.release().await.unwrap();
+            }));
+            // One after the other: the second takes its ticket after the first.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while db.locker.waiters("queue:").await.unwrap().len() < owners.len() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{}: waiter never queued",
+                    db.name
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let waiters = db.locker.waiters("queue:").await.unwrap();
+        assert_eq!(
+            waiters.iter().map(|w| w.owner.clone()).collect::<Vec<_>>(),
+            owners,
+            "{}",
+            db.name
+        );
+        assert!(waiters[0].ticket < waiters[1].ticket, "{}", db.name);
+        for w in &waiters {
+            assert_eq!(w.key, "queue:k");
+            assert!(w.time_left > Duration::ZERO, "{}: {w:?}", db.name);
+            assert!(w.expires_at > std::time::SystemTime::UNIX_EPOCH);
+        }
+        assert!(db.locker.waiters("other:").await.unwrap().is_empty());
+
+        held.release().await.unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(
+            db.locker.waiters("").await.unwrap().is_empty(),
+            "{}",
+            db.name
+        );
     }
 }
