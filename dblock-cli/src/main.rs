@@ -109,8 +109,8 @@ enum Command {
         /// Only keys that start with this.
         #[arg(long, value_name = "PREFIX")]
         prefix: Option<String>,
-        /// Time between refreshes, like 1s, 500ms, 5s.
-        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = time::parse_duration)]
+        /// Time between refreshes, like 1s, 500ms, 5s (at least 100ms).
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = time::parse_interval)]
         interval: Duration,
         /// Print one JSON snapshot per refresh, one per line (no terminal needed).
         #[arg(long)]

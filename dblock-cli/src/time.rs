@@ -135,6 +135,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// A refresh interval: a duration of at least 100 ms (a shorter one would only load the
+/// database).
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(100) {
+        return Err(format!("interval {s:?} is shorter than 100ms"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,19 +41,20 @@ pub async fn run(
     interval: Duration,
     json: bool,
 ) -> Result<(), Failure> {
-    // A first read before anything else: a wrong table or database fails here, with its
-    // explanation and exit status 1, instead of on a screen.
-    let first = read(locker, prefix).await?;
-    if json {
-        return stream(locker, prefix, interval, first).await;
-    }
-    if !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
+    if !json && (!std::io::stdin().is_terminal() || !std::io::stdout().is_terminal()) {
         return Err(Failure::Error(
             "watch needs a terminal (stdin and stdout); for a stream of snapshots use `watch --json`"
                 .into(),
         ));
     }
-    live(locker, prefix, interval, first).await
+    // A first read before anything else: a wrong table or database fails here, with its
+    // explanation and exit status 1, instead of on a screen.
+    let first = read(locker, prefix).await?;
+    if json {
+        stream(locker, prefix, interval, first).await
+    } else {
+        live(locker, prefix, interval, first).await
+    }
 }
 
 /// `--json`: a snapshot per line until Ctrl-C (exit 0) or until stdout is closed.
@@ -64,6 +65,10 @@ async fn stream(
     first: Snapshot,
 ) -> Result<(), Failure> {
     let table = locker.table_name().to_owned();
+    // One Ctrl-C future for the whole stream, so that an interrupt that comes while a refresh
+    // is read is not missed.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     let mut next: Result<Snapshot, dblock::LockError> = Ok(first);
     loop {
         match next {
@@ -83,11 +88,14 @@ async fn stream(
             // Said on stderr, and tried again at the next refresh.
             Err(e) => eprintln!("dblock: error: {}", escape(&e.to_string())),
         }
+        let later = async {
+            tokio::time::sleep(interval).await;
+            read(locker, prefix).await
+        };
         tokio::select! {
-            () = tokio::time::sleep(interval) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut interrupted => return Ok(()),
+            snapshot = later => next = snapshot,
         }
-        next = read(locker, prefix).await;
     }
 }
 
