@@ -38,7 +38,7 @@ async fn keys_and_labels_are_printed_escaped() {
             .locker
             .lock(EVIL_KEY)
             .holder(EVIL_LABEL)
-            .ttl(Duration::from_secs(60))
+            .ttl(Duration::from_secs(300))
             .await
             .unwrap();
         let list = run(db, &["list"]);
@@ -109,7 +109,12 @@ async fn keys_and_labels_are_printed_escaped() {
             stderr(&out)
         );
 
-        let s = db.locker.semaphore(BIDI_KEY, 2).await.unwrap();
+        let s = db
+            .locker
+            .semaphore(BIDI_KEY, 2)
+            .ttl(Duration::from_secs(300))
+            .await
+            .unwrap();
         let out = run(db, &["list"]);
         assert_no_controls(db.name, "semaphore", &out.stdout);
         assert!(

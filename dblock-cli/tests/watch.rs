@@ -82,10 +82,15 @@ async fn watch_draws_held_keys_and_the_fair_queue_in_a_terminal_and_quits_on_q()
             .locker
             .lock("watch:held")
             .holder("watch-me")
-            .ttl(Duration::from_secs(120))
+            .ttl(Duration::from_secs(300))
             .await
             .unwrap();
-        let red = db.locker.lock("watch:\u{1b}[31mred").await.unwrap();
+        let red = db
+            .locker
+            .lock("watch:\u{1b}[31mred")
+            .ttl(Duration::from_secs(300))
+            .await
+            .unwrap();
         let (waiter, task) = queue_fair_waiter(db, "watch:held").await;
 
         let socket = format!("dblock-cli-test-{}-{}", std::process::id(), db.name);
@@ -132,6 +137,13 @@ async fn watch_draws_held_keys_and_the_fair_queue_in_a_terminal_and_quits_on_q()
             assert!(
                 start.elapsed() < DEADLINE,
                 "{}: the screen never showed the key and its waiter:\n{screen}",
+                db.name
+            );
+            assert!(
+                tmux(&socket, &["has-session", "-t", "watch"])
+                    .status
+                    .success(),
+                "{}: watch ended before it showed the key; its last screen:\n{screen}",
                 db.name
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -204,7 +216,7 @@ async fn watch_json_streams_one_snapshot_a_line_until_interrupted() {
         let held = db
             .locker
             .lock("stream:held")
-            .ttl(Duration::from_secs(120))
+            .ttl(Duration::from_secs(300))
             .await
             .unwrap();
         let (waiter, task) = queue_fair_waiter(db, "stream:held").await;
