@@ -194,3 +194,50 @@ async fn a_listen_that_does_not_answer_never_outlasts_wait() {
     let got = waiter.await.unwrap().expect("waiter acquires");
     got.release().await.unwrap();
 }
+
+/// A locker dropped without `shutdown()` (every clone, guard and copy gone) closes its LISTEN
+/// connection within a second: services that make lockers per tenant or per test do not pile
+/// up connections until `max_connections`.
+#[cfg(all(feature = "postgres", feature = "_test-util"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_locker_closes_its_listen_connection() {
+    let Some(db) = common::postgres("listen_drop").await else {
+        return;
+    };
+    use std::time::{Duration, Instant};
+    let watcher = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let locker = dblock::Locker::connect(&db.url)
+        .await
+        .unwrap()
+        .table(db.locker.table_name());
+    let channel = dblock::test_util::notify_channel(&locker).unwrap();
+    let listening = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"' || $1 || '\"'",
+        )
+        .bind(&channel)
+        .fetch_one(&watcher)
+        .await
+        .unwrap()
+    };
+    // A waiter sets LISTEN up (the holder is another locker: no release of this one's reaches
+    // its listener before it is dropped).
+    let holder = db.locker.lock("k").await.unwrap();
+    let busy = locker.lock("k").wait(Duration::from_millis(1500)).await;
+    assert!(busy.unwrap_err().is_busy());
+    let until = Instant::now() + Duration::from_secs(10);
+    while listening().await == 0 {
+        assert!(Instant::now() < until, "LISTEN was never set up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(locker);
+    let dropped = Instant::now();
+    while listening().await > 0 {
+        assert!(
+            dropped.elapsed() < Duration::from_secs(1),
+            "the LISTEN connection outlived its locker by a second"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.release().await.unwrap();
+}

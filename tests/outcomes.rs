@@ -17,6 +17,19 @@ async fn outcome(l: &Locker, key: &str) -> (Option<Outcome>, Option<SystemTime>)
     (info.last_outcome, info.finished_at)
 }
 
+/// The outcome of `key` once the background release of a dropped guard has ended (its row no
+/// longer held), within 5 s.
+async fn settled_outcome(l: &Locker, key: &str) -> Option<Outcome> {
+    let until = Instant::now() + 5 * SEC;
+    loop {
+        let info = l.inspect(key).await.unwrap().expect("row");
+        if !info.held || Instant::now() > until {
+            return info.last_outcome;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_release_records_how_the_hold_ended() {
     let (dbs, _dir) = common::all("outcome_paths").await;
@@ -46,10 +59,23 @@ async fn every_release_records_how_the_hold_ended() {
             .await
             .is_some());
         // time_until_free took and released it again: look at a key dropped and left alone.
+        // A guard dropped the ordinary way says nothing of the work: `Dropped`, not `Failed`.
         drop(l.lock("dropped2").await.unwrap());
-        tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(
-            outcome(l, "dropped2").await.0,
+            settled_outcome(l, "dropped2").await,
+            Some(Outcome::Dropped),
+            "{}",
+            db.name
+        );
+        // Dropped while its thread panics (the work did not finish): `Failed`.
+        let g = l.lock("panicked").await.unwrap();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _g = g;
+            panic!("the work under the guard panicked");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(
+            settled_outcome(l, "panicked").await,
             Some(Outcome::Failed),
             "{}",
             db.name
@@ -119,6 +145,14 @@ async fn once_runs_until_the_work_succeeds() {
             .release_failed()
             .await
             .unwrap();
+        // Dropped (nothing said about the work): not done, runnable again.
+        drop(l.lock("pay").once().await.unwrap());
+        assert_eq!(
+            settled_outcome(l, "pay").await,
+            Some(Outcome::Dropped),
+            "{}",
+            db.name
+        );
         // In progress elsewhere: busy, not done.
         let running = l.lock("pay").once().await.unwrap();
         let busy = l.lock("pay").once().await.unwrap_err();

@@ -36,7 +36,7 @@ use std::time::Duration;
 /// # Ok(()) }
 /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ConnectOptions {
     pub(crate) max_connections: Option<u32>,
@@ -48,6 +48,25 @@ pub struct ConnectOptions {
     pub(crate) pooler: Option<bool>,
     pub(crate) listen_url: Option<String>,
     pub(crate) coalesce: bool,
+}
+
+/// Every setting, with `listen_url` shown without its password.
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("listen", &self.listen)
+            .field("durable_release", &self.durable_release)
+            .field("pooler", &self.pooler)
+            .field(
+                "listen_url",
+                &self.listen_url.as_deref().map(crate::redact::Redacted),
+            )
+            .field("coalesce", &self.coalesce)
+            .finish()
+    }
 }
 
 impl Default for ConnectOptions {
@@ -67,6 +86,29 @@ impl Default for ConnectOptions {
 
 /// One statement's limit unless set otherwise.
 pub(crate) const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest [`ConnectOptions::statement_timeout`] and
+/// [`ConnectOptions::acquire_timeout`]: 24 days, under PostgreSQL's own limit for
+/// `statement_timeout` (2<sup>31</sup> − 1 ms, about 24.8 days), and so the same on every backend.
+/// A longer one is refused at connect with [`LockError::Config`](crate::LockError::Config).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 24 * 3600);
+
+impl ConnectOptions {
+    /// The settings that cannot work, named: a time-out over [`MAX_TIMEOUT`].
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let too_long = |what: &str, d: Duration| {
+            (d > MAX_TIMEOUT).then(|| {
+                format!("{what} {d:?} is longer than the longest dblock supports (24 days)")
+            })
+        };
+        match too_long("statement_timeout", self.statement_timeout)
+            .or_else(|| too_long("acquire_timeout", self.acquire_timeout.unwrap_or_default()))
+        {
+            Some(problem) => Err(problem),
+            None => Ok(()),
+        }
+    }
+}
 
 impl ConnectOptions {
     /// The defaults (see the table above).

@@ -44,16 +44,19 @@ impl<F: Future<Output: Unreceived> + Send + 'static> Future for Detached<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(fut) = self.fut.as_mut() else {
+        // Out of `self` while it runs: a statement future that panics is dropped with the
+        // unwinding, never handed to a task by `Drop` (where polling it again would panic once
+        // more, "`async fn` resumed after panicking").
+        let Some(mut fut) = self.fut.take() else {
             // Polled again after it completed: it never completes twice.
             return Poll::Pending;
         };
         match fut.as_mut().poll(cx) {
-            Poll::Ready(out) => {
-                self.fut = None;
-                Poll::Ready(out)
+            Poll::Ready(out) => Poll::Ready(out),
+            Poll::Pending => {
+                self.fut = Some(fut);
+                Poll::Pending
             }
-            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -92,6 +95,48 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         done.fetch_add(1, Ordering::SeqCst);
         Count(seen)
+    }
+
+    /// Panics when first polled; polled again, says so (where an `async fn` would panic with
+    /// "resumed after panicking").
+    struct PanicsOnce {
+        polled: bool,
+        resumed: Arc<AtomicUsize>,
+    }
+
+    impl Future for PanicsOnce {
+        type Output = Count;
+
+        fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Count> {
+            if std::mem::replace(&mut self.polled, true) {
+                self.resumed.fetch_add(1, Ordering::SeqCst);
+                return Poll::Pending;
+            }
+            panic!("a statement future panicked");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_future_that_panicked_is_not_run_again_when_dropped() {
+        let resumed = Arc::new(AtomicUsize::new(0));
+        let mut detached = Box::pin(Detached::new(PanicsOnce {
+            polled: false,
+            resumed: Arc::clone(&resumed),
+        }));
+        let waker = std::task::Waker::noop();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = detached.as_mut().poll(&mut Context::from_waker(waker));
+        }));
+        assert!(panicked.is_err());
+        drop(detached);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            resumed.load(Ordering::SeqCst),
+            0,
+            "polled again after its panic"
+        );
     }
 
     /// Polled to the end, the output is the caller's; dropped half-way, the rest runs in a task

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::escape::Escaped;
+
 /// Everything that can go wrong when taking, keeping or giving back a lock.
 ///
 /// Library code never panics on bad input or on a database failure: it returns one of these.
@@ -19,7 +21,7 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum LockError {
     /// Someone else held the lock for the whole `wait` period.
-    #[error("lock `{key}` is busy (gave up after {waited:?})")]
+    #[error("lock `{}` is busy (gave up after {waited:?})", Escaped(.key))]
     Busy {
         /// The key that was asked for.
         key: String,
@@ -28,14 +30,14 @@ pub enum LockError {
     },
 
     /// The lease ended, or was taken or force-released, while the caller believed it held the lock.
-    #[error("lock `{key}` was lost while held (lease expired or was taken)")]
+    #[error("lock `{}` was lost while held (lease expired or was taken)", Escaped(.key))]
     Lost {
         /// The key that was lost.
         key: String,
     },
 
     /// A release or extend by an owner that does not hold the lock (anyone else, or after expiry).
-    #[error("lock `{key}` is not held by this owner")]
+    #[error("lock `{}` is not held by this owner", Escaped(.key))]
     NotHeld {
         /// The key that was asked for.
         key: String,
@@ -56,7 +58,7 @@ pub enum LockError {
 
     /// A `once` lock (attribute `once = true`, [`LockRequest::once`](crate::LockRequest::once))
     /// whose last hold succeeded: the work is done, the body does not run again.
-    #[error("lock `{key}` is done: its work already succeeded{}", finished_at.map(|t| format!(" (at {})", Rfc3339(t))).unwrap_or_default())]
+    #[error("lock `{}` is done: its work already succeeded{}", Escaped(.key), finished_at.map(|t| format!(" (at {})", Rfc3339(t))).unwrap_or_default())]
     AlreadyDone {
         /// The key.
         key: String,
@@ -67,7 +69,7 @@ pub enum LockError {
     /// The owner asked for a key in a way that would wait for a hold of its own: the write lock
     /// of a key it reads ([`Locker::read`](crate::Locker::read)), or a read of a key it holds for
     /// writing. Refused at once; release the one it holds first.
-    #[error("`{key}` is held by this owner in the other mode (read or write): waiting for it would wait for itself; release that hold first")]
+    #[error("`{}` is held by this owner in the other mode (read or write): waiting for it would wait for itself; release that hold first", Escaped(.key))]
     WouldWaitForItself {
         /// The key.
         key: String,
@@ -76,7 +78,7 @@ pub enum LockError {
     /// A semaphore was asked for with another number of permits than its live holders took it
     /// with ([`Locker::semaphore`](crate::Locker::semaphore)): two numbers for one key would let
     /// more holders in than either allows, so the call is refused instead. Nothing was taken.
-    #[error("semaphore `{key}` is held with {in_use} permits; this call asked for {asked}")]
+    #[error("semaphore `{}` is held with {in_use} permits; this call asked for {asked}", Escaped(.key))]
     PermitsMismatch {
         /// The semaphore's key.
         key: String,
@@ -105,8 +107,59 @@ pub enum LockError {
     /// or lost connection, a server error), never a bare pool time-out when the server is
     /// unreachable; when a statement was sent and its answer never came, it says so
     /// ([`is_outcome_unknown`](LockError::is_outcome_unknown)).
+    ///
+    /// A table or column dblock needs that is not there (never migrated, or migrated by an
+    /// older version) is not reported here but as [`Config`](LockError::Config), naming the
+    /// table and the fix ([`is_not_migrated`](LockError::is_not_migrated)).
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for LockError {
+    fn from(error: sqlx::Error) -> Self {
+        LockError::database(error, false, "statement")
+    }
+}
+
+/// How every "not migrated" message starts (see [`LockError::is_not_migrated`]).
+const NOT_MIGRATED: &str = "not migrated: ";
+
+/// A table (or a column) the statement needs that the database does not have: PostgreSQL
+/// undefined_table / undefined_column, MySQL ER_NO_SUCH_TABLE / ER_BAD_FIELD_ERROR, SQLite
+/// "no such table" / "no such column". `Some(true)` for a table, `Some(false)` for a column.
+fn missing_object(error: &sqlx::Error) -> Option<bool> {
+    let sqlx::Error::Database(db) = error else {
+        return None;
+    };
+    let message = db.message();
+    match db.code().as_deref() {
+        Some("42P01") | Some("42S02") => Some(true),
+        Some("42703") | Some("42S22") => Some(false),
+        _ if message.contains("no such table") => Some(true),
+        _ if message.contains("no such column") => Some(false),
+        _ => None,
+    }
+}
+
+/// The name of the missing table in a database's message, where it names one
+/// (`relation "t" does not exist`, `Table 'db.t' doesn't exist`, `no such table: t`).
+fn missing_table_name(message: &str) -> Option<&str> {
+    let quoted = |open: char, close: char| {
+        let start = message.find(open)? + open.len_utf8();
+        let end = start + message[start..].find(close)?;
+        Some(&message[start..end])
+    };
+    if let Some(rest) = message.split_once("no such table: ") {
+        return Some(rest.1.trim());
+    }
+    if message.starts_with("relation ") {
+        return quoted('"', '"');
+    }
+    if message.starts_with("Table ") {
+        let name = quoted('\'', '\'')?;
+        return Some(name.rsplit_once('.').map_or(name, |(_, t)| t));
+    }
+    None
 }
 
 /// Wrapped around a database error after which a statement's outcome is unknown: it was sent,
@@ -134,12 +187,43 @@ impl std::error::Error for OutcomeUnknown {
 }
 
 impl LockError {
-    /// A table the statement needs is not there (PostgreSQL undefined_table, MySQL 1146
-    /// ER_NO_SUCH_TABLE, SQLite "no such table"): not migrated.
-    pub(crate) fn is_missing_table(&self) -> bool {
-        matches!(self, LockError::Database(sqlx::Error::Database(db))
-            if matches!(db.code().as_deref(), Some("42P01") | Some("42S02"))
-                || db.message().contains("no such table"))
+    /// The error for a statement that found a table (`table`) or a column missing: the
+    /// `Config` error that names it and the fix.
+    fn not_migrated(error: &sqlx::Error, table: bool) -> LockError {
+        let said = match error {
+            sqlx::Error::Database(db) => db.message().to_owned(),
+            other => other.to_string(),
+        };
+        let what = match (table, missing_table_name(&said)) {
+            (true, Some(name)) => format!("the table `{}` does not exist", Escaped(name)),
+            (true, None) => "a table of dblock's does not exist".to_owned(),
+            (false, _) => "the lock table lacks a column of a later migration".to_owned(),
+        };
+        LockError::Config(format!(
+            "{NOT_MIGRATED}{what}: run `Locker::migrate()` once (or the CLI's `dblock migrate`), \
+             or apply the SQL files in the dblock package's `migrations/<backend>/` \
+             (the database said: {})",
+            Escaped(&said)
+        ))
+    }
+
+    /// `true` when the lock table (or its queue or permits table, or a column of a later
+    /// migration) is not in the database: [`Locker::migrate`](crate::Locker::migrate) was never
+    /// run on it, or [`Locker::table`](crate::Locker::table) names another table. The error is
+    /// a [`Config`](LockError::Config) error whose message names the table and the fix.
+    ///
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+    /// # async fn demo() -> Result<(), dblock::LockError> {
+    /// let locker = dblock::Locker::connect("sqlite::memory:").await?; // not migrated
+    /// let err = locker.lock("job").await.unwrap_err();
+    /// assert!(err.is_not_migrated());
+    /// assert!(err.to_string().contains("migrate()"));
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn is_not_migrated(&self) -> bool {
+        matches!(self, LockError::Config(message) if message.starts_with(NOT_MIGRATED))
     }
 
     /// `true` for [`LockError::Busy`].
@@ -158,6 +242,16 @@ impl LockError {
     /// ```
     pub fn is_lost(&self) -> bool {
         matches!(self, LockError::Lost { .. })
+    }
+
+    /// `true` for [`LockError::AlreadyDone`]: a `once` key whose work already succeeded.
+    ///
+    /// ```
+    /// let e = dblock::LockError::AlreadyDone { key: "payout:7".into(), finished_at: None };
+    /// assert!(e.is_already_done());
+    /// ```
+    pub fn is_already_done(&self) -> bool {
+        matches!(self, LockError::AlreadyDone { .. })
     }
 
     /// `Err(NoRuntime)` unless the caller runs inside a tokio runtime: checked on entry to
@@ -194,6 +288,9 @@ impl LockError {
     /// had no answer, which the error then says (still a `Database` error, so the cause stays
     /// where callers look for it; the original error is its `source()`).
     pub(crate) fn database(error: sqlx::Error, unknown: bool, what: &str) -> LockError {
+        if let Some(table) = missing_object(&error) {
+            return LockError::not_migrated(&error, table);
+        }
         if !unknown {
             return LockError::Database(error);
         }

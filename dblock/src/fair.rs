@@ -153,11 +153,11 @@ impl Fair {
     async fn step(&self, step: QueueStep<'_>) -> Result<i64, LockError> {
         let backend = self.shared.backend()?;
         self.shared
-            .once(&format!("fair queue of `{}`", self.key), |limit| {
-                backend.queue(step, limit)
-            })
+            .once(
+                &format!("fair queue of `{}`", crate::Escaped(&self.key)),
+                |limit| backend.queue(step, limit),
+            )
             .await
-            .map_err(|e| missing_table_hint(e, &self.shared.table))
     }
 }
 
@@ -190,17 +190,4 @@ async fn leave(shared: &Shared, key: &str, owner: &str, ticket: i64) {
 
 fn lease_us() -> i64 {
     WAITER_LEASE.as_micros() as i64
-}
-
-/// A queue table that is not there: the error names the fix.
-fn missing_table_hint(e: LockError, table: &str) -> LockError {
-    if e.is_missing_table() {
-        LockError::Config(format!(
-            "fair waiting needs the queue table `{}` of lock table `{table}` (migration 0004): \
-             run Locker::migrate() or apply migrations/<backend>/0004_fair_queue.sql ({e})",
-            crate::backend::queue_table(table)
-        ))
-    } else {
-        e
-    }
 }

@@ -44,8 +44,10 @@ pub struct LockGuard {
     renewal: Option<Registration>,
     /// `false` once `release` has taken over: `Drop` then has nothing to do.
     armed: bool,
-    /// What `Drop` records: `Failed`, or nothing for a hold nothing ran under yet (one key of a
-    /// multi-key call still being taken).
+    /// What `Drop` records: `Dropped` (the handle API: nothing said about the work), `Failed`
+    /// (a locked body's guard: dropped means cancelled), or nothing for a hold nothing ran
+    /// under yet (one key of a multi-key call still being taken). A drop while the thread
+    /// panics records `Failed` whatever this says.
     drop_outcome: Option<Outcome>,
 }
 
@@ -62,7 +64,7 @@ impl LockGuard {
             shared,
             renewal: None,
             armed: true,
-            drop_outcome: Some(Outcome::Failed),
+            drop_outcome: Some(Outcome::Dropped),
         };
         if open {
             Ok(guard)
@@ -79,9 +81,15 @@ impl LockGuard {
         }
     }
 
-    /// Whether dropping the guard records `Failed` (`true`, the default) or nothing.
+    /// Whether dropping the guard records `Dropped` (`true`, the default) or nothing.
     pub(crate) fn set_used(&mut self, used: bool) {
-        self.drop_outcome = used.then_some(Outcome::Failed);
+        self.drop_outcome = used.then_some(Outcome::Dropped);
+    }
+
+    /// Dropping the guard records `Failed`: it guards a locked body, and a body dropped before
+    /// it ended was cancelled.
+    pub(crate) fn fail_on_drop(&mut self) {
+        self.drop_outcome = Some(Outcome::Failed);
     }
 
     /// The hold record, shared with renewal and the locked body's `current()`.
@@ -403,7 +411,7 @@ impl LockGuard {
             .release_serialised(&self.hold, serial, None, until)
             .await
         {
-            tracing::warn!(key = %self.hold.key, error = %e,
+            tracing::warn!(key = %crate::Escaped(&self.hold.key), error = %e,
                 "giving back an unreceived grant failed; the lease will expire on its own");
         }
     }
@@ -434,7 +442,7 @@ impl LockGuard {
                     ),
                 )),
                 true,
-                &format!("release of `{}`", self.hold.key),
+                &format!("release of `{}`", crate::Escaped(&self.hold.key)),
             )),
         };
         match outcome? {
@@ -442,7 +450,7 @@ impl LockGuard {
                 key: self.hold.name().to_owned(),
             }),
             outcome => {
-                tracing::debug!(key = %self.hold.key, ?outcome, "released");
+                tracing::debug!(key = %crate::Escaped(&self.hold.key), ?outcome, "released");
                 Ok(())
             }
         }
@@ -472,8 +480,10 @@ impl Refused {
             None => shared.release(hold, Some(Outcome::Failed), until).await,
         };
         match released {
-            Ok(_) => tracing::debug!(key = %hold.key, "granted after shutdown: given back"),
-            Err(e) => tracing::warn!(key = %hold.key, error = %e,
+            Ok(_) => {
+                tracing::debug!(key = %crate::Escaped(&hold.key), "granted after shutdown: given back")
+            }
+            Err(e) => tracing::warn!(key = %crate::Escaped(&hold.key), error = %e,
                 "giving back a grant that arrived after shutdown failed; the lease will expire on its own"),
         }
         LockError::ShutDown
@@ -498,21 +508,26 @@ impl Drop for LockGuard {
         if self.hold.is_revoked() {
             return; // Locker::shutdown released it already
         }
-        let (hold, shared, outcome) = (self.hold.clone(), self.shared.clone(), self.drop_outcome);
+        let outcome = match self.drop_outcome {
+            // Dropped while unwinding: whatever the work was doing, it did not finish.
+            Some(_) if std::thread::panicking() => Some(Outcome::Failed),
+            outcome => outcome,
+        };
+        let (hold, shared) = (self.hold.clone(), self.shared.clone());
         // Not lazily on the next use of a connection: a task of its own, right now.
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
                     match release(hold.clone(), shared, outcome).await {
                         Ok(outcome) => {
-                            tracing::debug!(key = %hold.key, ?outcome, "released on drop")
+                            tracing::debug!(key = %crate::Escaped(&hold.key), ?outcome, "released on drop")
                         }
-                        Err(e) => tracing::warn!(key = %hold.key, error = %e,
+                        Err(e) => tracing::warn!(key = %crate::Escaped(&hold.key), error = %e,
                             "release on drop failed; the lease will expire on its own"),
                     }
                 });
             }
-            Err(_) => tracing::warn!(key = %hold.key,
+            Err(_) => tracing::warn!(key = %crate::Escaped(&hold.key),
                 "LockGuard dropped outside a tokio runtime; the lease will expire on its own"),
         }
     }

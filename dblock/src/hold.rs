@@ -250,7 +250,7 @@ impl Hold {
 
     fn mark_lost(&self) {
         if !self.lost.swap(true, Ordering::SeqCst) {
-            tracing::warn!(key = %self.name(), fencing_token = self.fencing_token, "lease lost");
+            tracing::warn!(key = %crate::Escaped(self.name()), fencing_token = self.fencing_token, "lease lost");
             meter::lost(&self.meter);
         }
         self.lost_signal.notify_waiters();

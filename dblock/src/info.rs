@@ -88,10 +88,10 @@ pub enum LockKind {
 }
 
 /// How a hold ended, as the row records it: the attribute's body returned `Ok` (or
-/// [`LockGuard::release`](crate::LockGuard::release)), or it failed: returned `Err`, panicked,
-/// was cancelled, the guard was dropped or released with
-/// [`release_failed`](crate::LockGuard::release_failed), the lease ran out, or an operator
-/// force-released it.
+/// [`LockGuard::release`](crate::LockGuard::release)); or it failed: returned `Err`, panicked,
+/// was cancelled, was released with [`release_failed`](crate::LockGuard::release_failed), its
+/// lease ran out, or an operator force-released it; or a guard was simply dropped (`Dropped`:
+/// nothing was said about the work).
 ///
 /// ```
 /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -104,8 +104,15 @@ pub enum LockKind {
 pub enum Outcome {
     /// The work under the lock finished and said so.
     Succeeded,
-    /// The work under the lock did not finish well (or nobody knows that it did).
+    /// The work under the lock did not finish well: the body returned `Err`, panicked or was
+    /// cancelled, [`release_failed`](crate::LockGuard::release_failed), a guard dropped while
+    /// its thread panicked, or a lease that ran out without a release.
     Failed,
+    /// A [`LockGuard`](crate::LockGuard) of the handle API was dropped without a word on how
+    /// the work went: neutral. [`once`](crate::LockRequest::once) treats it as not done (the
+    /// work may run again); say how it went with [`release`](crate::LockGuard::release) or
+    /// [`release_failed`](crate::LockGuard::release_failed).
+    Dropped,
 }
 
 impl Outcome {
@@ -114,6 +121,7 @@ impl Outcome {
         match self {
             Outcome::Succeeded => 1,
             Outcome::Failed => 2,
+            Outcome::Dropped => 3,
         }
     }
 
@@ -121,6 +129,7 @@ impl Outcome {
         match code {
             1 => Some(Outcome::Succeeded),
             2 => Some(Outcome::Failed),
+            3 => Some(Outcome::Dropped),
             _ => None,
         }
     }

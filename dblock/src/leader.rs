@@ -30,8 +30,6 @@ use crate::validate;
 /// How long a campaign pauses after a failed attempt (the database unreachable, say) before it
 /// asks again.
 const CAMPAIGN_RETRY: Duration = Duration::from_millis(500);
-/// A campaign waits for the key as long as it takes.
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// An election on one key: [`campaign`](Self::campaign) to lead, [`current`](Self::current) to
 /// ask who leads, [`observe`](Self::observe) to follow the changes. Made by
@@ -149,11 +147,11 @@ impl LeaderRequest {
         validate::key(&self.key)?;
         validate::ttl_micros(self.ttl)?;
         let owner = Owner::new();
-        let span = tracing::info_span!("dblock.campaign", key = %self.key, owner = %owner);
+        let span = tracing::info_span!("dblock.campaign", key = %crate::Escaped(&self.key), owner = %owner);
         async move { loop {
             let mut request = LockRequest::new(self.shared.clone(), self.key.clone())
                 .ttl(self.ttl)
-                .wait(FOREVER)
+                .wait(crate::timing::FOREVER)
                 .owner(&owner)
                 .kind("leader");
             if let Some(label) = &self.label {
@@ -163,14 +161,14 @@ impl LeaderRequest {
                 Ok(guard) => {
                     let leadership = Leadership::new(guard.auto_renew(), self.ttl);
                     tracing::info!(
-                        key = %self.key,
+                        key = %crate::Escaped(&self.key),
                         fencing_token = leadership.fencing_token(),
                         "leading"
                     );
                     return Ok(leadership);
                 }
                 Err(e @ (LockError::Database(_) | LockError::Busy { .. } | LockError::Lost { .. })) => {
-                    tracing::warn!(key = %self.key, error = %e, "campaign attempt failed; asking again");
+                    tracing::warn!(key = %crate::Escaped(&self.key), error = %e, "campaign attempt failed; asking again");
                     tokio::time::sleep(CAMPAIGN_RETRY).await;
                 }
                 Err(e) => return Err(e),
@@ -371,7 +369,7 @@ impl Leadership {
         self.hold.give_up();
         match self.guard.take() {
             Some(guard) => {
-                tracing::info!(key = %self.hold.key, fencing_token = self.hold.fencing_token, "resigned");
+                tracing::info!(key = %crate::Escaped(&self.hold.key), fencing_token = self.hold.fencing_token, "resigned");
                 guard.release().await
             }
             None => Ok(()),

@@ -59,6 +59,7 @@ mod connect;
 mod default_locker;
 mod detach;
 mod error;
+mod escape;
 mod fair;
 mod guard;
 mod hold;
@@ -71,6 +72,7 @@ mod multi;
 mod operator;
 mod owner;
 mod read;
+mod redact;
 mod renew;
 mod request;
 mod retry;
@@ -79,24 +81,44 @@ mod shared;
 mod sync;
 #[cfg(feature = "_test-util")]
 pub mod test_util;
+mod timing;
 mod validate;
 mod wait;
 
 pub use backend::fence::FenceConnection;
-pub use connect::ConnectOptions;
+pub use connect::{ConnectOptions, MAX_TIMEOUT};
 pub use default_locker::{default_locker, set_default};
 pub use error::{LockError, Result};
+pub use escape::Escaped;
 pub use guard::LockGuard;
 pub use info::{LockInfo, LockKind, Outcome};
 pub use leader::{LeaderRequest, Leadership, Observe};
 pub use locker::Locker;
-pub use multi::LockAllRequest;
+pub use multi::{LockAllRequest, MAX_LOCK_ALL_KEYS};
 pub use operator::{MigrationStatus, Waiter};
 pub use owner::{current, current_all, fence, succeed_in, HeldLock, Owner};
 pub use read::ReadRequest;
 pub use request::{LockRequest, DEFAULT_TTL};
-pub use semaphore::{SemaphoreRequest, MAX_SEMAPHORE_KEY_LEN};
+pub use semaphore::{SemaphoreRequest, MAX_PERMITS, MAX_SEMAPHORE_KEY_LEN};
 pub use validate::MAX_KEY_LEN;
+
+/// The [sqlx](https://docs.rs/sqlx) this crate is built on, with the features the enabled
+/// backends need: its pools ([`Locker::postgres`], [`Locker::mysql`], [`Locker::sqlite`]), its
+/// transactions ([`LockGuard::fence`]) and its errors ([`LockError::Database`]) are part of
+/// dblock's API, so use this one and the versions always match.
+///
+#[cfg_attr(feature = "sqlite", doc = "```")]
+#[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// use dblock::sqlx;
+///
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// let locker = dblock::Locker::sqlite(pool);
+/// locker.migrate().await?;
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+pub use sqlx;
 
 /// Runs an `async fn` while holding a distributed lock.
 ///

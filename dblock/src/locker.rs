@@ -108,7 +108,8 @@ impl Locker {
     /// ```
     pub async fn connect_with(url: &str, options: ConnectOptions) -> Result<Locker, LockError> {
         LockError::require_runtime()?;
-        let scheme = url.split(':').next().unwrap_or_default();
+        options.check().map_err(LockError::Config)?;
+        let scheme = crate::redact::scheme(url).unwrap_or("(none)");
         let span = tracing::debug_span!("dblock.connect", scheme);
         let backend = Backend::connect(url, DEFAULT_TABLE, &options)
             .instrument(span)
@@ -188,13 +189,14 @@ impl Locker {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres_with(pool: sqlx::PgPool, options: ConnectOptions) -> Locker {
-        let backend =
+        let backend = options.check().and_then(|()| {
             crate::backend::postgres::Pg::configured(pool.into(), DEFAULT_TABLE, &options)
                 .map(Backend::from)
                 .map_err(|e| match e {
                     LockError::Config(msg) => msg,
                     other => other.to_string(),
-                });
+                })
+        });
         Locker {
             shared: Shared::with_options(backend, DEFAULT_TABLE, default_holder(), &options),
         }

@@ -25,6 +25,12 @@ use crate::request::{self, AllTry, LockRequest, ATTEMPT_FLOOR, DEFAULT_TTL};
 use crate::shared::Shared;
 use crate::validate;
 
+/// Most keys one [`Locker::lock_all`](crate::Locker::lock_all) call takes: every key goes in
+/// one statement, and the backends' limits on a statement's parameters (SQLite 32,766, MySQL
+/// and MariaDB 65,535) are well above what 1,000 keys need. More is refused up front with
+/// [`LockError::Config`].
+pub const MAX_LOCK_ALL_KEYS: usize = 1_000;
+
 /// One `locker.lock_all(keys)` call being configured; `.await` it to take every key, or none.
 ///
 /// The first attempt takes every key in one statement where the dialect has one (PostgreSQL,
@@ -268,11 +274,17 @@ impl LockAllRequest {
                 "lock_all needs at least one key",
             ));
         }
+        if self.keys.len() > MAX_LOCK_ALL_KEYS {
+            return Err(LockError::Config(format!(
+                "lock_all of {} keys: at most {MAX_LOCK_ALL_KEYS} keys are taken in one call",
+                self.keys.len()
+            )));
+        }
         for key in &self.keys {
             validate::key(key)?;
         }
         let started = Instant::now();
-        let until = started + self.wait;
+        let until = crate::timing::after(started, self.wait);
         let mut guards: Vec<LockGuard> = Vec::with_capacity(self.keys.len());
         if self.keys.len() > 1 && !self.fair {
             // First every key in one statement (one round trip when they are free); what is
@@ -283,13 +295,29 @@ impl LockAllRequest {
                 .iter()
                 .map(|k| self.request(k, until, &owner))
                 .collect();
-            match request::try_all(requests, &owner, call_until).await {
-                AllTry::Prefix(taken) => guards = taken,
+            let tried = match request::try_all(requests, &owner, call_until).await {
+                AllTry::Prefix(taken) => {
+                    guards = taken;
+                    true
+                }
+                AllTry::NotTried => false,
                 AllTry::Failed(e) => return Err(e),
-            }
+            };
             if guards.len() == self.keys.len() {
                 tracing::debug!(keys = guards.len(), "acquired all in one statement");
                 return Ok(guards);
+            }
+            if tried && Instant::now() >= until {
+                // No time left to wait (`wait` zero: this was the one attempt): give back what
+                // was taken, at once, instead of taking the rest one by one only to give it
+                // all back at the busy key. The error names the first key not taken.
+                let key = self.keys[guards.len()].clone();
+                give_back(guards).await;
+                tracing::debug!(key = %crate::Escaped(&key), "lock_all: not every key; gave the others back");
+                return Err(LockError::Busy {
+                    key,
+                    waited: started.elapsed(),
+                });
             }
             *waiting_since = Some(Instant::now());
             for g in &mut guards {
@@ -306,11 +334,8 @@ impl LockAllRequest {
                     guards.push(g);
                 }
                 Err(e) => {
-                    // All or nothing: give back what was taken, newest first, recording nothing.
-                    for g in guards.into_iter().rev() {
-                        let _ = g.give_back_unused().await;
-                    }
-                    tracing::debug!(%key, error = %e, "lock_all: not every key; gave the others back");
+                    give_back(guards).await;
+                    tracing::debug!(key = %crate::Escaped(key), error = %e, "lock_all: not every key; gave the others back");
                     return Err(match e {
                         LockError::Busy { key, .. } => LockError::Busy {
                             key,
@@ -327,4 +352,10 @@ impl LockAllRequest {
         tracing::debug!(keys = guards.len(), "acquired all");
         Ok(guards)
     }
+}
+
+/// All or nothing: gives back what was taken, recording nothing, all at once (the locker
+/// coalesces the releases into a few statements instead of a round trip per key).
+async fn give_back(guards: Vec<LockGuard>) {
+    futures_util::future::join_all(guards.into_iter().map(LockGuard::give_back_unused)).await;
 }

@@ -211,10 +211,12 @@ where
     };
     let outer = Context::get();
     let owner = outer.as_ref().map(|c| c.owner.clone()).unwrap_or_default();
-    let guards = match request.owner(&owner).take().await {
+    let mut guards = match request.owner(&owner).take().await {
         Ok(guards) => guards,
         Err(e) => return on_error(e),
     };
+    // From here a guard dropped with this future means the body was cancelled (or panicked).
+    guards.iter_mut().for_each(LockGuard::fail_on_drop);
     let mut held = outer.map(|c| c.held.to_vec()).unwrap_or_default();
     held.extend(guards.iter().map(LockGuard::held_lock));
     let context = Context {

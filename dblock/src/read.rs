@@ -28,7 +28,6 @@ use crate::validate;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// A grant is returned only while its lease has at least this share of its ttl left (at most
 /// [`MAX_MARGIN`]), as the lock's.
 const MARGIN_DIVISOR: u32 = 10;
@@ -162,7 +161,7 @@ impl IntoFuture for ReadRequest {
                 .unwrap_or_default();
             let span = tracing::debug_span!(
                 "dblock.read",
-                key = %self.key,
+                key = %crate::Escaped(&self.key),
                 backend = self.shared.backend_name(),
                 owner = %owner,
                 ttl_ms = self.ttl.as_millis() as u64,
@@ -202,7 +201,7 @@ enum Try {
 impl Unreceived for Try {
     async fn unreceived(self) {
         if let Try::Got(guard) = self {
-            tracing::debug!(key = %guard.key(), "read granted to a call that is gone; given back");
+            tracing::debug!(key = %crate::Escaped(guard.key()), "read granted to a call that is gone; given back");
             let _ = guard.give_back_unused().await;
         }
     }
@@ -221,11 +220,15 @@ impl ReadRequest {
         let ttl_us = validate::ttl_micros(self.ttl)?;
         let backend = self.shared.backend()?.clone();
         let shared = self.shared.clone();
-        let holder: Arc<str> = shared.holder_for(self.label.as_deref());
+        let holder: Arc<str> = shared.holder_for(self.label.as_deref())?;
+        if let Some(key) = &self.metrics_key {
+            validate::text("metrics key", key)?;
+        }
         let started = Instant::now();
-        let deadline = started + self.wait.min(FOREVER);
+        let deadline = crate::timing::after(started, self.wait);
         // The call's whole time: its wait, or one attempt's floor.
-        let call_until = started + self.wait.min(FOREVER).max(crate::request::ATTEMPT_FLOOR);
+        let call_until =
+            crate::timing::after(started, self.wait.max(crate::request::ATTEMPT_FLOOR));
         // This call's id: kept among the row's readers, the same in every resend.
         let id = fastrand::i64(1..i64::MAX);
         let busy = |first: &Option<Instant>| LockError::Busy {
@@ -282,7 +285,7 @@ impl ReadRequest {
                             match LockGuard::new(hold, shared) {
                                 Ok(guard) if live => Try::Got(guard),
                                 Ok(guard) => {
-                                    tracing::warn!(key = %guard.key(), "read grant arrived when its lease could have ended; given back");
+                                    tracing::warn!(key = %crate::Escaped(guard.key()), "read grant arrived when its lease could have ended; given back");
                                     let _ = guard.give_back_unused().await;
                                     Try::Stale
                                 }
@@ -293,7 +296,7 @@ impl ReadRequest {
                         Err(f) => Try::Failed(LockError::database(
                             f.error,
                             tried.after_unknown,
-                            &format!("read of `{key}`"),
+                            &format!("read of `{}`", crate::Escaped(&key)),
                         )),
                     }
                 })

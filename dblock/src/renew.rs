@@ -99,7 +99,7 @@ impl Renewer {
                     // No runtime to renew on: the lease will simply end at its ttl.
                     self.started.store(false, Ordering::SeqCst);
                     tracing::warn!(
-                        key = %hold.key,
+                        key = %crate::Escaped(&hold.key),
                         "auto_renew outside a tokio runtime; the lease will not be renewed"
                     );
                 }

@@ -257,7 +257,7 @@ impl IntoFuture for LockRequest {
                 .unwrap_or_default();
             let span = tracing::debug_span!(
                 "dblock.lock",
-                key = %self.key,
+                key = %crate::Escaped(&self.key),
                 backend = self.shared.backend_name(),
                 owner = %owner,
                 ttl_ms = self.ttl.as_millis() as u64,
@@ -280,6 +280,9 @@ impl LockRequest {
         LockError::require_runtime()?;
         self.shared.check_open()?;
         validate::key(&self.key)?;
+        if let Some(key) = &self.metrics_key {
+            validate::text("metrics key", key)?;
+        }
         let request = Request {
             meter: meter::Label::new(
                 self.metrics_key.as_ref(),
@@ -293,7 +296,7 @@ impl LockRequest {
             once: self.once,
             fair: self.fair,
             caller: Caller::current(),
-            holder: self.shared.holder_for(self.label.as_deref()),
+            holder: self.shared.holder_for(self.label.as_deref())?,
             key: self.key,
             ttl: self.ttl,
             wait: self.wait,
@@ -310,6 +313,8 @@ pub(crate) enum AllTry {
     /// the first key not taken, were busy, raced, or arrived too late and were given back). A
     /// dialect without such a statement takes none.
     Prefix(Vec<LockGuard>),
+    /// The dialect has no statement for several keys (the MySQL 8 path): nothing was tried.
+    NotTried,
     Failed(LockError),
 }
 
@@ -371,7 +376,7 @@ pub(crate) async fn try_all(
             let attempts = match tried.result {
                 Ok(Some(attempts)) => attempts,
                 Ok(None) => {
-                    let _ = tx.send(AllTry::Prefix(Vec::new()));
+                    let _ = tx.send(AllTry::NotTried);
                     return;
                 }
                 Err(failed) => {
@@ -405,12 +410,18 @@ pub(crate) async fn try_all(
             }
             // Given back under the owner's serialisation of each key, before the caller goes on
             // to take the rest one by one.
-            for (hold, mut serial) in give_back {
-                let until = hold.deadline().max(Instant::now()) + shared.statement_timeout;
-                let _ = shared
-                    .release_serialised(&hold, &mut serial, None, until)
-                    .await;
-            }
+            // All at once: the locker coalesces them into a few statements, instead of one round
+            // trip per key.
+            futures_util::future::join_all(give_back.into_iter().map(|(hold, mut serial)| {
+                let shared = &shared;
+                async move {
+                    let until = hold.deadline().max(Instant::now()) + shared.statement_timeout;
+                    let _ = shared
+                        .release_serialised(&hold, &mut serial, None, until)
+                        .await;
+                }
+            }))
+            .await;
             // Every hold becomes a guard. Shut down meanwhile: the holds refused are given back
             // here, those taken before it are `shutdown`'s to release (it waits for their
             // serialisations, so those go first); the call hears `ShutDown` once all are back.

@@ -44,11 +44,13 @@ use crate::validate;
 /// Longest semaphore key, in bytes: its slots' keys add up to 22 bytes (`␟`, permits, `.`,
 /// slot) and must fit the 255 bytes of a lock key.
 pub const MAX_SEMAPHORE_KEY_LEN: usize = validate::MAX_KEY_LEN - 22;
+/// Most permits one semaphore can have. The cost of a call follows the live holders, not this
+/// number; the cap keeps a mistaken `u32::MAX` a clear error.
+pub const MAX_PERMITS: u32 = 1_000_000;
 /// Free slots tried per read before the live slots are read again.
 const TRIES_PER_READ: usize = 3;
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// Up to this many permits, a waiter on PostgreSQL listens for a release of each (beyond, it
 /// polls: a semaphore that large frees a permit often anyway).
 const MAX_LISTENED_SLOTS: usize = 64;
@@ -183,7 +185,7 @@ impl IntoFuture for SemaphoreRequest {
                 .unwrap_or_default();
             let span = tracing::debug_span!(
                 "dblock.semaphore",
-                key = %self.key,
+                key = %crate::Escaped(&self.key),
                 permits = self.permits,
                 backend = self.shared.backend_name(),
                 owner = %owner,
@@ -195,22 +197,32 @@ impl IntoFuture for SemaphoreRequest {
     }
 }
 
+/// Up to `want` slots of `0..permits` that are not in `taken`, starting from a random slot and
+/// going round: callers of one semaphore spread over its free slots instead of all trying the
+/// first. The cost follows the live rows (`taken`), never the number of permits.
+fn free_slots(permits: u32, mut taken: Vec<u32>, want: usize) -> Vec<u32> {
+    taken.sort_unstable();
+    taken.dedup();
+    let mut free = Vec::with_capacity(want);
+    let start = fastrand::u32(..permits);
+    // Slots from `start` up, then from 0 up to `start`: each run walks past the taken slots it
+    // meets (a binary search says whether a slot is taken), so at most `taken.len() + want`
+    // steps.
+    for (from, to) in [(start, permits), (0, start)] {
+        let mut slot = from;
+        while slot < to && free.len() < want {
+            if taken.binary_search(&slot).is_err() {
+                free.push(slot);
+            }
+            slot += 1;
+        }
+    }
+    free
+}
+
 /// The key of slot `slot` of semaphore `key` of `permits` permits.
 fn slot_key(key: &str, permits: u32, slot: u32) -> String {
     format!("{key}\x1f{permits}.{slot}")
-}
-
-/// A permits table that is not there: the error names the fix.
-fn missing_table_hint(e: LockError, table: &str) -> LockError {
-    if e.is_missing_table() {
-        LockError::Config(format!(
-            "semaphores need the permits table `{}` of lock table `{table}` (migration 0005): \
-             run Locker::migrate() or apply migrations/<backend>/0005_permits.sql ({e})",
-            crate::backend::permits_table(table)
-        ))
-    } else {
-        e
-    }
 }
 
 /// A row of the permits' table as the operator sees it: the semaphore's key, and which permit.
@@ -233,7 +245,7 @@ pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, Lo
         .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
         .await
     {
-        Err(e) if e.is_missing_table() => return Ok(Vec::new()),
+        Err(e) if e.is_not_migrated() => return Ok(Vec::new()),
         other => other?,
     };
     Ok(rows
@@ -249,7 +261,7 @@ pub(crate) async fn all_live(shared: &Shared) -> Result<Vec<LockInfo>, LockError
     let permits = shared.permits();
     let backend = permits.backend()?;
     match permits.once("held", |limit| backend.held(limit)).await {
-        Err(e) if e.is_missing_table() => Ok(Vec::new()),
+        Err(e) if e.is_not_migrated() => Ok(Vec::new()),
         other => Ok(other?.into_iter().filter_map(as_permit).collect()),
     }
 }
@@ -263,7 +275,7 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
         .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
         .await
     {
-        Err(e) if e.is_missing_table() => return Ok(0),
+        Err(e) if e.is_not_migrated() => return Ok(0),
         other => other?,
     };
     let mut freed = 0;
@@ -289,7 +301,7 @@ pub(crate) async fn purge(shared: &Shared, older_than_us: i64) -> Result<u64, Lo
         .once("purge", |limit| backend.purge(older_than_us, limit))
         .await
     {
-        Err(e) if e.is_missing_table() => Ok(0),
+        Err(e) if e.is_not_migrated() => Ok(0),
         other => other,
     }
 }
@@ -316,17 +328,18 @@ impl SemaphoreRequest {
                 "a semaphore key is at most 233 bytes (its permits' rows add a suffix)",
             ));
         }
-        if self.permits == 0 {
+        if !(1..=MAX_PERMITS).contains(&self.permits) {
             return Err(LockError::Config(format!(
-                "semaphore `{}` needs at least one permit",
-                self.key
+                "semaphore `{}` asks for {} permits: a semaphore has 1 to {MAX_PERMITS}",
+                crate::Escaped(&self.key),
+                self.permits
             )));
         }
         validate::ttl_micros(self.ttl)?;
         let permits = self.shared.permits().clone();
         let backend = permits.backend()?;
         let started = Instant::now();
-        let deadline = started + self.wait.min(FOREVER);
+        let deadline = crate::timing::after(started, self.wait);
         let (from, to) = (format!("{}\x1f", self.key), format!("{}\x20", self.key));
         let mut backoff = FIRST_BACKOFF;
         // This process's waiters for the semaphore line up (`line.rs`, under the semaphore's
@@ -381,9 +394,9 @@ impl SemaphoreRequest {
             }
             let live = permits
                 .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
-                .await
-                .map_err(|e| missing_table_hint(e, &self.shared.table))?;
-            let mut taken = vec![false; self.permits as usize];
+                .await?;
+            // The slots live rows hold: never more than the live rows, whatever `permits` is.
+            let mut taken = Vec::with_capacity(live.len());
             for row in &live {
                 let Some((n, slot)) = parse_slot(&self.key, &row.key) else {
                     continue;
@@ -395,16 +408,11 @@ impl SemaphoreRequest {
                         in_use: n,
                     });
                 }
-                if let Some(t) = taken.get_mut(slot as usize) {
-                    *t = true;
+                if slot < self.permits {
+                    taken.push(slot);
                 }
             }
-            let mut free: Vec<u32> = (0..self.permits).filter(|&i| !taken[i as usize]).collect();
-            if !free.is_empty() {
-                let start = fastrand::usize(..free.len());
-                free.rotate_left(start);
-            }
-            for slot in free.into_iter().take(TRIES_PER_READ) {
+            for slot in free_slots(self.permits, taken, TRIES_PER_READ) {
                 let row = slot_key(&self.key, self.permits, slot);
                 match self.take(&permits, row, &owner).await {
                     Err(LockError::Busy { .. }) => continue,
@@ -518,6 +526,19 @@ impl SemaphoreRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_slots_skip_the_taken_ones_and_cost_what_is_live() {
+        assert_eq!(free_slots(1, vec![], 3), vec![0]);
+        assert!(free_slots(3, vec![0, 1, 2], 3).is_empty());
+        let mut free = free_slots(5, vec![3, 1, 1], 5);
+        free.sort_unstable();
+        assert_eq!(free, vec![0, 2, 4]);
+        // The largest semaphore, nearly all free: three slots, none taken, at once.
+        let free = free_slots(MAX_PERMITS, vec![7, 8], 3);
+        assert_eq!(free.len(), 3);
+        assert!(free.iter().all(|s| *s < MAX_PERMITS && *s != 7 && *s != 8));
+    }
 
     #[test]
     fn slot_keys_are_read_back_only_for_their_own_key() {

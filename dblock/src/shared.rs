@@ -235,7 +235,7 @@ impl Shared {
                 let settle = Settle(h.clone());
                 let until = Instant::now() + shared.statement_timeout;
                 if let Err(e) = shared.release(&h, Some(Outcome::Failed), until).await {
-                    tracing::warn!(key = %h.key, error = %e, "release at shutdown failed; the lease will expire on its own");
+                    tracing::warn!(key = %crate::Escaped(&h.key), error = %e, "release at shutdown failed; the lease will expire on its own");
                 }
                 drop(settle);
             });
@@ -314,12 +314,16 @@ impl Shared {
         self.backend.as_ref().map_or("invalid", Backend::name)
     }
 
-    /// The holder label for a lock taken with `label` (`host/pid/label`).
-    pub(crate) fn holder_for(&self, label: Option<&str>) -> Arc<str> {
-        match label {
-            Some(label) => validate::holder(format!("{}/{label}", self.holder)).into(),
+    /// The holder label for a lock taken with `label` (`host/pid/label`); a label with a NUL
+    /// byte is refused.
+    pub(crate) fn holder_for(&self, label: Option<&str>) -> Result<Arc<str>, LockError> {
+        Ok(match label {
+            Some(label) => {
+                validate::text("holder label", label)?;
+                validate::holder(format!("{}/{label}", self.holder)).into()
+            }
             None => self.holder.clone(),
-        }
+        })
     }
 
     /// Runs a statement that nothing depends on resolving (a read, an operator action, an
@@ -484,7 +488,7 @@ impl Shared {
                     .map_err(|f| LockError::database(f.error, true, "release"))?;
                 match earlier_send(row, release_id, hold.fencing_token) {
                     EarlierSend::TookEffect => {
-                        tracing::debug!(key = %hold.key, "release after a lost reply: the earlier send took effect");
+                        tracing::debug!(key = %crate::Escaped(&hold.key), "release after a lost reply: the earlier send took effect");
                         Ok(match remaining {
                             0 => Released::Free,
                             n => Released::StillHeld(n),
@@ -498,7 +502,7 @@ impl Shared {
                              cannot be told (the lease has ended either way)",
                         )),
                         true,
-                        &format!("release of `{}`", hold.key),
+                        &format!("release of `{}`", crate::Escaped(&hold.key)),
                     )),
                 }
             }
@@ -560,7 +564,7 @@ impl Shared {
             Ok(ReadReleased::Free) => Ok(Released::Free),
             Ok(ReadReleased::StillHeld(n)) => Ok(Released::StillHeld(n)),
             Ok(ReadReleased::Gone) => {
-                tracing::debug!(key = %hold.key, "read release after a lost reply: the earlier send took effect");
+                tracing::debug!(key = %crate::Escaped(&hold.key), "read release after a lost reply: the earlier send took effect");
                 Ok(Released::StillHeld(0))
             }
             Ok(ReadReleased::NotHeld) => Ok(Released::NotHeld),
@@ -587,11 +591,11 @@ impl Shared {
         match extended {
             Some(expires_at_us) => {
                 hold.extended(sent, ttl, expires_at_us);
-                tracing::trace!(key = %hold.key, "lease extended");
+                tracing::trace!(key = %crate::Escaped(&hold.key), "lease extended");
                 Ok(())
             }
             None => {
-                tracing::debug!(key = %hold.key, "extend refused: lease no longer ours");
+                tracing::debug!(key = %crate::Escaped(&hold.key), "extend refused: lease no longer ours");
                 Err(LockError::NotHeld {
                     key: hold.key.clone(),
                 })

@@ -72,6 +72,20 @@ pub(crate) fn table(name: &str) -> Result<(), String> {
     }
 }
 
+/// Refuses a text a caller gives beside a key (a holder label, a metrics key) that the
+/// database could not store as it is: a NUL byte. Such a text shares a statement with other
+/// callers' rows when calls are coalesced, and PostgreSQL refuses a whole statement with a NUL
+/// in any of its texts, so it is refused here, before it is sent, on every backend alike.
+pub(crate) fn text(what: &str, s: &str) -> Result<(), LockError> {
+    if s.contains('\0') {
+        return Err(LockError::Config(format!(
+            "the {what} {:?} contains a NUL byte, which no backend can store",
+            s.chars().take(300).collect::<String>()
+        )));
+    }
+    Ok(())
+}
+
 /// Cuts a holder label to the column's 255 characters.
 pub(crate) fn holder(mut s: String) -> String {
     if let Some((at, _)) = s.char_indices().nth(255) {
@@ -124,6 +138,15 @@ mod tests {
         assert!(ttl_micros(Duration::from_secs(u64::MAX)).is_err());
         assert_eq!(ttl_micros(Duration::from_millis(1500)).unwrap(), 1_500_000);
         assert_eq!(ttl_micros(Duration::from_nanos(1)).unwrap(), 1);
+    }
+
+    #[test]
+    fn texts_beside_keys_have_no_nul() {
+        assert!(text("holder label", "worker-1/é").is_ok());
+        assert!(matches!(
+            text("holder label", "bad\0holder"),
+            Err(LockError::Config(m)) if m.contains("NUL")
+        ));
     }
 
     #[test]

@@ -28,8 +28,6 @@ use crate::shared::{Serial, Shared};
 /// First and largest pause between attempts while waiting for a busy key.
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
-/// "As long as it takes": what `wait(Duration::MAX)` means (no `Instant` overflow).
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// A grant is returned only while its lease has at least this share of its ttl left (by the
 /// local monotonic clock, counted from the send): at most [`MAX_MARGIN`].
 pub(crate) const MARGIN_DIVISOR: u32 = 10;
@@ -149,7 +147,7 @@ impl Request {
         // When this writer last recorded (or looked to record) its intent on a read-held key,
         // and whether it holds it.
         let mut intent_at: Option<Instant> = None;
-        let wait_until = started + self.wait.min(FOREVER);
+        let wait_until = crate::timing::after(started, self.wait);
         let call_until = wait_until.max(started + ATTEMPT_FLOOR.min(shared.statement_timeout));
         let mut backoff = FIRST_BACKOFF;
         let mut attempts = 0u32;
@@ -260,7 +258,7 @@ impl Request {
                         // warning, not an error: a concurrent future of the same task (join!,
                         // select!) may well release it, and a timeout stays `Busy`.
                         tracing::warn!(
-                            key = %self.key,
+                            key = %crate::Escaped(&self.key),
                             "this task already holds the key through another owner and now waits for it: \
                              unless another future of this task releases it, the wait ends only at its deadline; \
                              to re-enter, take both under one owner (dblock::Owner::scope or .owner(&owner))"
@@ -389,7 +387,7 @@ impl Request {
                     format!("no answer from the database within {waited:?}; last failure: {cause}"),
                 )),
                 true,
-                &format!("acquire of `{}`", self.key),
+                &format!("acquire of `{}`", crate::Escaped(&self.key)),
             ),
             _ => self.gave_up(seen, waited),
         }
@@ -412,7 +410,7 @@ impl Request {
                     format!("no answer from the database within {waited:?}"),
                 )),
                 true,
-                &format!("acquire of `{}`", self.key),
+                &format!("acquire of `{}`", crate::Escaped(&self.key)),
             ),
         }
     }
@@ -475,7 +473,7 @@ impl Request {
                         // Its lease could be over by the time the caller used it: given back
                         // under the owner's serialisation, before any next attempt can reach
                         // the row (the caller hears at once; see `Attempted`).
-                        tracing::warn!(key = %hold.key, "grant arrived when its lease could have ended; given back");
+                        tracing::warn!(key = %crate::Escaped(&hold.key), "grant arrived when its lease could have ended; given back");
                         return Attempted {
                             outcome: Try::Stale,
                             serial,
@@ -491,7 +489,7 @@ impl Request {
                 Err(failed) => Try::Failed(LockError::database(
                     failed.error,
                     tried.after_unknown,
-                    &format!("acquire of `{}`", req.key),
+                    &format!("acquire of `{}`", crate::Escaped(&req.key)),
                 )),
             };
             Attempted {
@@ -544,7 +542,7 @@ impl Unreceived for Attempted {
                 give_back_stale(hold, shared, serial).await;
             }
         } else if let Try::Got(guard) = self.outcome {
-            tracing::debug!(key = %guard.key(), "granted to a call that is gone; given back");
+            tracing::debug!(key = %crate::Escaped(guard.key()), "granted to a call that is gone; given back");
             match self.serial {
                 Some(mut serial) => guard.give_back_unreceived(&mut serial).await,
                 None => drop(guard),

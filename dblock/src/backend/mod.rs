@@ -569,12 +569,12 @@ impl Backend {
         table: &str,
         options: &ConnectOptions,
     ) -> Result<Backend, LockError> {
-        let scheme = url.split(':').next().unwrap_or_default();
+        let scheme = crate::redact::scheme(url).unwrap_or_default();
         match scheme {
             #[cfg(feature = "postgres")]
-            "postgres" | "postgresql" => {
-                Ok(Backend::Postgres(postgres::connect(url, table, options).await?))
-            }
+            "postgres" | "postgresql" => Ok(Backend::Postgres(
+                postgres::connect(url, table, options).await?,
+            )),
             #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => Ok(Backend::MySql(mysql::connect(url, table, options).await?)),
             #[cfg(feature = "sqlite")]
@@ -591,7 +591,8 @@ impl Backend {
                 )))
             }
             _ => Err(LockError::Config(format!(
-                "unsupported database URL scheme `{scheme}:` (expected postgres://, mysql:// or sqlite:)"
+                "unsupported database URL {} (expected postgres://, mysql:// or sqlite:)",
+                crate::redact::redact(url)
             ))),
         }
     }
@@ -1138,23 +1139,14 @@ pub(crate) fn quote_ident(name: &str, quote: char) -> String {
         .join(".")
 }
 
-/// Shows a URL without its password, for error messages.
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!("{}{}:***{}", &url[..s + 3], &userinfo[..colon], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// A URL sqlx could not parse, reported without its password.
 pub(crate) fn bad_url(url: &str, e: sqlx::Error) -> LockError {
-    LockError::Config(format!("cannot parse database URL {}: {e}", redact(url)))
+    // sqlx's own message may quote what it could not parse: scrubbed of the URL's secrets.
+    LockError::Config(format!(
+        "cannot parse database URL {}: {}",
+        crate::redact::redact(url),
+        crate::redact::scrub(&e.to_string(), url)
+    ))
 }
 
 #[cfg(test)]
@@ -1294,13 +1286,6 @@ mod tests {
             let body: Vec<&str> = permits.lines().filter(|l| !l.starts_with("--")).collect();
             assert_eq!(body.join("\n") + "\n", expected);
         }
-    }
-
-    #[test]
-    fn passwords_never_reach_messages() {
-        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
-        assert_eq!(redact("mysql://root@h/db"), "mysql://root@h/db");
-        assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
     }
 }
 

@@ -53,7 +53,7 @@ pub(crate) async fn connect(
                 let pg = connect_pool(bare, table, opts, Startup::SetAfterConnect).await?;
                 pg.settings.pooler.settle(false);
                 tracing::info!(
-                    url = %crate::backend::redact(url),
+                    url = %crate::redact::redact(url),
                     "PostgreSQL behind a session pooler that refuses start-up settings: they are \
                      set on each new connection instead; statements stay prepared"
                 );
@@ -79,14 +79,14 @@ pub(crate) async fn connect(
         return Err(LockError::Config(format!(
             "{} looks like a transaction pooler: {reason}; `pooler(false)` forces the direct path, \
              use ConnectOptions::pooler(true) (or leave it unset) to lock through it",
-            crate::backend::redact(url)
+            crate::redact::redact(url)
         )));
     }
     if let Ok(pg) = &direct {
         pg.pool.close().await;
     }
     tracing::info!(
-        url = %crate::backend::redact(url),
+        url = %crate::redact::redact(url),
         %reason,
         listen = opts.listen_url.is_some(),
         "PostgreSQL behind a transaction pooler: statements go as simple queries with their settings; \

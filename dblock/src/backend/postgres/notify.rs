@@ -23,7 +23,7 @@ const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const LISTEN_RETRY_AFTER: Duration = Duration::from_secs(10);
 
 /// Where the LISTEN connection goes.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) enum Source {
     /// Where the locker's pool connects (read when LISTEN starts). Only its connect options are
     /// used: LISTEN has a connection of its own, never one of the pool's.
@@ -32,6 +32,16 @@ pub(crate) enum Source {
     /// (a LISTEN there would be registered on whichever server connection ran it, and stay
     /// there when the pooler hands that connection to another client).
     Direct(Arc<PgConnectOptions>),
+}
+
+/// Without the connect options: they hold the password.
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Pool(_) => "Source::Pool",
+            Source::Direct(_) => "Source::Direct",
+        })
+    }
 }
 
 impl Source {
@@ -227,6 +237,14 @@ impl Notifier {
         if let Some(task) = lock(&self.task).take() {
             task.abort();
         }
+    }
+}
+
+/// The locker (every clone, every `table()` copy and guard) is gone: its LISTEN connection goes
+/// with it, now, not at the next notification.
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        self.abort_task();
     }
 }
 
