@@ -37,11 +37,12 @@ pub enum Kind {
     Other,
 }
 
-/// `"succeeded"`, `"failed"` or (once the library records it) `"dropped"`.
+/// `"succeeded"`, `"failed"` or `"dropped"`.
 pub fn outcome(o: Outcome) -> &'static str {
     match o {
         Outcome::Succeeded => "succeeded",
         Outcome::Failed => "failed",
+        Outcome::Dropped => "dropped",
     }
 }
 

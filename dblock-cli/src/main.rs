@@ -213,9 +213,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let locker = connect(&cli).await?;
     let result = command(&cli.command, &locker).await;
     match result {
-        // The server refused a statement: perhaps the table is missing or behind.
-        Err(Failure::Lock(LockError::Database(e))) if e.as_database_error().is_some() => {
-            let msg = escape(&LockError::Database(e).to_string()).into_owned();
+        // The table (or a column of a later migration) is not there: say which and how.
+        Err(Failure::Lock(e)) if e.is_not_migrated() => {
+            let msg = escape(&e.to_string()).into_owned();
             Err(Failure::Error(
                 explain(msg, &locker, cli.table.is_some()).await,
             ))
@@ -390,9 +390,9 @@ async fn command(command: &Command, locker: &Locker) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The message of a failed command, with what to do when the lock table is not there (never
-/// migrated, or a wrong --table) or is behind the library (migrations pending): the database
-/// alone would only say "relation does not exist".
+/// The message of a command that failed because the lock table is not there (never migrated,
+/// or a wrong --table) or is behind the library (migrations pending): which table, which
+/// migrations, and the commands that fix it; the library's own message last.
 async fn explain(msg: String, locker: &Locker, table_given: bool) -> String {
     let Ok(status) = locker.migration_status().await else {
         return msg;
@@ -411,16 +411,18 @@ async fn explain(msg: String, locker: &Locker, table_given: bool) -> String {
         .collect();
     match status.first() {
         Some(first) if !first.applied => format!(
-            "no lock table {} in this database ({msg})\n  \
+            "no lock table {} in this database\n  \
              create it: `dblock {flag}migrate`, or Locker::migrate() from the application \
              (or apply migrations/{backend}/*.sql)\n  \
-             or, if the locks live in another table, pass --table NAME",
+             or, if the locks live in another table, pass --table NAME\n  \
+             ({msg})",
             quoted(table)
         ),
         _ if !pending.is_empty() => format!(
-            "the lock table {} is missing migrations {} ({msg})\n  \
+            "the lock table {} is missing migrations {}\n  \
              update it: `dblock {flag}migrate`, or Locker::migrate() from the application \
-             (or apply those of migrations/{backend}/*.sql)",
+             (or apply those of migrations/{backend}/*.sql)\n  \
+             ({msg})",
             quoted(table),
             pending.join(", ")
         ),
