@@ -206,6 +206,19 @@ async fn show_prints_a_row_held_or_not_and_exits_3_without_one() {
             let info = db.locker.inspect(key).await.unwrap().unwrap();
             check_lock(db.name, &v["lock"], &info);
         }
+        // A guard dropped without a word: its outcome is "dropped" (the release runs in the
+        // background, so the row is waited for).
+        drop(db.locker.lock("dropped").await.unwrap());
+        let start = std::time::Instant::now();
+        while db.locker.inspect("dropped").await.unwrap().unwrap().held {
+            assert!(start.elapsed() < Duration::from_secs(60), "{}", db.name);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let v = expect_json(db, &["show", "dropped", "--json"], 0);
+        assert_eq!(v["lock"]["last_outcome"], json!("dropped"), "{}", db.name);
+        let show = expect(db, &["show", "dropped"], 0);
+        assert!(show.contains(" dropped "), "{}: {show}", db.name);
+
         let v = expect_json(db, &["show", "done", "--json"], 0);
         assert_eq!(v["lock"]["held"], json!(false));
         assert_eq!(v["lock"]["owner"], Value::Null);
@@ -545,22 +558,22 @@ async fn a_table_behind_the_library_is_explained_and_migrated() {
                 "postgres",
             ),
         };
-        let ddl = sqlx::AssertSqlSafe(file.replace("dblock_locks", &table));
+        let ddl = dblock::sqlx::AssertSqlSafe(file.replace("dblock_locks", &table));
         let url = db.direct_url();
         match name {
             "sqlite" => {
-                let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-                sqlx::raw_sql(ddl).execute(&pool).await.unwrap();
+                let pool = dblock::sqlx::SqlitePool::connect(&url).await.unwrap();
+                dblock::sqlx::raw_sql(ddl).execute(&pool).await.unwrap();
                 pool.close().await;
             }
             "mysql" => {
-                let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
-                sqlx::raw_sql(ddl).execute(&pool).await.unwrap();
+                let pool = dblock::sqlx::MySqlPool::connect(&url).await.unwrap();
+                dblock::sqlx::raw_sql(ddl).execute(&pool).await.unwrap();
                 pool.close().await;
             }
             _ => {
-                let pool = sqlx::PgPool::connect(&url).await.unwrap();
-                sqlx::raw_sql(ddl).execute(&pool).await.unwrap();
+                let pool = dblock::sqlx::PgPool::connect(&url).await.unwrap();
+                dblock::sqlx::raw_sql(ddl).execute(&pool).await.unwrap();
                 pool.close().await;
             }
         }
