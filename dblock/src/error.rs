@@ -307,6 +307,19 @@ impl LockError {
         )))
     }
 
+    /// A call whose time ran out with no answer from the database: the outcome of its last
+    /// statement (`what`) is unknown.
+    pub(crate) fn no_answer(waited: Duration, what: &str) -> LockError {
+        LockError::database(
+            sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer from the database within {waited:?}"),
+            )),
+            true,
+            what,
+        )
+    }
+
     pub(crate) fn invalid_key(key: &str, reason: &'static str) -> Self {
         let shown: String = key.chars().take(300).collect();
         LockError::InvalidKey { key: shown, reason }

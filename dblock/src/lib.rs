@@ -85,6 +85,45 @@ mod timing;
 mod validate;
 mod wait;
 
+/// The Rust snippets of the README and of `docs/`, compiled (and, unless marked `no_run`, run)
+/// as doctests by `cargo test --all-features`, so that none of them can drift from the API.
+/// `tests/docs.rs` checks that every chapter with a Rust snippet is listed here.
+#[cfg(all(
+    doctest,
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "macros"
+))]
+mod doc_snippets {
+    #[doc = include_str!("../../README.md")]
+    struct Readme;
+    #[doc = include_str!("../../docs/attribute.md")]
+    struct Attribute;
+    #[doc = include_str!("../../docs/handle.md")]
+    struct Handle;
+    #[doc = include_str!("../../docs/once.md")]
+    struct Once;
+    #[doc = include_str!("../../docs/transactions.md")]
+    struct Transactions;
+    #[doc = include_str!("../../docs/semaphores.md")]
+    struct Semaphores;
+    #[doc = include_str!("../../docs/shared-locks.md")]
+    struct SharedLocks;
+    #[doc = include_str!("../../docs/leader.md")]
+    struct Leader;
+    #[doc = include_str!("../../docs/guarantees.md")]
+    struct Guarantees;
+    #[doc = include_str!("../../docs/production.md")]
+    struct Production;
+    #[doc = include_str!("../../docs/coalescing.md")]
+    struct Coalescing;
+    #[doc = include_str!("../../docs/benchmarks.md")]
+    struct Benchmarks;
+    #[doc = include_str!("../../docs/reference.md")]
+    struct Reference;
+}
+
 pub use backend::fence::FenceConnection;
 pub use connect::{ConnectOptions, MAX_TIMEOUT};
 pub use default_locker::{default_locker, set_default};

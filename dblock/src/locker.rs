@@ -78,7 +78,7 @@ impl Locker {
     ///
     /// | URL | backend | feature |
     /// |---|---|---|
-    /// | `sqlite://path/locks.db?mode=rwc`, `sqlite::memory:` | SQLite (WAL, 10 s busy timeout) | `sqlite` (default) |
+    /// | `sqlite://path/locks.db?mode=rwc`, `sqlite::memory:` | SQLite (WAL; busy timeout: the statement time-out, 5 s by default) | `sqlite` (default) |
     /// | `postgres://user@host/db` | PostgreSQL | `postgres` |
     /// | `mysql://user@host/db` | MySQL 8, MariaDB ≥ 10.5 (also Galera) | `mysql` |
     ///
@@ -274,10 +274,13 @@ impl Locker {
         self.shared.backend_name()
     }
 
-    /// Creates the lock table if it does not exist. Idempotent and safe to run from many
-    /// processes at once; it never touches sqlx's `_sqlx_migrations`, and says nothing when
-    /// there is nothing to do. The same DDL is in `migrations/<backend>/` (0001, then 0002)
-    /// for teams that run their own migrations.
+    /// Creates the lock table and its companions (the fair queue `<table>_queue`, the
+    /// semaphores' `<table>_permits`), or brings tables made by an older version up to date.
+    /// Idempotent and safe to run from many processes at once; it never touches sqlx's
+    /// `_sqlx_migrations`, and says nothing when there is nothing to do. For teams that run
+    /// their own migrations, the same statements are the files `migrations/<backend>/0001` to
+    /// `0006` shipped in this crate's package (what `migrate()` runs is read from them); rename
+    /// the tables there when [`table`](Locker::table) names another.
     ///
     #[cfg_attr(feature = "sqlite", doc = "```")]
     #[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]

@@ -21,7 +21,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::meter;
 use crate::owner::{Context, Owner};
-use crate::request::{self, AllTry, LockRequest, ATTEMPT_FLOOR, DEFAULT_TTL};
+use crate::request::{self, AllTry, LockRequest, DEFAULT_TTL};
 use crate::shared::Shared;
 use crate::validate;
 
@@ -289,7 +289,8 @@ impl LockAllRequest {
         if self.keys.len() > 1 && !self.fair {
             // First every key in one statement (one round trip when they are free); what is
             // left after the first key not taken is waited for one key at a time, in order.
-            let call_until = until.max(started + ATTEMPT_FLOOR.min(self.shared.statement_timeout));
+            let call_until =
+                crate::timing::call_until(started, self.wait, self.shared.statement_timeout);
             let requests = self
                 .keys
                 .iter()

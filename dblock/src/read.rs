@@ -24,14 +24,8 @@ use crate::owner::{Context, Owner};
 use crate::request::DEFAULT_TTL;
 use crate::retry::{self, Policy};
 use crate::shared::Shared;
+use crate::timing::{self, Backoff};
 use crate::validate;
-
-const FIRST_BACKOFF: Duration = Duration::from_millis(5);
-const MAX_BACKOFF: Duration = Duration::from_millis(250);
-/// A grant is returned only while its lease has at least this share of its ttl left (at most
-/// [`MAX_MARGIN`]), as the lock's.
-const MARGIN_DIVISOR: u32 = 10;
-const MAX_MARGIN: Duration = Duration::from_secs(1);
 
 /// One `locker.read(key)` call being configured; `.await` it for a shared (read) hold of `key`.
 /// Any number of readers hold a key at once; [`Locker::lock`](crate::Locker::lock) of the same
@@ -227,15 +221,14 @@ impl ReadRequest {
         let started = Instant::now();
         let deadline = crate::timing::after(started, self.wait);
         // The call's whole time: its wait, or one attempt's floor.
-        let call_until =
-            crate::timing::after(started, self.wait.max(crate::request::ATTEMPT_FLOOR));
+        let call_until = timing::call_until(started, self.wait, shared.statement_timeout);
         // This call's id: kept among the row's readers, the same in every resend.
         let id = fastrand::i64(1..i64::MAX);
         let busy = |first: &Option<Instant>| LockError::Busy {
             key: self.key.clone(),
             waited: first.map_or(started.elapsed(), |_| started.elapsed()),
         };
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::default();
         let line = line::of(shared.space(), &self.key);
         let mut turn = None;
         let mut interest: Option<Interest> = None;
@@ -280,8 +273,7 @@ impl ReadRequest {
                         Ok(ReadAttempt::Granted(grant)) => {
                             let hold = Hold::new(key, Owner::readers(), grant, ttl, sent, meter)
                                 .reading(Reader { id, owner });
-                            let margin = (ttl / MARGIN_DIVISOR).min(MAX_MARGIN);
-                            let live = Instant::now() + margin < hold.deadline();
+                            let live = timing::live(hold.deadline(), ttl);
                             match LockGuard::new(hold, shared) {
                                 Ok(guard) if live => Try::Got(guard),
                                 Ok(guard) => {
@@ -301,15 +293,19 @@ impl ReadRequest {
                     }
                 })
             };
-            let outcome = match tokio::time::timeout_at(
-                call_until + Duration::from_millis(50),
-                attempt,
-            )
-            .await
-            {
-                Ok(outcome) => outcome,
-                Err(_) => return Err(busy(first_busy)),
-            };
+            let outcome =
+                match tokio::time::timeout_at(call_until + timing::ANSWER_GRACE, attempt).await {
+                    Ok(outcome) => outcome,
+                    // No answer within the call's time: busy if a busy answer came before, else
+                    // the outcome of the last attempt is unknown, as for a lock.
+                    Err(_) if first_busy.is_some() => return Err(busy(first_busy)),
+                    Err(_) => {
+                        return Err(LockError::no_answer(
+                            started.elapsed(),
+                            &format!("read of `{}`", crate::Escaped(&self.key)),
+                        ))
+                    }
+                };
             let retry_after = match outcome {
                 Try::Got(guard) => return Ok(guard),
                 Try::Failed(e) => return Err(e),
@@ -335,7 +331,7 @@ impl ReadRequest {
                     None => match tokio::time::timeout_at(deadline, line.turn()).await {
                         Ok(head) => {
                             turn = Some(head);
-                            backoff = FIRST_BACKOFF;
+                            backoff.reset();
                             continue;
                         }
                         Err(_) => return Err(busy(first_busy)),
@@ -351,11 +347,7 @@ impl ReadRequest {
                     continue; // ask again, now asking the writer to notify
                 }
             }
-            let jittered = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
-            let mut pause = jittered.min(deadline.saturating_duration_since(now));
-            if let Some(left) = retry_after {
-                pause = pause.min(left + Duration::from_millis(1));
-            }
+            let pause = backoff.next(deadline, retry_after);
             let freed = async {
                 if turn.is_some() {
                     line.freed().await
@@ -374,7 +366,6 @@ impl ReadRequest {
                     () = tokio::time::sleep(pause) => {}
                 },
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 }

@@ -23,14 +23,10 @@ use crate::owner::{Context, Owner};
 use crate::retry::{self, Policy};
 use crate::shared::{Serial, Shared};
 use crate::validate;
-use crate::wait::{Request, MARGIN_DIVISOR, MAX_MARGIN};
+use crate::wait::Request;
 
 /// The lease length when none is given.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-
-/// An attempt that `wait` cannot cover (`wait` shorter than this) may still take this long: one
-/// round trip needs some time, and `wait = 0` means "one attempt", not "none".
-pub(crate) const ATTEMPT_FLOOR: Duration = Duration::from_secs(1);
 
 /// One `locker.lock(key)` call being configured; `.await` it to take the lock.
 ///
@@ -400,8 +396,7 @@ pub(crate) async fn try_all(
                 let lease = req.lease();
                 let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter);
                 hold.caller = req.caller;
-                let margin = (lease / MARGIN_DIVISOR).min(MAX_MARGIN);
-                if !gap && Instant::now() + margin < hold.deadline() {
+                if !gap && crate::timing::live(hold.deadline(), lease) {
                     kept.push((hold, serial));
                 } else {
                     gap = true;

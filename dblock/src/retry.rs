@@ -143,7 +143,7 @@ fn reconnect_pause(n: u32) -> Duration {
     let step = Duration::from_millis(5)
         .saturating_mul(1 << n.saturating_sub(1).min(6))
         .min(Duration::from_millis(250));
-    step / 2 + step.mul_f64(fastrand::f64() / 2.0)
+    crate::timing::jittered(step)
 }
 
 /// Runs `op` until it succeeds or the policy gives up, classing each failure with `classify`.

@@ -39,6 +39,7 @@ use crate::info::{LockInfo, LockKind};
 use crate::owner::{Context, Owner};
 use crate::request::{LockRequest, DEFAULT_TTL};
 use crate::shared::Shared;
+use crate::timing::Backoff;
 use crate::validate;
 
 /// Longest semaphore key, in bytes: its slots' keys add up to 22 bytes (`␟`, permits, `.`,
@@ -49,8 +50,6 @@ pub const MAX_SEMAPHORE_KEY_LEN: usize = validate::MAX_KEY_LEN - 22;
 pub const MAX_PERMITS: u32 = 1_000_000;
 /// Free slots tried per read before the live slots are read again.
 const TRIES_PER_READ: usize = 3;
-const FIRST_BACKOFF: Duration = Duration::from_millis(5);
-const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// Up to this many permits, a waiter on PostgreSQL listens for a release of each (beyond, it
 /// polls: a semaphore that large frees a permit often anyway).
 const MAX_LISTENED_SLOTS: usize = 64;
@@ -341,7 +340,7 @@ impl SemaphoreRequest {
         let started = Instant::now();
         let deadline = crate::timing::after(started, self.wait);
         let (from, to) = (format!("{}\x1f", self.key), format!("{}\x20", self.key));
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::default();
         // This process's waiters for the semaphore line up (`line.rs`, under the semaphore's
         // key in the permits' table): only the head reads and attempts, a permit given back by
         // this process wakes it at once, and they get permits in arrival order.
@@ -384,8 +383,7 @@ impl SemaphoreRequest {
                         Err(e) if retryable(&e) => {
                             tracing::debug!(error = %e, "permit re-entry failed; trying again");
                             failure = Some(e);
-                            tokio::time::sleep(backoff.min(deadline - Instant::now())).await;
-                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                            tokio::time::sleep(backoff.next(deadline, None)).await;
                             continue;
                         }
                         other => return other,
@@ -438,7 +436,7 @@ impl SemaphoreRequest {
                         Ok(head) => {
                             // At the head after earlier waiters: ask at once.
                             turn = Some(head);
-                            backoff = FIRST_BACKOFF;
+                            backoff.reset();
                             continue;
                         }
                         Err(_) => return Err(busy()),
@@ -470,8 +468,7 @@ impl SemaphoreRequest {
                 let limit = (Instant::now() + permits.statement_timeout).min(deadline);
                 let _ = backend.run(&FlagSlots { keys: &keys }, limit).await;
             }
-            let pause = backoff.mul_f64(0.5 + fastrand::f64());
-            let until = (Instant::now() + pause).min(deadline);
+            let until = Instant::now() + backoff.next(deadline, None);
             let notified = async {
                 match wake.as_ref() {
                     Some(interests) => {
@@ -491,11 +488,9 @@ impl SemaphoreRequest {
                 }
             };
             tokio::select! {
-                () = tokio::time::sleep_until(until) => {
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-                () = line.freed() => backoff = FIRST_BACKOFF,
-                () = notified => backoff = FIRST_BACKOFF,
+                () = tokio::time::sleep_until(until) => {}
+                () = line.freed() => backoff.reset(),
+                () = notified => backoff.reset(),
             }
         }
     }

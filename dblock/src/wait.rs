@@ -21,23 +21,9 @@ use crate::info::time_from_micros;
 use crate::line;
 use crate::meter;
 use crate::owner::Owner;
-use crate::request::ATTEMPT_FLOOR;
 use crate::retry::{self, LastFailure, Policy};
 use crate::shared::{Serial, Shared};
-
-/// First and largest pause between attempts while waiting for a busy key.
-const FIRST_BACKOFF: Duration = Duration::from_millis(5);
-const MAX_BACKOFF: Duration = Duration::from_millis(250);
-/// A grant is returned only while its lease has at least this share of its ttl left (by the
-/// local monotonic clock, counted from the send): at most [`MAX_MARGIN`].
-pub(crate) const MARGIN_DIVISOR: u32 = 10;
-pub(crate) const MAX_MARGIN: Duration = Duration::from_secs(1);
-/// How often a waiting writer looks whether readers hold the key, and renews its intent
-/// (`backend/shared.rs`) while they do: well within the intent's lease.
-const INTENT_EVERY: Duration = Duration::from_millis(400);
-/// How long past its deadline a call waits for its last attempt's own answer (an error that
-/// names the cause), before it reports "no answer".
-const ANSWER_GRACE: Duration = Duration::from_millis(50);
+use crate::timing::{self, Backoff, ANSWER_GRACE, INTENT_EVERY};
 
 /// A `lock()` call, resolved and validated: what every attempt of it sends.
 #[derive(Clone)]
@@ -148,8 +134,8 @@ impl Request {
         // and whether it holds it.
         let mut intent_at: Option<Instant> = None;
         let wait_until = crate::timing::after(started, self.wait);
-        let call_until = wait_until.max(started + ATTEMPT_FLOOR.min(shared.statement_timeout));
-        let mut backoff = FIRST_BACKOFF;
+        let call_until = timing::call_until(started, self.wait, shared.statement_timeout);
+        let mut backoff = Backoff::default();
         let mut attempts = 0u32;
         let mut seen = Seen::Nothing;
         // The latest failure of an attempt, for an error at the deadline that names the cause.
@@ -198,13 +184,9 @@ impl Request {
             };
             match place {
                 // Behind others in a fair queue: the pause is set by the place (see `Place`).
-                Place::Behind(ahead) => {
-                    backoff = (FIRST_BACKOFF * (1 << (ahead - 1))).min(MAX_BACKOFF)
-                }
+                Place::Behind(ahead) => backoff.behind(ahead),
                 // Just at the head of a fair queue: ask soon again from there.
-                Place::Head if fair.is_some() && last_place != Place::Head => {
-                    backoff = FIRST_BACKOFF
-                }
+                Place::Head if fair.is_some() && last_place != Place::Head => backoff.reset(),
                 Place::Head => {}
             }
             last_place = place;
@@ -317,7 +299,7 @@ impl Request {
                             match tokio::time::timeout_at(wait_until, line.turn()).await {
                                 Ok(head) => {
                                     turn = Some(head);
-                                    backoff = FIRST_BACKOFF;
+                                    backoff.reset();
                                     continue; // at the head: ask at once
                                 }
                                 Err(_) => return Err(self.gave_up(seen, started.elapsed())),
@@ -337,13 +319,7 @@ impl Request {
                             continue; // ask again, now asking the holder to notify
                         }
                     }
-                    // Jitter over the upper half of the step, so waiters spread out instead of
-                    // arriving together; never past the holder's lease end or our deadline.
-                    let jittered = backoff / 2 + backoff.mul_f64(fastrand::f64() / 2.0);
-                    let mut pause = jittered.min(wait_until.saturating_duration_since(now));
-                    if let Some(left) = retry_after {
-                        pause = pause.min(left + Duration::from_millis(1));
-                    }
+                    let pause = backoff.next(wait_until, retry_after);
                     tracing::trace!(?pause, "busy: waiting");
                     // A release by this process wakes the head of its line (or every fair
                     // waiter of the key, who look at the queue) at once.
@@ -370,7 +346,6 @@ impl Request {
                             }
                         }
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
         }
@@ -404,12 +379,8 @@ impl Request {
             Seen::Stale => LockError::Lost {
                 key: self.key.clone(),
             },
-            Seen::Nothing => LockError::database(
-                sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer from the database within {waited:?}"),
-                )),
-                true,
+            Seen::Nothing => LockError::no_answer(
+                waited,
                 &format!("acquire of `{}`", crate::Escaped(&self.key)),
             ),
         }
@@ -457,8 +428,7 @@ impl Request {
                 Ok(Attempt::Acquired(grant)) => {
                     let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter);
                     hold.caller = req.caller;
-                    let margin = (lease / MARGIN_DIVISOR).min(MAX_MARGIN);
-                    if Instant::now() + margin < hold.deadline() {
+                    if timing::live(hold.deadline(), lease) {
                         let mut serial = serial;
                         match LockGuard::new(hold, shared) {
                             // Handed over with the owner's serialisation still held: see

@@ -114,9 +114,11 @@ impl TestPool for sqlx::SqlitePool {
 /// way a team that ran it with its own tool has it.
 pub async fn create_with_0001(db: &Db, table: &str) {
     let file = match db.name {
-        "postgres" | PGBOUNCER => include_str!("../../migrations/postgres/0001_dblock_locks.sql"),
-        "sqlite" => include_str!("../../migrations/sqlite/0001_dblock_locks.sql"),
-        _ => include_str!("../../migrations/mysql/0001_dblock_locks.sql"),
+        "postgres" | PGBOUNCER => {
+            include_str!("../../dblock/migrations/postgres/0001_dblock_locks.sql")
+        }
+        "sqlite" => include_str!("../../dblock/migrations/sqlite/0001_dblock_locks.sql"),
+        _ => include_str!("../../dblock/migrations/mysql/0001_dblock_locks.sql"),
     };
     run_sql(db.name, &db.url, &file.replace("dblock_locks", table)).await;
 }

@@ -23,6 +23,7 @@ pub(crate) mod coalesce;
 pub(crate) mod conns;
 pub(crate) mod exec;
 pub(crate) mod fence;
+pub(crate) mod migrations;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
@@ -1153,86 +1154,6 @@ pub(crate) fn bad_url(url: &str, e: sqlx::Error) -> LockError {
 mod tests {
     use super::*;
 
-    /// The files in `migrations/` (0001, 0003, 0004 and 0006) end with what `Locker::migrate()`
-    /// runs, for the default table.
-    #[test]
-    fn migration_files_match_the_ddl_migrate_runs() {
-        #[allow(unused_mut)]
-        let mut pairs: Vec<(&str, &str, &str)> = Vec::new();
-        #[cfg(feature = "postgres")]
-        pairs.extend([
-            (
-                include_str!("../../../migrations/postgres/0001_dblock_locks.sql"),
-                postgres::DDL,
-                "\"dblock_locks\"",
-            ),
-            (
-                include_str!("../../../migrations/postgres/0003_exactly_once.sql"),
-                postgres::EXACTLY_ONCE,
-                "\"dblock_locks\"",
-            ),
-            (
-                include_str!("../../../migrations/postgres/0004_fair_queue.sql"),
-                postgres::QUEUE,
-                "\"dblock_locks_queue\"",
-            ),
-            (
-                include_str!("../../../migrations/postgres/0006_shared.sql"),
-                postgres::SHARED,
-                "\"dblock_locks\"",
-            ),
-        ]);
-        #[cfg(feature = "mysql")]
-        pairs.extend([
-            (
-                include_str!("../../../migrations/mysql/0001_dblock_locks.sql"),
-                mysql::DDL,
-                "`dblock_locks`",
-            ),
-            (
-                include_str!("../../../migrations/mysql/0003_exactly_once.sql"),
-                mysql::EXACTLY_ONCE,
-                "`dblock_locks`",
-            ),
-            (
-                include_str!("../../../migrations/mysql/0004_fair_queue.sql"),
-                mysql::QUEUE,
-                "`dblock_locks_queue`",
-            ),
-            (
-                include_str!("../../../migrations/mysql/0006_shared.sql"),
-                mysql::SHARED,
-                "`dblock_locks`",
-            ),
-        ]);
-        #[cfg(feature = "sqlite")]
-        pairs.extend([
-            (
-                include_str!("../../../migrations/sqlite/0001_dblock_locks.sql"),
-                sqlite::DDL,
-                "\"dblock_locks\"",
-            ),
-            (
-                include_str!("../../../migrations/sqlite/0003_exactly_once.sql"),
-                sqlite::EXACTLY_ONCE,
-                "\"dblock_locks\"",
-            ),
-            (
-                include_str!("../../../migrations/sqlite/0004_fair_queue.sql"),
-                sqlite::QUEUE,
-                "\"dblock_locks_queue\"",
-            ),
-            (
-                include_str!("../../../migrations/sqlite/0006_shared.sql"),
-                sqlite::SHARED,
-                "\"dblock_locks\"",
-            ),
-        ]);
-        for (file, sql, table) in pairs {
-            assert!(file.ends_with(&sql.replace("{table}", table)), "{file}");
-        }
-    }
-
     /// Each `0005_permits.sql` is 0001 to 0004 again (their comment lines aside) for the
     /// permits table and its queue, as `Locker::migrate` runs them (`semaphore.rs`).
     #[test]
@@ -1240,32 +1161,32 @@ mod tests {
         let files = [
             (
                 [
-                    include_str!("../../../migrations/postgres/0001_dblock_locks.sql"),
-                    include_str!("../../../migrations/postgres/0002_outcomes.sql"),
-                    include_str!("../../../migrations/postgres/0003_exactly_once.sql"),
-                    include_str!("../../../migrations/postgres/0004_fair_queue.sql"),
+                    include_str!("../../migrations/postgres/0001_dblock_locks.sql"),
+                    include_str!("../../migrations/postgres/0002_outcomes.sql"),
+                    include_str!("../../migrations/postgres/0003_exactly_once.sql"),
+                    include_str!("../../migrations/postgres/0004_fair_queue.sql"),
                 ],
-                include_str!("../../../migrations/postgres/0005_permits.sql"),
+                include_str!("../../migrations/postgres/0005_permits.sql"),
                 '"',
             ),
             (
                 [
-                    include_str!("../../../migrations/mysql/0001_dblock_locks.sql"),
-                    include_str!("../../../migrations/mysql/0002_outcomes.sql"),
-                    include_str!("../../../migrations/mysql/0003_exactly_once.sql"),
-                    include_str!("../../../migrations/mysql/0004_fair_queue.sql"),
+                    include_str!("../../migrations/mysql/0001_dblock_locks.sql"),
+                    include_str!("../../migrations/mysql/0002_outcomes.sql"),
+                    include_str!("../../migrations/mysql/0003_exactly_once.sql"),
+                    include_str!("../../migrations/mysql/0004_fair_queue.sql"),
                 ],
-                include_str!("../../../migrations/mysql/0005_permits.sql"),
+                include_str!("../../migrations/mysql/0005_permits.sql"),
                 '`',
             ),
             (
                 [
-                    include_str!("../../../migrations/sqlite/0001_dblock_locks.sql"),
-                    include_str!("../../../migrations/sqlite/0002_outcomes.sql"),
-                    include_str!("../../../migrations/sqlite/0003_exactly_once.sql"),
-                    include_str!("../../../migrations/sqlite/0004_fair_queue.sql"),
+                    include_str!("../../migrations/sqlite/0001_dblock_locks.sql"),
+                    include_str!("../../migrations/sqlite/0002_outcomes.sql"),
+                    include_str!("../../migrations/sqlite/0003_exactly_once.sql"),
+                    include_str!("../../migrations/sqlite/0004_fair_queue.sql"),
                 ],
-                include_str!("../../../migrations/sqlite/0005_permits.sql"),
+                include_str!("../../migrations/sqlite/0005_permits.sql"),
                 '"',
             ),
         ];

@@ -56,59 +56,6 @@ mod code {
 /// How long `Locker::connect`'s pool waits for a connection before failing.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
-pub(crate) const DDL: &str = "CREATE TABLE IF NOT EXISTS {table} (
-    lock_key      VARBINARY(255) NOT NULL,
-    owner         VARCHAR(36) CHARACTER SET ascii COLLATE ascii_bin NULL,
-    hold_count    INT         NOT NULL DEFAULT 0,
-    fencing_token BIGINT      NOT NULL,
-    expires_at    DATETIME(6) NOT NULL,
-    acquired_at   DATETIME(6) NOT NULL,
-    holder        VARCHAR(255) CHARACTER SET utf8mb4 NULL,
-    attempt_id    BIGINT      NULL,
-    PRIMARY KEY (lock_key)
-) ENGINE = InnoDB;
-";
-
-/// Migration 0002: how each hold ended, and min_hold.
-pub(crate) const OUTCOMES: &str = "ALTER TABLE {table}
-    ADD COLUMN last_outcome TINYINT     NULL,
-    ADD COLUMN finished_at  DATETIME(6) NULL,
-    ADD COLUMN available_at DATETIME(6) NULL;
-";
-
-/// Migration 0004: the fair waiters' queue (`LockRequest::fair`), `{table}` being the queue
-/// table (`<lock table>_queue`). One row per waiting caller, its ticket in arrival order, its
-/// lease renewed while it waits. InnoDB wants the AUTO_INCREMENT column first in some index:
-/// the second key.
-pub(crate) const QUEUE: &str = "CREATE TABLE IF NOT EXISTS {table} (
-    lock_key   VARBINARY(255) NOT NULL,
-    ticket     BIGINT      NOT NULL AUTO_INCREMENT,
-    owner      VARCHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    expires_at DATETIME(6) NOT NULL,
-    PRIMARY KEY (lock_key, ticket),
-    KEY (ticket)
-) ENGINE = InnoDB;
-";
-
-/// Migration 0006: shared (read) locks: the readers' ids of a read-held row, and a waiting
-/// writer's intent (`backend/shared.rs`).
-pub(crate) const SHARED: &str = "ALTER TABLE {table}
-    ADD COLUMN readers      TEXT CHARACTER SET ascii NULL,
-    ADD COLUMN intent_until DATETIME(6) NULL,
-    ADD COLUMN intent_token BIGINT      NULL,
-    ADD COLUMN intent_owner VARCHAR(36) CHARACTER SET ascii COLLATE ascii_bin NULL;
-";
-
-/// Migration 0003: a success committed in the caller's transaction (`succeed_in`: the tenure it
-/// belongs to), keys taken with `once` (kept by `purge`), and the last release (its id and
-/// tenure: a resend after a lost reply tells its own earlier effect from a lease that ran out).
-pub(crate) const EXACTLY_ONCE: &str = "ALTER TABLE {table}
-    ADD COLUMN success_token BIGINT  NULL,
-    ADD COLUMN once_key      BOOLEAN NOT NULL DEFAULT 0,
-    ADD COLUMN release_id    BIGINT  NULL,
-    ADD COLUMN release_token BIGINT  NULL;
-";
-
 /// `hold_count` travels in the bits above this in `LAST_INSERT_ID` on the MySQL 8 path (fencing
 /// tokens are seeded from the clock in µs and stay below 2^52 until the year 2112).
 const COUNT_SHIFT: u32 = 52;
@@ -440,12 +387,13 @@ impl My {
     pub(crate) fn new(pool: Conns<MySql>, table: &str) -> Self {
         let t = quote_ident(table, '`');
         let q = quote_ident(&super::queue_table(table), '`');
+        let files = super::migrations::MYSQL;
         let statements = Statements {
-            ddl: sql(DDL, &t),
-            outcomes: sql(OUTCOMES, &t),
-            exactly_once: sql(EXACTLY_ONCE, &t),
-            queue: sql(QUEUE, &q),
-            shared: sql(SHARED, &t),
+            ddl: sql(&super::migrations::statements(files[0], "`dblock_locks`"), &t),
+            outcomes: sql(&super::migrations::statements(files[1], "`dblock_locks`"), &t),
+            exactly_once: sql(&super::migrations::statements(files[2], "`dblock_locks`"), &t),
+            queue: sql(&super::migrations::statements(files[3], "`dblock_locks_queue`"), &q),
+            shared: sql(&super::migrations::statements(files[5], "`dblock_locks`"), &t),
             // Both tables with their newest columns (a lock table dropped by hand beside its
             // queue is made again).
             has_queue: sql(

@@ -48,55 +48,6 @@ const CLOCK_TOLERANCE_MS: i64 = 1000;
 /// How long a statement waits for SQLite's write lock (its busy handler) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub(crate) const DDL: &str = "CREATE TABLE IF NOT EXISTS {table} (
-    lock_key      TEXT    NOT NULL PRIMARY KEY
-                  CHECK (length(CAST(lock_key AS BLOB)) BETWEEN 1 AND 255),
-    owner         TEXT,
-    hold_count    INTEGER NOT NULL DEFAULT 0 CHECK (hold_count >= 0),
-    fencing_token INTEGER NOT NULL,
-    expires_at    INTEGER NOT NULL, -- ms since the Unix epoch
-    acquired_at   INTEGER NOT NULL, -- ms since the Unix epoch
-    holder        TEXT,
-    attempt_id    INTEGER
-) WITHOUT ROWID;
-";
-
-/// Migration 0002: how each hold ended, and min_hold (times in ms since the Unix epoch).
-pub(crate) const OUTCOMES: &str = "ALTER TABLE {table} ADD COLUMN last_outcome INTEGER;
-ALTER TABLE {table} ADD COLUMN finished_at INTEGER;
-ALTER TABLE {table} ADD COLUMN available_at INTEGER;
-";
-
-/// Migration 0003: a success committed in the caller's transaction (`succeed_in`: the tenure it
-/// belongs to), keys taken with `once` (kept by `purge`), and the last release (its id and
-/// tenure: a resend after a lost reply tells its own earlier effect from a lease that ran out).
-pub(crate) const EXACTLY_ONCE: &str = "ALTER TABLE {table} ADD COLUMN success_token INTEGER;
-ALTER TABLE {table} ADD COLUMN once_key INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE {table} ADD COLUMN release_id INTEGER;
-ALTER TABLE {table} ADD COLUMN release_token INTEGER;
-";
-
-/// Migration 0006: shared (read) locks: the readers' ids of a read-held row, and a waiting
-/// writer's intent (`backend/shared.rs`).
-pub(crate) const SHARED: &str = "ALTER TABLE {table} ADD COLUMN readers TEXT;
-ALTER TABLE {table} ADD COLUMN intent_until INTEGER;
-ALTER TABLE {table} ADD COLUMN intent_token INTEGER;
-ALTER TABLE {table} ADD COLUMN intent_owner TEXT;
-";
-
-/// Migration 0004: the fair waiters' queue (`LockRequest::fair`), `{table}` being the queue
-/// table (`<lock table>_queue`). One row per waiting caller, its ticket in arrival order
-/// (AUTOINCREMENT: never reused), its lease renewed while it waits. No index on the key: the
-/// queue holds the waiters of one machine's processes, and a key's look-up reads only the
-/// tickets before its own.
-pub(crate) const QUEUE: &str = "CREATE TABLE IF NOT EXISTS {table} (
-    ticket     INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
-    lock_key   TEXT    NOT NULL,
-    owner      TEXT    NOT NULL,
-    expires_at INTEGER NOT NULL -- ms since the Unix epoch
-);
-";
-
 /// A hold that ran out without a release: it ended in failure, unless its success committed
 /// with the work (`succeed_in`: `success_token` is its tenure). `{l}` is the row's alias.
 const RAN_OUT: &str = "({l}owner IS NOT NULL AND {l}expires_at <= {now}
@@ -259,15 +210,31 @@ impl Lite {
     pub(crate) fn new(pool: Conns<Sqlite>, table: &str) -> Self {
         let t = quote_ident(table, '"');
         let q = quote_ident(&super::queue_table(table), '"');
+        let files = super::migrations::SQLITE;
         let statements = Statements {
-            ddl: sql(DDL, &t),
-            outcomes: sql(OUTCOMES, &t),
-            exactly_once: sql(EXACTLY_ONCE, &t),
+            ddl: sql(
+                &super::migrations::statements(files[0], "\"dblock_locks\""),
+                &t,
+            ),
+            outcomes: sql(
+                &super::migrations::statements(files[1], "\"dblock_locks\""),
+                &t,
+            ),
+            exactly_once: sql(
+                &super::migrations::statements(files[2], "\"dblock_locks\""),
+                &t,
+            ),
             has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
             has_exactly_once: sql("SELECT release_token FROM {table} LIMIT 0", &t),
             has_shared: sql("SELECT intent_owner FROM {table} LIMIT 0", &t),
-            shared: sql(SHARED, &t),
-            queue: sql(QUEUE, &q),
+            shared: sql(
+                &super::migrations::statements(files[5], "\"dblock_locks\""),
+                &t,
+            ),
+            queue: sql(
+                &super::migrations::statements(files[3], "\"dblock_locks_queue\""),
+                &q,
+            ),
             // The fair waiters' queue: each statement runs under SQLite's one write lock (or
             // reads one snapshot). The queue orders attempts only: exclusion stays the
             // acquire's alone. A leave also clears every ticket whose lease ran out.

@@ -1,0 +1,106 @@
+//! The migration files shipped in the package (`dblock/migrations/<backend>/NNNN_name.sql`).
+//! What [`Locker::migrate`](crate::Locker::migrate) runs is read from them when the crate is
+//! built, so the files a team applies with its own tool and what `migrate()` runs are one text.
+//!
+//! A file names the default tables (`dblock_locks`, `dblock_locks_queue`, `dblock_locks_permits`);
+//! `migrate()` takes from a file the statements that change one of them and runs those on the
+//! locker's own table (its name in their place). Comment lines are dropped.
+
+/// Each migration's file for each backend, by number: 0001 the lock table, 0002 outcomes and
+/// min_hold, 0003 exactly-once, 0004 the fair queue, 0005 the semaphores' permits (0001 to 0004
+/// for `<table>_permits`, which `migrate()` runs as such), 0006 shared locks.
+macro_rules! files {
+    ($backend:literal) => {
+        [
+            include_str!(concat!(
+                "../../migrations/",
+                $backend,
+                "/0001_dblock_locks.sql"
+            )),
+            include_str!(concat!("../../migrations/", $backend, "/0002_outcomes.sql")),
+            include_str!(concat!(
+                "../../migrations/",
+                $backend,
+                "/0003_exactly_once.sql"
+            )),
+            include_str!(concat!(
+                "../../migrations/",
+                $backend,
+                "/0004_fair_queue.sql"
+            )),
+            include_str!(concat!("../../migrations/", $backend, "/0005_permits.sql")),
+            include_str!(concat!("../../migrations/", $backend, "/0006_shared.sql")),
+        ]
+    };
+}
+
+/// The migrations' names, in order (their files are `NNNN_<name>.sql`, numbered from 1).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const NAMES: [&str; 6] = [
+    "dblock_locks",
+    "outcomes",
+    "exactly_once",
+    "fair_queue",
+    "permits",
+    "shared",
+];
+
+#[cfg(feature = "postgres")]
+pub(crate) const POSTGRES: [&str; 6] = files!("postgres");
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL: [&str; 6] = files!("mysql");
+#[cfg(feature = "sqlite")]
+pub(crate) const SQLITE: [&str; 6] = files!("sqlite");
+
+/// The statements of `file` that change the table `quoted` (as the file writes its name, quotes
+/// included), with `{table}` in its place: a template for the dialect's statement builder.
+pub(crate) fn statements(file: &str, quoted: &str) -> String {
+    let body: String = file
+        .lines()
+        .filter(|line| !line.starts_with("--"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    body.split_inclusive(";\n")
+        .filter(|statement| statement.contains(quoted))
+        .map(|statement| statement.replace(quoted, "{table}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every file in `migrations/<backend>/` is one of the migrations above, in order: a new
+    /// file that `migrate()` would not run fails here.
+    #[test]
+    fn every_shipped_file_is_a_migration() {
+        for backend in ["postgres", "mysql", "sqlite"] {
+            let dir = format!("{}/migrations/{backend}", env!("CARGO_MANIFEST_DIR"));
+            let mut files: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            files.sort();
+            let expected: Vec<String> = NAMES
+                .iter()
+                .enumerate()
+                .map(|(i, name)| format!("{:04}_{name}.sql", i + 1))
+                .collect();
+            assert_eq!(files, expected, "{dir}");
+        }
+    }
+
+    #[test]
+    fn a_file_gives_the_statements_of_one_table() {
+        let file =
+            "-- a comment\nALTER TABLE \"t_permits\" ADD x;\nALTER TABLE \"t\"\n    ADD x;\n";
+        assert_eq!(
+            statements(file, "\"t\""),
+            "ALTER TABLE {table}\n    ADD x;\n"
+        );
+        assert_eq!(
+            statements(file, "\"t_permits\""),
+            "ALTER TABLE {table} ADD x;\n"
+        );
+    }
+}
