@@ -413,7 +413,7 @@ async fn explain(msg: String, locker: &Locker, table_given: bool) -> String {
         Some(first) if !first.applied => format!(
             "no lock table {} in this database\n  \
              create it: `dblock {flag}migrate`, or Locker::migrate() from the application \
-             (or apply migrations/{backend}/*.sql)\n  \
+             (or apply the dblock package's migrations/{backend}/*.sql)\n  \
              or, if the locks live in another table, pass --table NAME\n  \
              ({msg})",
             quoted(table)
@@ -421,7 +421,7 @@ async fn explain(msg: String, locker: &Locker, table_given: bool) -> String {
         _ if !pending.is_empty() => format!(
             "the lock table {} is missing migrations {}\n  \
              update it: `dblock {flag}migrate`, or Locker::migrate() from the application \
-             (or apply those of migrations/{backend}/*.sql)\n  \
+             (or apply those of the dblock package's migrations/{backend}/*.sql)\n  \
              ({msg})",
             quoted(table),
             pending.join(", ")

@@ -546,15 +546,15 @@ async fn a_table_behind_the_library_is_explained_and_migrated() {
         let table = common::table_for("behind_0001");
         let (file, name) = match db.name {
             "sqlite" => (
-                include_str!("../../migrations/sqlite/0001_dblock_locks.sql"),
+                include_str!("../../dblock/migrations/sqlite/0001_dblock_locks.sql"),
                 "sqlite",
             ),
             "mariadb" => (
-                include_str!("../../migrations/mysql/0001_dblock_locks.sql"),
+                include_str!("../../dblock/migrations/mysql/0001_dblock_locks.sql"),
                 "mysql",
             ),
             _ => (
-                include_str!("../../migrations/postgres/0001_dblock_locks.sql"),
+                include_str!("../../dblock/migrations/postgres/0001_dblock_locks.sql"),
                 "postgres",
             ),
         };

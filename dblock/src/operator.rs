@@ -16,8 +16,9 @@ use crate::error::LockError;
 use crate::info::{millis, time_from_micros};
 use crate::locker::Locker;
 
-/// One migration of the lock table's schema (the files `migrations/<backend>/NNNN_name.sql`,
-/// which [`Locker::migrate`] applies in order), and whether the database has it.
+/// One migration of the lock table's schema (the files `migrations/<backend>/NNNN_name.sql` of
+/// the dblock package, which [`Locker::migrate`] applies in order), and whether the database has
+/// it.
 ///
 /// ```
 /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -377,5 +378,20 @@ impl Statement for Queue<'_> {
         );
         let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
         rows.iter().map(waiter).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+
+    /// The migrations probed are the migration files, in their order and by their names.
+    #[test]
+    fn the_probes_follow_the_migration_files() {
+        let names: Vec<&str> = MIGRATIONS.iter().map(|m| m.name).collect();
+        assert_eq!(names, crate::backend::migrations::NAMES);
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version as usize, i + 1);
+        }
     }
 }
