@@ -499,7 +499,7 @@ impl Locker {
     /// [`once`](crate::LockRequest::once) key whose work succeeded runs again, and
     /// [`purge`](Locker::purge) may then delete its row) and ends a
     /// [`min_hold`](crate::LockRequest::min_hold) wait. Returns `false` if the key is held (or has
-    /// no row). For operators (`dblock-admin reset KEY`).
+    /// no row). For operators (`dblock reset KEY`, crate `dblock-cli`).
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -561,7 +561,7 @@ impl Locker {
     ///
     /// The record of a [`once`](crate::LockRequest::once) key whose last hold succeeded is never
     /// deleted, whatever its age: without it the work would run again. An operator forgets one
-    /// on purpose with [`reset`](Locker::reset) (`dblock-admin reset KEY`), after which `purge`
+    /// on purpose with [`reset`](Locker::reset) (`dblock reset KEY`), after which `purge`
     /// deletes it like any other free row.
     ///
     /// ```

@@ -1,0 +1,333 @@
+//! `dblock watch`: the held keys, their fair waiters and waiting writers, read again every
+//! interval and drawn over the previous view (the terminal's alternate screen), until `q` or
+//! Ctrl-C. With `--json`, one snapshot per line on stdout instead, until interrupted.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use crossterm::{cursor, queue, terminal};
+use dblock::{LockInfo, Locker, Waiter};
+use tokio::sync::mpsc;
+
+use crate::escape::{escape, quoted};
+use crate::table::{self, Align};
+use crate::time::{short, span};
+use crate::{json, Failure};
+
+/// What one refresh read.
+struct Snapshot {
+    at: SystemTime,
+    locks: Vec<LockInfo>,
+    waiters: Vec<Waiter>,
+}
+
+async fn read(locker: &Locker, prefix: &str) -> Result<Snapshot, dblock::LockError> {
+    let mut locks = locker.held().await?;
+    locks.retain(|r| r.key.starts_with(prefix));
+    let waiters = locker.waiters(prefix).await?;
+    Ok(Snapshot {
+        at: SystemTime::now(),
+        locks,
+        waiters,
+    })
+}
+
+pub async fn run(
+    locker: &Locker,
+    prefix: &str,
+    interval: Duration,
+    json: bool,
+) -> Result<(), Failure> {
+    if !json && (!std::io::stdin().is_terminal() || !std::io::stdout().is_terminal()) {
+        return Err(Failure::Error(
+            "watch needs a terminal (stdin and stdout); for a stream of snapshots use `watch --json`"
+                .into(),
+        ));
+    }
+    // A first read before anything else: a wrong table or database fails here, with its
+    // explanation and exit status 1, instead of on a screen.
+    let first = read(locker, prefix).await?;
+    if json {
+        stream(locker, prefix, interval, first).await
+    } else {
+        live(locker, prefix, interval, first).await
+    }
+}
+
+/// `--json`: a snapshot per line until Ctrl-C (exit 0) or until stdout is closed.
+async fn stream(
+    locker: &Locker,
+    prefix: &str,
+    interval: Duration,
+    first: Snapshot,
+) -> Result<(), Failure> {
+    let table = locker.table_name().to_owned();
+    // One Ctrl-C future for the whole stream, so that an interrupt that comes while a refresh
+    // is read is not missed.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    let mut next: Result<Snapshot, dblock::LockError> = Ok(first);
+    loop {
+        match next {
+            Ok(s) => {
+                let line = serde_json::to_string(&json::Snapshot {
+                    table: table.clone(),
+                    at: crate::time::rfc3339(s.at),
+                    locks: s.locks.iter().map(json::Lock::from).collect(),
+                    waiters: s.waiters.iter().map(json::Queued::from).collect(),
+                })
+                .map_err(|e| Failure::Error(format!("cannot encode JSON: {e}")))?;
+                let mut out = std::io::stdout().lock();
+                if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                    return Ok(()); // the reader went away
+                }
+            }
+            // Said on stderr, and tried again at the next refresh.
+            Err(e) => eprintln!("dblock: error: {}", escape(&e.to_string())),
+        }
+        let later = async {
+            tokio::time::sleep(interval).await;
+            read(locker, prefix).await
+        };
+        tokio::select! {
+            _ = &mut interrupted => return Ok(()),
+            snapshot = later => next = snapshot,
+        }
+    }
+}
+
+/// What the key reader tells the refresh loop.
+enum Input {
+    Quit,
+    Redraw,
+}
+
+/// Raw mode and the alternate screen while it lives; the terminal as it was after, whatever
+/// way the view ends.
+struct Screen;
+
+impl Screen {
+    fn enter() -> std::io::Result<Screen> {
+        terminal::enable_raw_mode()?;
+        let screen = Screen;
+        let mut out = std::io::stdout();
+        queue!(out, terminal::EnterAlternateScreen, cursor::Hide)?;
+        out.flush()?;
+        Ok(screen)
+    }
+
+    /// Draws `lines` from the top left, each cut to the terminal's width, as many as fit.
+    fn draw(&self, lines: &[String]) -> std::io::Result<()> {
+        let (width, height) = terminal::size().unwrap_or((80, 24));
+        let mut out = std::io::stdout().lock();
+        queue!(out, cursor::MoveTo(0, 0))?;
+        for (i, line) in lines.iter().take(usize::from(height)).enumerate() {
+            let cut: String = line.chars().take(usize::from(width)).collect();
+            out.write_all(cut.as_bytes())?;
+            queue!(out, terminal::Clear(terminal::ClearType::UntilNewLine))?;
+            if i + 1 < usize::from(height) {
+                out.write_all(b"\r\n")?;
+            }
+        }
+        queue!(out, terminal::Clear(terminal::ClearType::FromCursorDown))?;
+        out.flush()
+    }
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        let mut out = std::io::stdout();
+        let _ = queue!(out, cursor::Show, terminal::LeaveAlternateScreen);
+        let _ = out.flush();
+        let _ = terminal::disable_raw_mode();
+    }
+}
+
+/// Reads keys on a thread of its own (crossterm's reads block): `q`, `Q`, Esc or Ctrl-C quit, a
+/// resize redraws. Ends when `stop` is set.
+fn keys(tx: mpsc::UnboundedSender<Input>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        match event::poll(Duration::from_millis(100)) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(_) => {
+                let _ = tx.send(Input::Quit);
+                return;
+            }
+        }
+        let input = match event::read() {
+            Ok(Event::Key(k)) if k.kind != KeyEventKind::Release => match k.code {
+                KeyCode::Char('q' | 'Q') | KeyCode::Esc => Some(Input::Quit),
+                KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => {
+                    Some(Input::Quit)
+                }
+                _ => None,
+            },
+            Ok(Event::Resize(..)) => Some(Input::Redraw),
+            Ok(_) => None,
+            Err(_) => Some(Input::Quit),
+        };
+        if let Some(input) = input {
+            if tx.send(input).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+async fn live(
+    locker: &Locker,
+    prefix: &str,
+    interval: Duration,
+    first: Snapshot,
+) -> Result<(), Failure> {
+    let screen = Screen::enter().map_err(|e| Failure::Error(format!("terminal: {e}")))?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        std::thread::spawn(move || keys(tx, stop))
+    };
+    let mut last = first;
+    let mut error: Option<String> = None;
+    let result = loop {
+        let lines = view(
+            locker.table_name(),
+            prefix,
+            interval,
+            &last,
+            error.as_deref(),
+        );
+        if let Err(e) = screen.draw(&lines) {
+            break Err(Failure::Error(format!("terminal: {e}")));
+        }
+        let refresh = tokio::select! {
+            () = tokio::time::sleep(interval) => true,
+            input = rx.recv() => match input {
+                Some(Input::Redraw) => false,
+                Some(Input::Quit) | None => break Ok(()),
+            },
+        };
+        if refresh {
+            match read(locker, prefix).await {
+                Ok(s) => {
+                    last = s;
+                    error = None;
+                }
+                // Kept on screen, with the last good snapshot, until a read works again.
+                Err(e) => error = Some(escape(&e.to_string()).into_owned()),
+            }
+        }
+    };
+    stop.store(true, Ordering::Relaxed);
+    drop(screen);
+    let _ = reader.join();
+    result
+}
+
+/// The screen's lines for `s`.
+fn view(
+    table: &str,
+    prefix: &str,
+    interval: Duration,
+    s: &Snapshot,
+    error: Option<&str>,
+) -> Vec<String> {
+    let filter = if prefix.is_empty() {
+        String::new()
+    } else {
+        format!(", keys {}*", quoted(prefix))
+    };
+    let mut lines = vec![
+        format!(
+            "dblock watch: table {}{filter}, every {} (q or Ctrl-C quits)   {}",
+            quoted(table),
+            span_or_ms(interval),
+            short(s.at, s.at)
+        ),
+        format!(
+            "{} held, {} waiting in fair queues",
+            s.locks.len(),
+            s.waiters.len()
+        ),
+    ];
+    if let Some(e) = error {
+        lines.push(format!(
+            "error: {e} (showing the last snapshot; trying again)"
+        ));
+    }
+    lines.push(String::new());
+    // The columns that matter most first: a narrow terminal cuts the right ones off.
+    let rows: Vec<Vec<String>> = s
+        .locks
+        .iter()
+        .map(|r| {
+            let queued = s.waiters.iter().filter(|w| w.key == r.key).count();
+            vec![
+                escape(&r.key).into_owned(),
+                table::kind(r.kind),
+                format!("in {}", span(r.time_left)),
+                queued.to_string(),
+                r.owner
+                    .as_deref()
+                    .map_or("-".into(), |o| escape(o).into_owned()),
+                r.holder
+                    .as_deref()
+                    .map_or("-".into(), |h| escape(h).into_owned()),
+                r.hold_count.to_string(),
+                r.fencing_token.to_string(),
+            ]
+        })
+        .collect();
+    lines.extend(table::render(
+        &[
+            ("KEY", Align::Left),
+            ("KIND", Align::Left),
+            ("EXPIRES", Align::Left),
+            ("QUEUED", Align::Right),
+            ("OWNER", Align::Left),
+            ("HOLDER", Align::Left),
+            ("COUNT", Align::Right),
+            ("FENCING TOKEN", Align::Right),
+        ],
+        &rows,
+    ));
+    if !s.waiters.is_empty() {
+        lines.push(String::new());
+        lines.push("FAIR QUEUE (served in ticket order)".into());
+        let rows: Vec<Vec<String>> = s
+            .waiters
+            .iter()
+            .map(|w| {
+                vec![
+                    escape(&w.key).into_owned(),
+                    w.ticket.to_string(),
+                    escape(&w.owner).into_owned(),
+                    format!("in {}", span(w.time_left)),
+                ]
+            })
+            .collect();
+        lines.extend(table::render(
+            &[
+                ("KEY", Align::Left),
+                ("TICKET", Align::Right),
+                ("OWNER", Align::Left),
+                ("TICKET LEASE", Align::Left),
+            ],
+            &rows,
+        ));
+    }
+    lines
+}
+
+/// `1s`, `5m`, or `500ms` for less than a second.
+fn span_or_ms(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        span(d)
+    }
+}
