@@ -40,9 +40,16 @@ fn lockers() -> &'static Vec<(&'static str, Locker)> {
     &LOCKERS
         .get_or_init(|| {
             runtime().block_on(async {
+                #[allow(unused_mut)]
                 let mut out = Vec::new();
-                let (lite, dir) = common::sqlite("props").await;
-                out.push((lite.name, lite.locker));
+                #[cfg(feature = "sqlite")]
+                let dir = {
+                    let (lite, dir) = common::sqlite("props").await;
+                    out.push((lite.name, lite.locker));
+                    dir
+                };
+                #[cfg(not(feature = "sqlite"))]
+                let dir = tempfile::tempdir().expect("tempdir");
                 if let Some(pg) = common::postgres("props").await {
                     out.push((pg.name, pg.locker));
                 }

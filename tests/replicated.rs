@@ -755,7 +755,7 @@ struct Event {
 /// fencing regression across every event (`history::check`), and no orphan but acknowledged
 /// lazily durable releases that a fault lost (their keys stay held until their leases end).
 /// With `async` the same is measured and reported, not required: a failover may lose
-/// acknowledged grants, as the README says for an asynchronous standby.
+/// acknowledged grants, as docs/production.md says for an asynchronous standby.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn patroni_failover() {

@@ -8,55 +8,20 @@ use std::borrow::Cow;
 /// `\t`, `\\` for a backslash (so an escape is never ambiguous), and `\u{1b}` (hex) for the
 /// other control characters (C0, DEL, C1) and the invisible formatting characters that can
 /// reorder or hide text (bidirectional overrides and isolates, zero-width characters, line and
-/// paragraph separators, soft hyphen, byte order mark, tag characters).
+/// paragraph separators, soft hyphen, byte order mark, tag characters): [`dblock::Escaped`], the
+/// one rule dblock prints by.
 pub fn escape(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(needs_escape) {
-        return Cow::Borrowed(s);
+    let shown = dblock::Escaped(s).to_string();
+    if shown == s {
+        Cow::Borrowed(s)
+    } else {
+        Cow::Owned(shown)
     }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    Cow::Owned(out)
 }
 
 /// `s` escaped and in double quotes (a `"` inside written `\"`), for messages.
 pub fn quoted(s: &str) -> String {
     format!("\"{}\"", escape(s).replace('"', "\\\""))
-}
-
-fn needs_escape(c: char) -> bool {
-    c == '\\' || c.is_control() || invisible(c)
-}
-
-/// Format characters (Unicode category Cf) and separators that change how the text around them
-/// is shown, or show nothing themselves.
-fn invisible(c: char) -> bool {
-    matches!(c,
-        '\u{ad}'                      // soft hyphen
-        | '\u{34f}'                   // combining grapheme joiner
-        | '\u{61c}'                   // Arabic letter mark
-        | '\u{115f}' | '\u{1160}'     // Hangul fillers
-        | '\u{17b4}' | '\u{17b5}'
-        | '\u{180b}'..='\u{180f}'     // Mongolian variation selectors, vowel separator
-        | '\u{200b}'..='\u{200f}'     // zero-width space/joiners, LRM, RLM
-        | '\u{2028}'..='\u{202e}'     // line/paragraph separators, bidi embeddings and overrides
-        | '\u{2060}'..='\u{206f}'     // word joiner, invisible operators, bidi isolates
-        | '\u{3164}'                  // Hangul filler
-        | '\u{fe00}'..='\u{fe0f}'     // variation selectors
-        | '\u{feff}'                  // byte order mark
-        | '\u{ffa0}'
-        | '\u{fff0}'..='\u{fffb}'     // interlinear annotations
-        | '\u{1d173}'..='\u{1d17a}'
-        | '\u{e0000}'..='\u{e0fff}'   // tags, variation selectors supplement
-    )
 }
 
 #[cfg(test)]

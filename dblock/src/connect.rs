@@ -197,7 +197,7 @@ impl ConnectOptions {
     ///   written in as escaped, typed literals: still one round trip, and nothing is left on a
     ///   server connection that another client may get next. (Named prepared statements break
     ///   there at once; unnamed ones silently run another client's statement.) The server parses
-    ///   and plans every statement anew, which costs some throughput (see the README).
+    ///   and plans every statement anew, which costs some throughput (`docs/benchmarks.md`).
     /// - **No session settings.** The pool's connections send no `options` start-up parameter
     ///   (PgBouncer refuses it) and no `extra_float_digits`, so a stock PgBouncer accepts them.
     ///   READ COMMITTED, `statement_timeout` and `lock_timeout` come with each statement

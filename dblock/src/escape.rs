@@ -4,9 +4,10 @@
 
 use std::fmt;
 
-/// Shows a string with its control characters, its backslashes and the Unicode formatting
-/// characters that reorder text (bidi overrides and isolates) escaped as Rust writes them
-/// (`\n`, `\\`, `\u{1b}`); every other character, printable ASCII or not, as it is.
+/// Shows a string with its control characters, its backslashes and the Unicode characters that
+/// reorder or hide text (bidi overrides and isolates, zero-width characters, separators, ...)
+/// escaped as Rust writes them (`\n`, `\\`, `\u{1b}`); every other character, printable ASCII
+/// or not, as it is. The CLI and every message and log field of dblock use it.
 ///
 /// ```
 /// # use dblock::Escaped;
@@ -37,12 +38,33 @@ impl fmt::Display for Escaped<'_> {
 }
 
 /// Characters shown escaped: C0 and C1 controls and DEL, the backslash (so that an escape in
-/// the output always means one), and the bidi controls that can make text read in another
-/// order than it is stored (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069).
+/// the output always means one), and the format characters and separators that reorder text,
+/// hide it or show nothing themselves (bidi marks, embeddings, overrides and isolates,
+/// zero-width spaces and joiners, line and paragraph separators, soft hyphen, fillers,
+/// variation selectors, the byte order mark, tags).
 fn needs_escape(c: char) -> bool {
-    c.is_control()
-        || c == '\\'
-        || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control() || c == '\\' || invisible(c)
+}
+
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{ad}'                      // soft hyphen
+        | '\u{34f}'                   // combining grapheme joiner
+        | '\u{61c}'                   // Arabic letter mark
+        | '\u{115f}' | '\u{1160}'     // Hangul fillers
+        | '\u{17b4}' | '\u{17b5}'
+        | '\u{180b}'..='\u{180f}'     // Mongolian variation selectors, vowel separator
+        | '\u{200b}'..='\u{200f}'     // zero-width space and joiners, LRM, RLM
+        | '\u{2028}'..='\u{202e}'     // line and paragraph separators, bidi embeddings, overrides
+        | '\u{2060}'..='\u{206f}'     // word joiner, invisible operators, bidi isolates
+        | '\u{3164}'                  // Hangul filler
+        | '\u{fe00}'..='\u{fe0f}'     // variation selectors
+        | '\u{feff}'                  // byte order mark
+        | '\u{ffa0}'
+        | '\u{fff0}'..='\u{fffb}'     // interlinear annotations
+        | '\u{1d173}'..='\u{1d17a}'
+        | '\u{e0000}'..='\u{e0fff}'   // tags, variation selectors supplement
+    )
 }
 
 #[cfg(test)]

@@ -373,7 +373,8 @@ impl LockGuard {
 
     /// Releases now, recording that the work under the lock failed ([`Outcome::Failed`]): a
     /// [`once`](crate::LockRequest::once) key stays runnable. Otherwise as
-    /// [`release`](Self::release). (A dropped guard records a failure too.)
+    /// [`release`](Self::release). (A guard simply dropped records [`Outcome::Dropped`], neutral;
+    /// dropped while its thread panics, `Failed`.)
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -461,7 +462,7 @@ impl LockGuard {
 pub(crate) struct Refused(LockGuard);
 
 impl Refused {
-    /// Gives the hold back (recording a failure, as a dropped guard does) under the owner's
+    /// Gives the hold back (recording a failure: the call never received it) under the owner's
     /// serialisation of the key when the caller holds it, for at most one statement time-out,
     /// and returns the error for the call: `ShutDown`, heard only once the release is over.
     pub(crate) async fn give_back(self, serial: Option<&mut Serial>) -> LockError {

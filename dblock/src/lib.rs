@@ -294,8 +294,8 @@ pub use sqlx;
 /// [`fence`] (or [`LockGuard::fence`]) in that transaction, on the lock's own database, checks
 /// that every lease of the body is still ours and keeps it so until the commit — a holder that
 /// stalled past its lease gets `Err(LockError::Lost)` and its writes roll back. For data in
-/// another store, write the fencing token along and let the store refuse older tokens (see the
-/// README, "Using with transactions").
+/// another store, write the fencing token along and let the store refuse older tokens (see
+/// `docs/transactions.md`).
 ///
 #[cfg_attr(feature = "sqlite", doc = "```")]
 #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]

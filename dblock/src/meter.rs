@@ -3,7 +3,7 @@
 //!
 //! | metric | kind | what |
 //! |---|---|---|
-//! | `dblock_acquire_seconds` | histogram | one `lock()` / `lock_all()` call, from its start until it returns; label `outcome`: `acquired`, `busy`, `lost` (the grant came too late), `done` (`once`), `error` |
+//! | `dblock_acquire_seconds` | histogram | one acquiring call (`lock`, `lock_all`, `read`, `semaphore`, a locked body's), from its start until it returns; label `outcome`: `acquired`, `busy`, `lost` (the grant came too late), `done` (`once`), `error` |
 //! | `dblock_wait_seconds` | histogram | of a call that found the key busy: from the first busy answer until it returned |
 //! | `dblock_busy_total` | counter | calls that gave up because the key stayed busy |
 //! | `dblock_hold_seconds` | histogram | from the grant until the guard gave the lock back (or was dropped) |
@@ -14,7 +14,8 @@
 //! Every metric has the labels `key` — the key **template** (`order:{order_id}`, as the
 //! attribute writes it; for the handle API what [`LockRequest::metrics_key`] gave, else
 //! `(handle)`), never the concrete key, so the number of series stays bounded — `backend`
-//! (`postgres`, `mysql`, `sqlite`) and `kind` (`lock`, `permit` for a semaphore's, `leader`); the
+//! (`postgres`, `mysql`, `sqlite`) and `kind` (`lock`, `read`, `permit` for a semaphore's,
+//! `leader`); the
 //! renewal counter has `backend` only.
 //!
 //! [`LockRequest::metrics_key`]: crate::LockRequest::metrics_key

@@ -247,7 +247,7 @@ where
         out = body => out,
     };
     // The rows record how the body ended (a panic or a cancellation never gets here: the
-    // dropped guards record a failure). Released newest first.
+    // dropped guards record a failure, `fail_on_drop`). Released newest first.
     let succeeded = (returns.succeeded)(&out);
     for guard in guards.into_iter().rev() {
         let released = if succeeded {

@@ -92,7 +92,8 @@ impl LockRequest {
         self
     }
 
-    /// The attempt of another kind of hold built on the lock (`"permit"`, `"leader"`), as its
+    /// The attempt of another kind of hold built on the lock (`"permit"`, `"leader"`; a read's
+    /// calls are `"read"`), as its
     /// metrics are labelled.
     pub(crate) fn kind(mut self, kind: &'static str) -> Self {
         self.kind = kind;
@@ -130,8 +131,9 @@ impl LockRequest {
 
     /// Runs the work until it succeeds once: a key whose last hold ended in success (released
     /// with [`LockGuard::release`]) is not acquired again; the call returns
-    /// [`LockError::AlreadyDone`]. After a failure ([`LockGuard::release_failed`], a dropped
-    /// guard, a lease that ran out) it can be acquired again. [`Locker::reset`](crate::Locker::reset)
+    /// [`LockError::AlreadyDone`]. After a failure ([`LockGuard::release_failed`], a lease that
+    /// ran out) or a guard simply dropped ([`Outcome::Dropped`](crate::Outcome::Dropped)) it can
+    /// be acquired again. [`Locker::reset`](crate::Locker::reset)
     /// makes a done key runnable again, and [`Locker::purge`](crate::Locker::purge) never deletes
     /// a done key's record.
     ///

@@ -9,7 +9,7 @@ use crate::sync::lock;
 
 /// Rows in one statement, at most. A bound on what one failure takes down with it and on the
 /// statement's size (its parameters, a pooler's literal text); past 64 rows the per-row cost
-/// of the server dominates and larger batches only raise latency (see the README).
+/// of the server dominates and larger batches only raise latency (`docs/coalescing.md`).
 pub(crate) const MAX_ROWS: usize = 64;
 
 /// How many statements of one kind a lane keeps in flight before calls queue
