@@ -31,6 +31,41 @@ pub(crate) enum Dur {
     Expr(Expr),
 }
 
+/// What kind of hold the body runs under.
+#[derive(Default)]
+pub(crate) enum Kind {
+    /// The exclusive lock of the key (or of every key of a list): the default.
+    #[default]
+    Lock,
+    /// `shared = true`: a shared (read) hold of the key; the span is the `true`'s.
+    Read(Span),
+    /// `permits = N`: one permit of the key's counting semaphore of `N`.
+    Permit(Expr),
+}
+
+impl Kind {
+    /// How the kind is named in messages, where they point, and why it takes one key.
+    fn named(&self) -> Option<(&'static str, Span, &'static str)> {
+        match self {
+            Kind::Lock => None,
+            Kind::Read(span) => Some((
+                "`shared = true`",
+                *span,
+                "a read hold is of one key, not a list",
+            )),
+            Kind::Permit(n) => Some((
+                "`permits`",
+                syn::spanned::Spanned::span(n),
+                "a semaphore is one key with several holders, not a list of keys",
+            )),
+        }
+    }
+}
+
+/// The options that only the exclusive lock takes: every other kind refuses them. The one
+/// exclusion table of the attribute.
+const LOCK_ONLY: [&str; 3] = ["min_hold", "once", "fair"];
+
 #[derive(Default)]
 pub(crate) struct Args {
     pub key: Option<Key>,
@@ -41,10 +76,7 @@ pub(crate) struct Args {
     pub min_hold: Option<Dur>,
     pub once: Option<Expr>,
     pub fair: Option<Expr>,
-    /// `permits = N`: a permit of a counting semaphore instead of the lock.
-    pub permits: Option<Expr>,
-    /// `shared = true`: a shared (read) hold instead of the lock.
-    pub shared: Option<Expr>,
+    pub kind: Kind,
     pub krate: Option<Path>,
 }
 
@@ -76,6 +108,8 @@ fn pair(input: ParseStream<'_>) -> syn::Result<Pair> {
 /// Parses every argument, recording every problem in `errors` (all are reported together).
 pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Args {
     let mut args = Args::default();
+    // `permits = N` and `shared = ..`, before they decide the kind.
+    let (mut permits, mut shared): (Option<Expr>, Option<Expr>) = (None, None);
     let pairs = match Punctuated::<Pair, Token![,]>::parse_terminated.parse2(tokens) {
         Ok(p) => p,
         Err(e) => {
@@ -103,8 +137,8 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             }
             "once" => set(&mut args.once, Some(value), &name, errors),
             "fair" => set(&mut args.fair, Some(value), &name, errors),
-            "permits" => set(&mut args.permits, Some(value), &name, errors),
-            "shared" => set(&mut args.shared, Some(value), &name, errors),
+            "permits" => set(&mut permits, Some(value), &name, errors),
+            "shared" => set(&mut shared, Some(value), &name, errors),
             "crate" => {
                 let p = crate_path(value, errors);
                 set(&mut args.krate, p, &name, errors)
@@ -115,7 +149,76 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             )),
         }
     }
+    args.kind = kind(permits, shared, errors);
+    check_kind(&args, errors);
     args
+}
+
+/// The kind `permits = ..` and `shared = ..` ask for. `shared` is a literal `true` or `false`
+/// (whether the body reads or writes is known when it is written); the two together are
+/// refused.
+fn kind(permits: Option<Expr>, shared: Option<Expr>, errors: &mut Errors) -> Kind {
+    let read = match &shared {
+        None => None,
+        Some(Expr::Lit(ExprLit {
+            lit: Lit::Bool(b), ..
+        })) => b.value.then_some(b.span),
+        Some(other) => {
+            errors.push(syn::Error::new(
+                syn::spanned::Spanned::span(other),
+                "`shared` takes `true` or `false`, written out: whether the body reads or writes is known when it is written",
+            ));
+            None
+        }
+    };
+    match (read, permits) {
+        (Some(at), Some(_)) => {
+            errors.push(syn::Error::new(
+                at,
+                "`shared = true` cannot be combined with `permits`: a hold is a read or a permit, not both",
+            ));
+            Kind::Read(at)
+        }
+        (Some(at), None) => Kind::Read(at),
+        (None, Some(n)) => {
+            if let Expr::Lit(ExprLit {
+                lit: Lit::Int(i), ..
+            }) = &n
+            {
+                if i.base10_parse::<u32>().is_ok_and(|n| n == 0) {
+                    errors.push(syn::Error::new(
+                        i.span(),
+                        "`permits` must be at least 1: a semaphore of no permits can never be taken",
+                    ));
+                }
+            }
+            Kind::Permit(n)
+        }
+        (None, None) => Kind::Lock,
+    }
+}
+
+/// A kind other than the lock takes one key, and none of [`LOCK_ONLY`].
+fn check_kind(args: &Args, errors: &mut Errors) {
+    let Some((kind, at, one_key)) = args.kind.named() else {
+        return;
+    };
+    if let Some(Key::List(_, span)) = &args.key {
+        errors.push(syn::Error::new(*span, format!("{kind} takes one key: {one_key}")));
+    }
+    let given = [
+        args.min_hold.is_some(),
+        args.once.is_some(),
+        args.fair.is_some(),
+    ];
+    for (name, given) in LOCK_ONLY.into_iter().zip(given) {
+        if given {
+            errors.push(syn::Error::new(
+                at,
+                format!("{kind} cannot be combined with `{name}`: `{name}` is an option of the exclusive lock"),
+            ));
+        }
+    }
 }
 
 /// Stores an argument, or reports it as a duplicate. The one place that checks duplicates.

@@ -21,7 +21,7 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, LitStr, Pat, ReturnType, Type};
 
-use crate::attr::{self, Args, Dur, Key};
+use crate::attr::{self, Args, Dur, Key, Kind};
 use crate::errors::Errors;
 use crate::item::LockedFn;
 use crate::template::{self, Piece};
@@ -47,8 +47,6 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     };
 
     check_signature(&func, &mut errors);
-    check_permits(&args, &mut errors);
-    check_shared(&args, &mut errors);
     let params = parameter_names(&func);
     let key = match &args.key {
         None => {
@@ -108,97 +106,6 @@ fn one_key(key: &Key, params: &[String], args: &Args, errors: &mut Errors) -> Op
                 "a key list cannot hold another list",
             ));
             None
-        }
-    }
-}
-
-/// `permits = N` takes a permit of a semaphore: one key, at least one permit, and none of the
-/// options that only a lock has.
-fn check_permits(args: &Args, errors: &mut Errors) {
-    let Some(permits) = &args.permits else {
-        return;
-    };
-    if let syn::Expr::Lit(syn::ExprLit {
-        lit: syn::Lit::Int(n),
-        ..
-    }) = permits
-    {
-        if n.base10_parse::<u32>().is_ok_and(|n| n == 0) {
-            errors.push(syn::Error::new(
-                n.span(),
-                "`permits` must be at least 1: a semaphore of no permits can never be taken",
-            ));
-        }
-    }
-    if let Some(Key::List(_, span)) = &args.key {
-        errors.push(syn::Error::new(
-            *span,
-            "`permits` takes one key: a semaphore is one key with several holders, not a list of keys",
-        ));
-    }
-    let lock_only = [
-        ("min_hold", args.min_hold.is_some()),
-        ("once", args.once.is_some()),
-        ("fair", args.fair.is_some()),
-    ];
-    for (name, given) in lock_only {
-        if given {
-            errors.push(syn::Error::new(
-                permits.span(),
-                format!("`permits` cannot be combined with `{name}`: `{name}` is an option of the exclusive lock"),
-            ));
-        }
-    }
-}
-
-/// Whether `shared = true` was written (a literal: the kind of hold is decided at compile time).
-fn is_shared(args: &Args) -> bool {
-    matches!(
-        &args.shared,
-        Some(syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(b), .. })) if b.value
-    )
-}
-
-/// `shared = true` takes a read hold: a literal `true`/`false`, one key, and none of the options
-/// of the exclusive lock or of a semaphore.
-fn check_shared(args: &Args, errors: &mut Errors) {
-    let Some(shared) = &args.shared else {
-        return;
-    };
-    if !matches!(
-        shared,
-        syn::Expr::Lit(syn::ExprLit {
-            lit: syn::Lit::Bool(_),
-            ..
-        })
-    ) {
-        errors.push(syn::Error::new(
-            shared.span(),
-            "`shared` takes `true` or `false`, written out: whether the body reads or writes is known when it is written",
-        ));
-        return;
-    }
-    if !is_shared(args) {
-        return;
-    }
-    if let Some(Key::List(_, span)) = &args.key {
-        errors.push(syn::Error::new(
-            *span,
-            "`shared = true` takes one key: a read hold is of one key, not a list",
-        ));
-    }
-    let others = [
-        ("min_hold", args.min_hold.is_some()),
-        ("once", args.once.is_some()),
-        ("fair", args.fair.is_some()),
-        ("permits", args.permits.is_some()),
-    ];
-    for (name, given) in others {
-        if given {
-            errors.push(syn::Error::new(
-                shared.span(),
-                format!("`shared = true` cannot be combined with `{name}`"),
-            ));
         }
     }
 }
@@ -364,14 +271,13 @@ fn ident(segment: &str, span: Span) -> Ident {
     }
 }
 
-fn duration_tokens(d: Option<&Dur>, default: TokenStream) -> TokenStream {
+fn duration_tokens(d: &Dur) -> TokenStream {
     match d {
-        None => default,
-        Some(Dur::Lit(d, span)) => {
+        Dur::Lit(d, span) => {
             let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
             quote_spanned! {*span=> ::core::time::Duration::new(#secs, #nanos) }
         }
-        Some(Dur::Expr(e)) => {
+        Dur::Expr(e) => {
             let d = Ident::new("__dblock_duration", Span::mixed_site());
             quote_spanned! {e.span()=> { let #d: ::core::time::Duration = #e; #d } }
         }
@@ -398,17 +304,19 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
     let locker_var = Ident::new("__dblock_locker", Span::mixed_site());
     let ret_var = Ident::new("__dblock_ret", Span::mixed_site());
 
-    let ttl = duration_tokens(
-        args.ttl.as_ref(),
-        quote!(::core::time::Duration::from_secs(30)),
-    );
-    let wait = duration_tokens(args.wait.as_ref(), quote!(::core::time::Duration::ZERO));
     let builder = Ident::new("__dblock_builder", Span::mixed_site());
-    // Options the builder only gets when the attribute names them.
-    let min_hold = args.min_hold.as_ref().map(|d| {
-        let d = duration_tokens(Some(d), TokenStream::new());
-        quote! { let #builder = #builder.min_hold(#d); }
-    });
+    // Options the builder only gets when the attribute names them: otherwise the runtime's own
+    // defaults hold (`dblock::DEFAULT_TTL`, no wait), never a copy of them here.
+    let duration_option = |d: Option<&Dur>, setter: &str| {
+        let setter = Ident::new(setter, Span::call_site());
+        d.map(|d| {
+            let d = duration_tokens(d);
+            quote! { let #builder = #builder.#setter(#d); }
+        })
+    };
+    let ttl = duration_option(args.ttl.as_ref(), "ttl");
+    let wait = duration_option(args.wait.as_ref(), "wait");
+    let min_hold = duration_option(args.min_hold.as_ref(), "min_hold");
     let once = args.once.as_ref().map(|e| {
         let o = Ident::new("__dblock_once", Span::mixed_site());
         quote_spanned! {e.span()=>
@@ -461,10 +369,10 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
     };
 
     // The lock (one key or a list), or a permit of a semaphore (`permits = N`).
-    let take = match &args.permits {
-        None if is_shared(args) => quote!(#krate::__private::read),
-        None => quote!(#krate::__private::request),
-        Some(n) => {
+    let take = match &args.kind {
+        Kind::Read(_) => quote!(#krate::__private::read),
+        Kind::Lock => quote!(#krate::__private::request),
+        Kind::Permit(n) => {
             let p = Ident::new("__dblock_permits", Span::mixed_site());
             quote_spanned! {n.span()=> {
                 let #p: u32 = #n;
@@ -486,7 +394,9 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 ::core::concat!(::core::module_path!(), "::", #function),
             )
             .map(|#builder| {
-                let #builder = #builder.ttl(#ttl).wait(#wait).metrics_key(#template);
+                let #builder = #builder.metrics_key(#template);
+                #ttl
+                #wait
                 #min_hold
                 #once
                 #fair

@@ -22,8 +22,9 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::Hold;
 use crate::info::LockInfo;
+use crate::options::Options;
 use crate::owner::Owner;
-use crate::request::{LockRequest, DEFAULT_TTL};
+use crate::request::LockRequest;
 use crate::shared::Shared;
 use crate::validate;
 
@@ -63,55 +64,30 @@ const CAMPAIGN_RETRY: Duration = Duration::from_millis(500);
 pub struct LeaderRequest {
     shared: Arc<Shared>,
     key: String,
-    ttl: Duration,
-    label: Option<String>,
+    /// Its `ttl` and `holder` (the rest of the options core does not apply: a campaign waits as
+    /// long as it takes, as a fresh owner).
+    options: Options,
 }
 
 impl fmt::Debug for LeaderRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaderRequest")
             .field("key", &self.key)
-            .field("ttl", &self.ttl)
-            .field("holder", &self.label)
+            .field("ttl", &self.options.ttl)
+            .field("holder", &self.options.label)
             .finish()
     }
 }
+
+crate::options::setters!(LeaderRequest, "locker.leader(\"scheduler\")": ttl, holder);
 
 impl LeaderRequest {
     pub(crate) fn new(shared: Arc<Shared>, key: String) -> Self {
         LeaderRequest {
             shared,
             key,
-            ttl: DEFAULT_TTL,
-            label: None,
+            options: Options::default(),
         }
-    }
-
-    /// The lease of a leadership (default 30 s). Renewal extends it about every ttl/3 while
-    /// the instance leads; a leader that dies (or stops renewing) is replaced after at most one
-    /// ttl. A shorter ttl fails over sooner and costs more renewals.
-    ///
-    /// ```
-    /// # fn demo(locker: dblock::Locker) {
-    /// let election = locker.leader("scheduler").ttl(std::time::Duration::from_secs(5));
-    /// # }
-    /// ```
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// The label stored in the `holder` column after `host/pid` while this instance leads: what
-    /// [`current`](Self::current) and [`observe`](Self::observe) report as the leader.
-    ///
-    /// ```
-    /// # fn demo(locker: dblock::Locker) {
-    /// let election = locker.leader("scheduler").holder("node-a:8080");
-    /// # }
-    /// ```
-    pub fn holder(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
     }
 
     /// The key of the election.
@@ -145,21 +121,19 @@ impl LeaderRequest {
     pub async fn campaign(&self) -> Result<Leadership, LockError> {
         LockError::require_runtime()?;
         validate::key(&self.key)?;
-        validate::ttl_micros(self.ttl)?;
+        validate::ttl_micros(self.options.ttl)?;
         let owner = Owner::new();
         let span = tracing::info_span!("dblock.campaign", key = %crate::Escaped(&self.key), owner = %owner);
         async move { loop {
-            let mut request = LockRequest::new(self.shared.clone(), self.key.clone())
-                .ttl(self.ttl)
-                .wait(crate::timing::FOREVER)
-                .owner(&owner)
-                .kind("leader");
-            if let Some(label) = &self.label {
-                request = request.holder(label.clone());
-            }
-            match request.await {
+            let options = Options {
+                wait: crate::timing::FOREVER,
+                owner: Some(owner.clone()),
+                ..self.options.clone()
+            };
+            let request = LockRequest::with(self.shared.clone(), self.key.clone(), options, Default::default());
+            match request.kind("leader").await {
                 Ok(guard) => {
-                    let leadership = Leadership::new(guard.auto_renew(), self.ttl);
+                    let leadership = Leadership::new(guard.auto_renew(), self.options.ttl);
                     tracing::info!(
                         key = %crate::Escaped(&self.key),
                         fencing_token = leadership.fencing_token(),
@@ -215,7 +189,8 @@ impl LeaderRequest {
     /// # Ok(()) }
     /// ```
     pub fn observe(&self) -> Observe {
-        let every = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let every =
+            (self.options.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
         Observe {
             shared: self.shared.clone(),
             key: self.key.clone(),

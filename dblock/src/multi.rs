@@ -8,11 +8,9 @@
 //! call fails, or is dropped), the keys already taken are given back at once, recording nothing
 //! about them: a partial acquisition never stays behind.
 
-use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -20,8 +18,9 @@ use tracing::Instrument;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::meter;
-use crate::owner::{Context, Owner};
-use crate::request::{self, AllTry, LockRequest, DEFAULT_TTL};
+use crate::options::{LockOptions, Options};
+use crate::owner::Owner;
+use crate::request::{self, AllTry, LockRequest};
 use crate::shared::Shared;
 use crate::validate;
 
@@ -58,14 +57,8 @@ pub const MAX_LOCK_ALL_KEYS: usize = 1_000;
 pub struct LockAllRequest {
     shared: Arc<Shared>,
     keys: Vec<String>,
-    ttl: Duration,
-    wait: Duration,
-    min_hold: Duration,
-    once: bool,
-    fair: bool,
-    owner: Option<Owner>,
-    label: Option<String>,
-    metrics_key: Option<Cow<'static, str>>,
+    options: Options,
+    lock: LockOptions,
 }
 
 impl LockAllRequest {
@@ -73,118 +66,13 @@ impl LockAllRequest {
         LockAllRequest {
             shared,
             keys,
-            ttl: DEFAULT_TTL,
-            wait: Duration::ZERO,
-            min_hold: Duration::ZERO,
-            once: false,
-            fair: false,
-            owner: None,
-            label: None,
-            metrics_key: None,
+            options: Options::default(),
+            lock: LockOptions::default(),
         }
     }
-
-    /// The `key` label of this call's metrics (see [`LockRequest::metrics_key`]); the attribute
-    /// passes its key templates (`acct:{from}, acct:{to}`).
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guards = locker.lock_all(["acct:1", "acct:2"]).metrics_key("acct:{a}, acct:{b}").await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn metrics_key(mut self, template: impl Into<Cow<'static, str>>) -> Self {
-        self.metrics_key = Some(template.into());
-        self
-    }
-
-    /// Lease length of every key (see [`LockRequest::ttl`]).
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guards = locker.lock_all(["a", "b"]).ttl(std::time::Duration::from_secs(5)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long to keep trying for the whole set; zero (the default) means one attempt per key.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guards = locker.lock_all(["a", "b"]).wait(std::time::Duration::from_secs(2)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Keeps every key unavailable to others until this long after it was taken (see
-    /// [`LockRequest::min_hold`]).
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guards = locker.lock_all(["a", "b"]).min_hold(std::time::Duration::from_secs(1)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn min_hold(mut self, min_hold: Duration) -> Self {
-        self.min_hold = min_hold;
-        self
-    }
-
-    /// Refuses the set if any key's last hold succeeded (see [`LockRequest::once`]).
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guards = locker.lock_all(["a", "b"]).once().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn once(mut self) -> Self {
-        self.once = true;
-        self
-    }
-
-    /// Waits for each key in arrival order across processes (see [`LockRequest::fair`]). The
-    /// keys are then taken one at a time in canonical order, each in its own queue, never all
-    /// in one statement ahead of those queues.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guards = locker.lock_all(["a", "b"]).fair().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn fair(mut self) -> Self {
-        self.fair = true;
-        self
-    }
-
-    /// Acquires as this owner instead of the scope's (or a fresh) one.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let me = dblock::Owner::new();
-    /// let guards = locker.lock_all(["a", "b"]).owner(&me).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn owner(mut self, owner: &Owner) -> Self {
-        self.owner = Some(owner.clone());
-        self
-    }
-
-    /// A label stored in the `holder` column after `host/pid`, for operators.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guards = locker.lock_all(["a", "b"]).holder("transfer").await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn holder(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
 }
+
+crate::options::setters!(LockAllRequest, "locker.lock_all([\"a\", \"b\"])": ttl, wait, owner, holder, metrics_key, min_hold, once, fair);
 
 impl IntoFuture for LockAllRequest {
     /// The guards, in canonical key order.
@@ -193,11 +81,7 @@ impl IntoFuture for LockAllRequest {
 
     fn into_future(mut self) -> Self::IntoFuture {
         Box::pin(async move {
-            let owner = self
-                .owner
-                .take()
-                .or_else(|| Context::get().map(|c| c.owner))
-                .unwrap_or_default();
+            let owner = self.options.owner();
             self.keys.sort();
             self.keys.dedup();
             // The span is named after the call: several keys are a `dblock.lock_all`; one key
@@ -215,7 +99,7 @@ impl IntoFuture for LockAllRequest {
             };
             let started = Instant::now();
             let meter = meter::Label::new(
-                self.metrics_key.as_ref(),
+                self.options.metrics_key.as_ref(),
                 self.shared.backend_name(),
                 "lock",
             );
@@ -242,22 +126,13 @@ impl IntoFuture for LockAllRequest {
 impl LockAllRequest {
     /// The request for one of the keys, with what is left of the wait.
     fn request(&self, key: &str, until: Instant, owner: &Owner) -> LockRequest {
-        let mut request = LockRequest::new(self.shared.clone(), key.to_owned())
-            .part_of(self.metrics_key.as_ref(), self.keys.len() == 1)
-            .ttl(self.ttl)
-            .wait(until.saturating_duration_since(Instant::now()))
-            .min_hold(self.min_hold)
-            .owner(owner);
-        if self.once {
-            request = request.once();
-        }
-        if self.fair {
-            request = request.fair();
-        }
-        if let Some(label) = &self.label {
-            request = request.holder(label.clone());
-        }
-        request
+        let options = Options {
+            wait: until.saturating_duration_since(Instant::now()),
+            owner: Some(owner.clone()),
+            ..self.options.clone()
+        };
+        LockRequest::with(self.shared.clone(), key.to_owned(), options, self.lock)
+            .part_of(self.options.metrics_key.as_ref(), self.keys.len() == 1)
     }
 
     /// Takes the keys; `waiting_since` is set when the first attempt could not take them all.
@@ -284,13 +159,16 @@ impl LockAllRequest {
             validate::key(key)?;
         }
         let started = Instant::now();
-        let until = crate::timing::after(started, self.wait);
+        let until = crate::timing::after(started, self.options.wait);
         let mut guards: Vec<LockGuard> = Vec::with_capacity(self.keys.len());
-        if self.keys.len() > 1 && !self.fair {
+        if self.keys.len() > 1 && !self.lock.fair {
             // First every key in one statement (one round trip when they are free); what is
             // left after the first key not taken is waited for one key at a time, in order.
-            let call_until =
-                crate::timing::call_until(started, self.wait, self.shared.statement_timeout);
+            let call_until = crate::timing::call_until(
+                started,
+                self.options.wait,
+                self.shared.statement_timeout,
+            );
             let requests = self
                 .keys
                 .iter()

@@ -3,7 +3,6 @@
 //! [`Locker::lock`](crate::Locker::lock), whose wait loop records the writer's intent
 //! (`request.rs`).
 
-use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,8 +19,8 @@ use crate::guard::LockGuard;
 use crate::hold::{Hold, Reader};
 use crate::line;
 use crate::meter;
-use crate::owner::{Context, Owner};
-use crate::request::DEFAULT_TTL;
+use crate::options::Options;
+use crate::owner::Owner;
 use crate::retry::{self, Policy};
 use crate::shared::Shared;
 use crate::timing::{self, Backoff};
@@ -52,11 +51,7 @@ use crate::validate;
 pub struct ReadRequest {
     shared: Arc<Shared>,
     key: String,
-    ttl: Duration,
-    wait: Duration,
-    owner: Option<Owner>,
-    label: Option<String>,
-    metrics_key: Option<Cow<'static, str>>,
+    options: Options,
 }
 
 impl ReadRequest {
@@ -64,83 +59,12 @@ impl ReadRequest {
         ReadRequest {
             shared,
             key,
-            ttl: DEFAULT_TTL,
-            wait: Duration::ZERO,
-            owner: None,
-            label: None,
-            metrics_key: None,
+            options: Options::default(),
         }
     }
-
-    /// This reader's lease (default 30 s); the read hold ends when it runs out unless renewed.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let r = locker.read("config").ttl(std::time::Duration::from_secs(5)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long to keep trying while a writer holds the key or waits for it; zero (the
-    /// default) means one attempt.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let r = locker.read("config").wait(std::time::Duration::from_secs(5)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Reads as this owner instead of the scope's (or a fresh) one. An owner that reads a key
-    /// and asks again gets another read hold at once, even while a writer waits (it would
-    /// otherwise wait for itself); it must not ask for the write lock while it reads
-    /// ([`LockError::WouldWaitForItself`]).
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let me = dblock::Owner::new();
-    /// let a = locker.read("config").owner(&me).await?;
-    /// let b = locker.read("config").owner(&me).await?;
-    /// assert_eq!(b.hold_count(), 2); // read holds of the key, all readers together
-    /// # Ok(()) }
-    /// ```
-    pub fn owner(mut self, owner: &Owner) -> Self {
-        self.owner = Some(owner.clone());
-        self
-    }
-
-    /// A label stored in the `holder` column after `host/pid` when this reader starts a read
-    /// phase, for operators.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let r = locker.read("config").holder("config-reader").await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn holder(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
-
-    /// The `key` label of this call's metrics (feature `metrics`), as
-    /// [`LockRequest::metrics_key`](crate::LockRequest::metrics_key).
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let r = locker.read("config:eu").metrics_key("config:{region}").await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn metrics_key(mut self, template: impl Into<Cow<'static, str>>) -> Self {
-        self.metrics_key = Some(template.into());
-        self
-    }
 }
+
+crate::options::setters!(ReadRequest, "locker.read(\"config\")": ttl, wait, owner, holder, metrics_key);
 
 impl IntoFuture for ReadRequest {
     type Output = Result<LockGuard, LockError>;
@@ -148,22 +72,18 @@ impl IntoFuture for ReadRequest {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let owner = self
-                .owner
-                .clone()
-                .or_else(|| Context::get().map(|c| c.owner))
-                .unwrap_or_default();
+            let owner = self.options.owner();
             let span = tracing::debug_span!(
                 "dblock.read",
                 key = %crate::Escaped(&self.key),
                 backend = self.shared.backend_name(),
                 owner = %owner,
-                ttl_ms = self.ttl.as_millis() as u64,
-                wait_ms = self.wait.as_millis() as u64,
+                ttl_ms = self.options.ttl.as_millis() as u64,
+                wait_ms = self.options.wait.as_millis() as u64,
             );
             let started = Instant::now();
             let meter = meter::Label::new(
-                self.metrics_key.as_ref(),
+                self.options.metrics_key.as_ref(),
                 self.shared.backend_name(),
                 "read",
             );
@@ -211,17 +131,14 @@ impl ReadRequest {
         LockError::require_runtime()?;
         self.shared.check_open()?;
         validate::key(&self.key)?;
-        let ttl_us = validate::ttl_micros(self.ttl)?;
+        let ttl_us = validate::ttl_micros(self.options.ttl)?;
         let backend = self.shared.backend()?.clone();
         let shared = self.shared.clone();
-        let holder: Arc<str> = shared.holder_for(self.label.as_deref())?;
-        if let Some(key) = &self.metrics_key {
-            validate::text("metrics key", key)?;
-        }
+        let holder: Arc<str> = self.options.holder(&shared)?;
         let started = Instant::now();
-        let deadline = crate::timing::after(started, self.wait);
+        let deadline = crate::timing::after(started, self.options.wait);
         // The call's whole time: its wait, or one attempt's floor.
-        let call_until = timing::call_until(started, self.wait, shared.statement_timeout);
+        let call_until = timing::call_until(started, self.options.wait, shared.statement_timeout);
         // This call's id: kept among the row's readers, the same in every resend.
         let id = fastrand::i64(1..i64::MAX);
         let busy = |first: &Option<Instant>| LockError::Busy {
@@ -245,7 +162,7 @@ impl ReadRequest {
                     owner.clone(),
                     meter.clone(),
                 );
-                let (ttl, waiting) = (self.ttl, interest.is_some());
+                let (ttl, waiting) = (self.options.ttl, interest.is_some());
                 Detached::new(async move {
                     let sent = Instant::now();
                     let statement = ReadAcquire {

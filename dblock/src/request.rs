@@ -9,7 +9,6 @@ use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -19,14 +18,12 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::{Caller, Hold};
 use crate::meter;
-use crate::owner::{Context, Owner};
+use crate::options::{LockOptions, Options};
+use crate::owner::Owner;
 use crate::retry::{self, Policy};
 use crate::shared::{Serial, Shared};
 use crate::validate;
 use crate::wait::Request;
-
-/// The lease length when none is given.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 /// One `locker.lock(key)` call being configured; `.await` it to take the lock.
 ///
@@ -45,14 +42,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 pub struct LockRequest {
     shared: Arc<Shared>,
     key: String,
-    ttl: Duration,
-    wait: Duration,
-    owner: Option<Owner>,
-    label: Option<String>,
-    min_hold: Duration,
-    once: bool,
-    fair: bool,
-    metrics_key: Option<Cow<'static, str>>,
+    options: Options,
+    lock: LockOptions,
     /// `false` for one key of a `lock_all` call, which reports the call as a whole.
     record_call: bool,
     /// The `kind` label of its metrics: `"lock"`, or what the call is part of.
@@ -61,35 +52,24 @@ pub struct LockRequest {
 
 impl LockRequest {
     pub(crate) fn new(shared: Arc<Shared>, key: String) -> Self {
+        Self::with(shared, key, Options::default(), LockOptions::default())
+    }
+
+    /// A request with these options (one key of a `lock_all` call, a permit's slot).
+    pub(crate) fn with(
+        shared: Arc<Shared>,
+        key: String,
+        options: Options,
+        lock: LockOptions,
+    ) -> Self {
         LockRequest {
             shared,
             key,
-            ttl: DEFAULT_TTL,
-            wait: Duration::ZERO,
-            owner: None,
-            label: None,
-            min_hold: Duration::ZERO,
-            once: false,
-            fair: false,
-            metrics_key: None,
+            options,
+            lock,
             record_call: true,
             kind: "lock",
         }
-    }
-
-    /// The `key` label of this call's metrics (feature `metrics`): a template such as
-    /// `"order:{id}"` that names a family of keys, never the key itself unless the set of keys
-    /// is small, so the number of metric series stays bounded. Default `(handle)`; the
-    /// attribute passes its key template. Without the `metrics` feature it does nothing.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker, id: u64) -> Result<(), dblock::LockError> {
-    /// let guard = locker.lock(format!("order:{id}")).metrics_key("order:{id}").await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn metrics_key(mut self, template: impl Into<Cow<'static, str>>) -> Self {
-        self.metrics_key = Some(template.into());
-        self
     }
 
     /// The attempt of another kind of hold built on the lock (`"permit"`, `"leader"`; a read's
@@ -103,143 +83,13 @@ impl LockRequest {
     /// One key of a `lock_all` call, labelled as the call; `alone`: the call's only key, which
     /// then reports the call (a call of several keys reports itself).
     pub(crate) fn part_of(mut self, metrics_key: Option<&Cow<'static, str>>, alone: bool) -> Self {
-        self.metrics_key = metrics_key.cloned();
+        self.options.metrics_key = metrics_key.cloned();
         self.record_call = alone;
         self
     }
-
-    /// Keeps the key unavailable to every other owner until this long after it was acquired
-    /// (database clock), even if it is released sooner: a job started on every instance each
-    /// period runs once a period, not once per instance (ShedLock's "lock at least for"). The
-    /// holder's own release still returns at once. The lease is at least this long, so a
-    /// crashed holder's key waits for it too. Default: none.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// use std::time::Duration;
-    /// // Every instance tries each minute; one runs the report, the others find it busy.
-    /// if let Ok(guard) = locker.lock("report").min_hold(Duration::from_secs(50)).await {
-    ///     // ... the report ...
-    ///     guard.release().await?; // the key stays unavailable until 50 s after it was taken
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn min_hold(mut self, min_hold: Duration) -> Self {
-        self.min_hold = min_hold;
-        self
-    }
-
-    /// Runs the work until it succeeds once: a key whose last hold ended in success (released
-    /// with [`LockGuard::release`]) is not acquired again; the call returns
-    /// [`LockError::AlreadyDone`]. After a failure ([`LockGuard::release_failed`], a lease that
-    /// ran out) or a guard simply dropped ([`Outcome::Dropped`](crate::Outcome::Dropped)) it can
-    /// be acquired again. [`Locker::reset`](crate::Locker::reset)
-    /// makes a done key runnable again, and [`Locker::purge`](crate::Locker::purge) never deletes
-    /// a done key's record.
-    ///
-    /// The release records the success after the work: a crash in between runs the work again
-    /// (at-least-once). For work in the lock's own database, record the success in the work's
-    /// own transaction with [`LockGuard::succeed_in`]: then it is exactly-once.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// match locker.lock("payout:42").once().await {
-    ///     Ok(guard) => guard.release().await?, // ... pay, then record the success ...
-    ///     Err(dblock::LockError::AlreadyDone { .. }) => {} // paid before
-    ///     Err(e) => return Err(e),
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn once(mut self) -> Self {
-        self.once = true;
-        self
-    }
-
-    /// Waits in arrival order across processes: callers of one key that use `fair()` get it
-    /// first come, first served, whichever process they run in (without it, arrival order
-    /// holds among the waiters of one process, and across processes whoever asks first after
-    /// a release wins).
-    ///
-    /// A fair caller first reads the key's queue (a table beside the lock table, created by
-    /// [`Locker::migrate`](crate::Locker::migrate)): if nobody is queued it attempts at once;
-    /// if the key is busy, or others are queued, it takes a ticket and attempts only once every
-    /// earlier ticket is gone. The cost: one more read per call, and under contention a ticket
-    /// written and deleted per waiter (the benchmark shows the hand-off figures). A ticket is a
-    /// lease of 5 s, renewed while its caller waits: a waiter that dies holds the queue up for
-    /// at most that long. With `wait` zero (one attempt), a fair call finds the key busy as
-    /// long as others are queued for it.
-    ///
-    /// Fairness holds among callers that use it: a call without `fair()` does not read the
-    /// queue and can take a free key ahead of it. A re-entry (the owner holds the key) never
-    /// queues. Mutual exclusion never depends on the queue: it only orders the attempts.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// use std::time::Duration;
-    /// let guard = locker.lock("printer").fair().wait(Duration::from_secs(30)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn fair(mut self) -> Self {
-        self.fair = true;
-        self
-    }
-
-    /// Lease length; the lock is free for others once it runs out unless extended. Must be
-    /// greater than zero. Default 30 s.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guard = locker.lock("k").ttl(std::time::Duration::from_millis(500)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long to keep trying while someone else holds the key; zero (the default) means one
-    /// attempt. Attempts back off exponentially with jitter and never sleep past the deadline.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// match locker.lock("k").wait(std::time::Duration::from_secs(1)).await {
-    ///     Err(dblock::LockError::Busy { waited, .. }) => println!("gave up after {waited:?}"),
-    ///     other => { other?; }
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Acquires as this owner instead of the scope's (or a fresh) one.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let me = dblock::Owner::new();
-    /// let a = locker.lock("k").owner(&me).await?;
-    /// let b = locker.lock("k").owner(&me).await?;
-    /// assert_eq!(b.hold_count(), 2);
-    /// # Ok(()) }
-    /// ```
-    pub fn owner(mut self, owner: &Owner) -> Self {
-        self.owner = Some(owner.clone());
-        self
-    }
-
-    /// A label stored in the `holder` column after `host/pid`, for operators.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guard = locker.lock("k").holder("billing::settle").await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn holder(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
 }
+
+crate::options::setters!(LockRequest, "locker.lock(\"k\")": ttl, wait, owner, holder, metrics_key, min_hold, once, fair);
 
 impl IntoFuture for LockRequest {
     type Output = Result<LockGuard, LockError>;
@@ -248,18 +98,14 @@ impl IntoFuture for LockRequest {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             // Resolved when first polled, in the awaiting task: the scope's owner if any.
-            let owner = self
-                .owner
-                .clone()
-                .or_else(|| Context::get().map(|c| c.owner))
-                .unwrap_or_default();
+            let owner = self.options.owner();
             let span = tracing::debug_span!(
                 "dblock.lock",
                 key = %crate::Escaped(&self.key),
                 backend = self.shared.backend_name(),
                 owner = %owner,
-                ttl_ms = self.ttl.as_millis() as u64,
-                wait_ms = self.wait.as_millis() as u64,
+                ttl_ms = self.options.ttl.as_millis() as u64,
+                wait_ms = self.options.wait.as_millis() as u64,
             );
             async move {
                 let (shared, request) = self.resolve(owner)?;
@@ -278,26 +124,22 @@ impl LockRequest {
         LockError::require_runtime()?;
         self.shared.check_open()?;
         validate::key(&self.key)?;
-        if let Some(key) = &self.metrics_key {
-            validate::text("metrics key", key)?;
-        }
+        let holder = self.options.holder(&self.shared)?;
         let request = Request {
             meter: meter::Label::new(
-                self.metrics_key.as_ref(),
+                self.options.metrics_key.as_ref(),
                 self.shared.backend_name(),
                 self.kind,
             ),
             record_call: self.record_call,
-            ttl_us: validate::ttl_micros(self.ttl)?,
-            min_hold_us: validate::min_hold_micros(self.min_hold)?,
-            min_hold: self.min_hold,
-            once: self.once,
-            fair: self.fair,
+            ttl_us: validate::ttl_micros(self.options.ttl)?,
+            min_hold_us: validate::min_hold_micros(self.lock.min_hold)?,
+            lock: self.lock,
             caller: Caller::current(),
-            holder: self.shared.holder_for(self.label.as_deref())?,
+            holder,
             key: self.key,
-            ttl: self.ttl,
-            wait: self.wait,
+            ttl: self.options.ttl,
+            wait: self.options.wait,
             owner,
         };
         self.shared.backend()?;

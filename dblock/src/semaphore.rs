@@ -23,11 +23,9 @@
 //! acquire statement; re-entry by the same owner is the acquire alone (it takes the same slot
 //! again, counted). A release and each renewal are the lock's.
 
-use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -36,8 +34,9 @@ use crate::backend::semaphore::FlagSlots;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::info::{LockInfo, LockKind};
-use crate::owner::{Context, Owner};
-use crate::request::{LockRequest, DEFAULT_TTL};
+use crate::options::Options;
+use crate::owner::Owner;
+use crate::request::LockRequest;
 use crate::shared::Shared;
 use crate::timing::Backoff;
 use crate::validate;
@@ -82,11 +81,7 @@ pub struct SemaphoreRequest {
     shared: Arc<Shared>,
     key: String,
     permits: u32,
-    ttl: Duration,
-    wait: Duration,
-    owner: Option<Owner>,
-    label: Option<String>,
-    metrics_key: Option<Cow<'static, str>>,
+    options: Options,
 }
 
 impl SemaphoreRequest {
@@ -95,81 +90,12 @@ impl SemaphoreRequest {
             shared,
             key,
             permits,
-            ttl: DEFAULT_TTL,
-            wait: Duration::ZERO,
-            owner: None,
-            label: None,
-            metrics_key: None,
+            options: Options::default(),
         }
     }
-
-    /// The permit's lease (default 30 s): a holder that dies gives its permit back when it
-    /// runs out.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let permit = locker.semaphore("exports", 3).ttl(std::time::Duration::from_secs(5)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long to keep trying while every permit is taken; zero (the default) means one try.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let permit = locker.semaphore("exports", 3).wait(std::time::Duration::from_secs(10)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Takes the permit as this owner instead of the scope's (or a fresh) one. An owner that
-    /// already holds a permit of the key takes the same one again (counted, as a lock's
-    /// re-entry), never a second one.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let me = dblock::Owner::new();
-    /// let a = locker.semaphore("exports", 3).owner(&me).await?;
-    /// let b = locker.semaphore("exports", 3).owner(&me).await?;
-    /// assert_eq!(b.hold_count(), 2);
-    /// # Ok(()) }
-    /// ```
-    pub fn owner(mut self, owner: &Owner) -> Self {
-        self.owner = Some(owner.clone());
-        self
-    }
-
-    /// A label stored in the permit's `holder` column after `host/pid`, for operators.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let permit = locker.semaphore("exports", 3).holder("export-job").await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn holder(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
-
-    /// The `key` label of this call's metrics (feature `metrics`), as
-    /// [`LockRequest::metrics_key`].
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let permit = locker.semaphore("exports:eu", 3).metrics_key("exports:{region}").await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn metrics_key(mut self, template: impl Into<Cow<'static, str>>) -> Self {
-        self.metrics_key = Some(template.into());
-        self
-    }
 }
+
+crate::options::setters!(SemaphoreRequest, "locker.semaphore(\"exports\", 3)": ttl, wait, owner, holder, metrics_key);
 
 impl IntoFuture for SemaphoreRequest {
     type Output = Result<LockGuard, LockError>;
@@ -177,19 +103,15 @@ impl IntoFuture for SemaphoreRequest {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let owner = self
-                .owner
-                .clone()
-                .or_else(|| Context::get().map(|c| c.owner))
-                .unwrap_or_default();
+            let owner = self.options.owner();
             let span = tracing::debug_span!(
                 "dblock.semaphore",
                 key = %crate::Escaped(&self.key),
                 permits = self.permits,
                 backend = self.shared.backend_name(),
                 owner = %owner,
-                ttl_ms = self.ttl.as_millis() as u64,
-                wait_ms = self.wait.as_millis() as u64,
+                ttl_ms = self.options.ttl.as_millis() as u64,
+                wait_ms = self.options.wait.as_millis() as u64,
             );
             self.acquire(owner).instrument(span).await
         })
@@ -334,11 +256,11 @@ impl SemaphoreRequest {
                 self.permits
             )));
         }
-        validate::ttl_micros(self.ttl)?;
+        validate::ttl_micros(self.options.ttl)?;
         let permits = self.shared.permits().clone();
         let backend = permits.backend()?;
         let started = Instant::now();
-        let deadline = crate::timing::after(started, self.wait);
+        let deadline = crate::timing::after(started, self.options.wait);
         let (from, to) = (format!("{}\x1f", self.key), format!("{}\x20", self.key));
         let mut backoff = Backoff::default();
         // This process's waiters for the semaphore line up (`line.rs`, under the semaphore's
@@ -502,17 +424,13 @@ impl SemaphoreRequest {
         row: String,
         owner: &Owner,
     ) -> Result<LockGuard, LockError> {
-        let mut request = LockRequest::new(permits.clone(), row)
-            .kind("permit")
-            .ttl(self.ttl)
-            .owner(owner);
-        if let Some(key) = &self.metrics_key {
-            request = request.metrics_key(key.clone());
-        }
-        if let Some(label) = &self.label {
-            request = request.holder(label.clone());
-        }
-        let guard = request.await?;
+        let options = Options {
+            wait: std::time::Duration::ZERO,
+            owner: Some(owner.clone()),
+            ..self.options.clone()
+        };
+        let request = LockRequest::with(permits.clone(), row, options, Default::default());
+        let guard = request.kind("permit").await?;
         let _ = guard.hold().shown.set(self.key.clone());
         Ok(guard)
     }

@@ -40,7 +40,7 @@ pub(crate) struct Shared {
     pub(crate) statement_timeout: Duration,
     /// Whether concurrent statements share a round trip (`ConnectOptions::coalesce`).
     coalesce: bool,
-    /// Where they do (`backend/coalesce.rs`): one per table copy, since a statement writes one
+    /// Where they do (`backend/coalesce/`): one per table copy, since a statement writes one
     /// table.
     pub(crate) coalescer: Coalescer,
     /// Shared with every `table()` copy: shut down together.

@@ -20,6 +20,7 @@ use crate::hold::{Caller, Hold};
 use crate::info::time_from_micros;
 use crate::line;
 use crate::meter;
+use crate::options::LockOptions;
 use crate::owner::Owner;
 use crate::retry::{self, LastFailure, Policy};
 use crate::shared::{Serial, Shared};
@@ -31,11 +32,9 @@ pub(crate) struct Request {
     pub(crate) key: String,
     pub(crate) ttl: Duration,
     pub(crate) ttl_us: i64,
-    pub(crate) min_hold: Duration,
+    /// min_hold, once, and fair (wait in the key's queue across processes: `fair.rs`).
+    pub(crate) lock: LockOptions,
     pub(crate) min_hold_us: i64,
-    pub(crate) once: bool,
-    /// Wait in the key's queue across processes (`fair.rs`).
-    pub(crate) fair: bool,
     /// The task (or `block_on` thread) that called `lock()`.
     pub(crate) caller: Caller,
     pub(crate) wait: Duration,
@@ -77,13 +76,13 @@ impl Request {
             tenure: None,
             held: 0,
             min_hold_us: self.min_hold_us,
-            once: self.once,
+            once: self.lock.once,
         }
     }
 
     /// The lease a grant gets: the ttl, or min_hold if that is longer.
     pub(crate) fn lease(&self) -> Duration {
-        self.ttl.max(self.min_hold)
+        self.lock.lease(self.ttl)
     }
 
     /// Takes the lock: attempts until granted or `wait` runs out. The call returns by
@@ -147,7 +146,7 @@ impl Request {
         let mut turn: Option<line::Turn> = None;
         // A fair call's place in the key's queue in the database (`fair.rs`); a re-entry never
         // queues. Fair callers keep to the queue's order instead of the process's line.
-        let mut fair = (self.fair && !shared.held_by_owner(&self.key, &self.owner))
+        let mut fair = (self.lock.fair && !shared.held_by_owner(&self.key, &self.owner))
             .then(|| Fair::new(shared.clone(), &self.key, self.owner.id()));
         // The process's line for the key: looked up only when the key is busy, or when others
         // already wait in it (a lone caller never touches the lines' map).

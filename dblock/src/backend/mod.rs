@@ -605,7 +605,7 @@ impl Backend {
     }
 
     /// Statements of one kind a locker keeps in flight before further calls queue and travel
-    /// together (`backend/coalesce.rs`). SQLite: one, since it has one writer at a time and a
+    /// together (`backend/coalesce/`). SQLite: one, since it has one writer at a time and a
     /// second statement would only wait for the file's write lock (in its busy handler's
     /// sleeps). A server: at most one per pooled connection, so that coalescing takes away no
     /// parallelism while batches stay small: only a call that would have waited for a

@@ -1,4 +1,4 @@
-//! Coalesced statements on MySQL/MariaDB (`backend/coalesce.rs`).
+//! Coalesced statements on MySQL/MariaDB (`backend/coalesce/`).
 //!
 //! **Acquires** (MariaDB): the rows of many callers, on distinct keys, as one `INSERT ... SELECT
 //! ... ON DUPLICATE KEY UPDATE ... RETURNING`: one round trip, one commit, one answer row per

@@ -1,4 +1,4 @@
-//! Coalesced statements on PostgreSQL (`backend/coalesce.rs`): the acquires or the releases of
+//! Coalesced statements on PostgreSQL (`backend/coalesce/`): the acquires or the releases of
 //! many callers, on distinct keys, as one statement over arrays (`unnest`), one round trip,
 //! one commit. Each row is decided as its one-row statement decides it, and answered on its
 //! own.

@@ -1,4 +1,4 @@
-//! Coalesced statements on SQLite (`backend/coalesce.rs`): the acquires or the releases of many
+//! Coalesced statements on SQLite (`backend/coalesce/`): the acquires or the releases of many
 //! callers, on distinct keys, as one statement over a `VALUES` list. The time of a SQLite lock
 //! call is mostly the driver's per statement (a hop to the connection's worker thread and
 //! back, binding, stepping) and, for an acquire, a WAL flush at commit: one statement for the

@@ -1,0 +1,203 @@
+//! The options core every request builder embeds: what any kind of hold takes (ttl, wait,
+//! owner, holder label, metrics key) in [`Options`], what the exclusive lock adds (min_hold,
+//! once, fair) in [`LockOptions`], their setters written once ([`setters!`]), and the one
+//! place a call's owner is resolved.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::LockError;
+use crate::owner::{Context, Owner};
+use crate::shared::Shared;
+use crate::validate;
+
+/// How long a lease lasts unless the call says otherwise: 30 s (renewed while the work runs,
+/// so a short ttl only matters when the holder dies).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// What every kind of request takes.
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) owner: Option<Owner>,
+    pub(crate) label: Option<String>,
+    pub(crate) metrics_key: Option<Cow<'static, str>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            ttl: DEFAULT_TTL,
+            wait: Duration::ZERO,
+            owner: None,
+            label: None,
+            metrics_key: None,
+        }
+    }
+}
+
+impl Options {
+    /// The owner the call acquires as, resolved when the call is first polled, in the task
+    /// that awaits it: the one it was given, else the running locked scope's, else a fresh one.
+    pub(crate) fn owner(&self) -> Owner {
+        self.owner
+            .clone()
+            .or_else(|| Context::get().map(|c| c.owner))
+            .unwrap_or_default()
+    }
+
+    /// The holder label for the row (`host/pid[/label]`) after checking what the caller gave
+    /// that shares a statement with other callers' rows (label, metrics key): no NUL byte.
+    pub(crate) fn holder(&self, shared: &Shared) -> Result<Arc<str>, LockError> {
+        if let Some(key) = &self.metrics_key {
+            validate::text("metrics key", key)?;
+        }
+        shared.holder_for(self.label.as_deref())
+    }
+}
+
+/// What the exclusive lock (one key or several) adds.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LockOptions {
+    pub(crate) min_hold: Duration,
+    pub(crate) once: bool,
+    pub(crate) fair: bool,
+}
+
+impl LockOptions {
+    /// The lease a grant gets: the ttl, or min_hold if that is longer.
+    pub(crate) fn lease(&self, ttl: Duration) -> Duration {
+        ttl.max(self.min_hold)
+    }
+}
+
+/// The public setters of the options a builder takes (its `options: Options` field, and
+/// `lock: LockOptions` for the lock's), written once for every builder. `$call` is an
+/// expression that makes the builder from `locker`, for the examples.
+macro_rules! setters {
+    ($builder:ty, $call:literal: $($setter:ident),+ $(,)?) => {
+        impl $builder {
+            $( $crate::options::setters!(@ $setter, $call); )+
+        }
+    };
+    (@ ttl, $call:literal) => {
+        /// Lease length: the hold is free for others once it runs out unless renewed or
+        /// extended. Greater than zero, at most 100 years (else `LockError::Config`). Default
+        /// 30 s ([`DEFAULT_TTL`](crate::DEFAULT_TTL)).
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet request = ", $call, ".ttl(std::time::Duration::from_secs(10));\n# Ok(()) }\n```")]
+        pub fn ttl(mut self, ttl: ::std::time::Duration) -> Self {
+            self.options.ttl = ttl;
+            self
+        }
+    };
+    (@ wait, $call:literal) => {
+        /// How long to keep trying while the key is taken; zero (the default) means one attempt.
+        /// Attempts back off exponentially with jitter and never sleep past the deadline; any
+        /// `Duration` up to `Duration::MAX` ("as long as it takes") is accepted.
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet request = ", $call, ".wait(std::time::Duration::from_secs(5));\n# Ok(()) }\n```")]
+        pub fn wait(mut self, wait: ::std::time::Duration) -> Self {
+            self.options.wait = wait;
+            self
+        }
+    };
+    (@ owner, $call:literal) => {
+        /// Acquires as this owner instead of the running scope's (or a fresh) one: a second
+        /// hold of the same owner is a re-entry.
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet me = dblock::Owner::new();\nlet request = ", $call, ".owner(&me);\n# Ok(()) }\n```")]
+        pub fn owner(mut self, owner: &$crate::Owner) -> Self {
+            self.options.owner = Some(owner.clone());
+            self
+        }
+    };
+    (@ holder, $call:literal) => {
+        /// A label stored in the `holder` column after `host/pid`, for operators (cut to 255
+        /// characters; a NUL byte is refused with `LockError::Config`).
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet request = ", $call, ".holder(\"billing::settle\");\n# Ok(()) }\n```")]
+        pub fn holder(mut self, label: impl Into<String>) -> Self {
+            self.options.label = Some(label.into());
+            self
+        }
+    };
+    (@ metrics_key, $call:literal) => {
+        /// The `key` label of this call's metrics (feature `metrics`): a template such as
+        /// `"order:{id}"` that names a family of keys, never the key itself unless the set of
+        /// keys is small, so the number of metric series stays bounded. Default `(handle)`;
+        /// the attribute passes its key template. Without the `metrics` feature it does
+        /// nothing.
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet request = ", $call, ".metrics_key(\"exports:{tenant}\");\n# Ok(()) }\n```")]
+        pub fn metrics_key(mut self, template: impl Into<::std::borrow::Cow<'static, str>>) -> Self {
+            self.options.metrics_key = Some(template.into());
+            self
+        }
+    };
+    (@ min_hold, $call:literal) => {
+        /// Keeps the key (every key of the call) unavailable to every other owner until this
+        /// long after it was acquired (database clock), even if it is released sooner: a job
+        /// started on every instance each period runs once a period, not once per instance
+        /// (ShedLock's "lock at least for"). The holder's own release still returns at once.
+        /// The lease is at least this long, so a crashed holder's key waits for it too.
+        /// Default: none.
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\n// Every instance tries each minute; one runs the report, the others find it busy.\nlet request = ", $call, ".min_hold(std::time::Duration::from_secs(50));\n# Ok(()) }\n```")]
+        pub fn min_hold(mut self, min_hold: ::std::time::Duration) -> Self {
+            self.lock.min_hold = min_hold;
+            self
+        }
+    };
+    (@ once, $call:literal) => {
+        /// Runs the work until it succeeds once: a key whose last hold ended in success
+        /// (released with [`LockGuard::release`](crate::LockGuard::release), or
+        /// [`succeed_in`](crate::LockGuard::succeed_in)) is not acquired again; the call
+        /// returns [`LockError::AlreadyDone`](crate::LockError::AlreadyDone). After a failure
+        /// ([`release_failed`](crate::LockGuard::release_failed), a lease that ran out) or a
+        /// guard simply dropped ([`Outcome::Dropped`](crate::Outcome::Dropped)) it can be
+        /// acquired again. [`Locker::reset`](crate::Locker::reset) makes a done key runnable
+        /// again, and [`Locker::purge`](crate::Locker::purge) never deletes a done key's record.
+        ///
+        /// The release records the success after the work: a crash in between runs the work
+        /// again (at-least-once). For work in the lock's own database, record the success in
+        /// the work's own transaction with [`LockGuard::succeed_in`](crate::LockGuard::succeed_in):
+        /// then it is exactly-once.
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nmatch ", $call, ".once().await {\n    Ok(held) => drop(held), // ... pay, then record the success with release() ...\n    Err(dblock::LockError::AlreadyDone { .. }) => {} // paid before\n    Err(e) => return Err(e),\n}\n# Ok(()) }\n```")]
+        pub fn once(mut self) -> Self {
+            self.lock.once = true;
+            self
+        }
+    };
+    (@ fair, $call:literal) => {
+        /// Waits in arrival order across processes: callers of one key that use `fair()` get it
+        /// first come, first served, whichever process they run in (without it, arrival order
+        /// holds among the waiters of one process, and across processes whoever asks first
+        /// after a release wins). Several keys are then taken one at a time in canonical
+        /// order, each in its own queue.
+        ///
+        /// A fair caller first reads the key's queue (a table beside the lock table, created by
+        /// [`Locker::migrate`](crate::Locker::migrate)): if nobody is queued it attempts at
+        /// once; if the key is busy, or others are queued, it takes a ticket and attempts only
+        /// once every earlier ticket is gone. The cost: one more read per call, and under
+        /// contention a ticket written and deleted per waiter. A ticket is a lease of 5 s,
+        /// renewed while its caller waits: a waiter that dies holds the queue up for at most
+        /// that long. With `wait` zero (one attempt), a fair call finds the key busy as long as
+        /// others are queued for it.
+        ///
+        /// Fairness holds among callers that use it: a call without `fair()` does not read the
+        /// queue and can take a free key ahead of it. A re-entry (the owner holds the key)
+        /// never queues. Mutual exclusion never depends on the queue: it only orders attempts.
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet request = ", $call, ".fair().wait(std::time::Duration::from_secs(30));\n# Ok(()) }\n```")]
+        pub fn fair(mut self) -> Self {
+            self.lock.fair = true;
+            self
+        }
+    };
+}
+
+pub(crate) use setters;
