@@ -204,7 +204,10 @@ fn check_kind(args: &Args, errors: &mut Errors) {
         return;
     };
     if let Some(Key::List(_, span)) = &args.key {
-        errors.push(syn::Error::new(*span, format!("{kind} takes one key: {one_key}")));
+        errors.push(syn::Error::new(
+            *span,
+            format!("{kind} takes one key: {one_key}"),
+        ));
     }
     let given = [
         args.min_hold.is_some(),

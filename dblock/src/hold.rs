@@ -23,9 +23,8 @@ use crate::sync::lock;
 pub(crate) struct Hold {
     /// The row's key.
     pub(crate) key: String,
-    /// The key users know it by, where that is not the row's: a semaphore's key for the row
-    /// of one of its permits (`semaphore.rs`). Set once, right after the grant.
-    pub(crate) shown: std::sync::OnceLock<String>,
+    /// What kind of hold it is: a lock (a leadership is one), a read, or a semaphore's permit.
+    pub(crate) kind: HoldKind,
     pub(crate) owner: Owner,
     /// The tenure's fencing token.
     pub(crate) fencing_token: u64,
@@ -42,16 +41,28 @@ pub(crate) struct Hold {
     settled: AtomicBool,
     /// Who asked for it (to tell a task that is about to wait for itself).
     pub(crate) caller: Caller,
-    /// A shared (read) hold: its id among the key's readers and the owner that reads (the
-    /// row's owner, `owner` above, is the readers' marker). `None` for every other hold.
-    pub(crate) reader: Option<Reader>,
     /// What its metrics are labelled with.
     pub(crate) meter: meter::Label,
     /// When the grant arrived (for the hold time).
     pub(crate) granted: Instant,
 }
 
-/// What a read hold adds (see [`Hold::reader`]).
+/// What kind of hold a [`Hold`] is.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum HoldKind {
+    /// An exclusive lock of its key.
+    #[default]
+    Lock,
+    /// A shared (read) hold: its id among the key's readers and the owner that reads (the
+    /// row's owner, [`Hold::owner`], is the readers' marker).
+    Read(Reader),
+    /// A permit of the semaphore of this key (the key users know; the row is one of its slots,
+    /// `semaphore.rs`).
+    Permit(std::sync::Arc<str>),
+}
+
+/// What a read hold adds (see [`HoldKind::Read`]).
+#[derive(Clone, Debug)]
 pub(crate) struct Reader {
     pub(crate) id: i64,
     pub(crate) owner: Owner,
@@ -99,7 +110,7 @@ impl Hold {
     ) -> Self {
         Hold {
             key,
-            shown: std::sync::OnceLock::new(),
+            kind: HoldKind::Lock,
             owner,
             fencing_token: grant.fencing_token,
             hold_count: grant.hold_count,
@@ -115,16 +126,23 @@ impl Hold {
             revoked: AtomicBool::new(false),
             settled: AtomicBool::new(false),
             caller: Caller::current(),
-            reader: None,
             meter,
             granted: Instant::now(),
         }
     }
 
-    /// The same grant as a read hold.
-    pub(crate) fn reading(mut self, reader: Reader) -> Self {
-        self.reader = Some(reader);
+    /// The same grant as a hold of another kind.
+    pub(crate) fn of_kind(mut self, kind: HoldKind) -> Self {
+        self.kind = kind;
         self
+    }
+
+    /// The reader, for a read hold.
+    pub(crate) fn reader(&self) -> Option<&Reader> {
+        match &self.kind {
+            HoldKind::Read(reader) => Some(reader),
+            _ => None,
+        }
     }
 
     fn lease(&self) -> MutexGuard<'_, Lease> {
@@ -155,9 +173,12 @@ impl Hold {
         }
     }
 
-    /// The key users know the hold by (see `shown`).
+    /// The key users know the hold by: a permit's semaphore key, else the row's.
     pub(crate) fn name(&self) -> &str {
-        self.shown.get().unwrap_or(&self.key)
+        match &self.kind {
+            HoldKind::Permit(semaphore) => semaphore,
+            _ => &self.key,
+        }
     }
 
     pub(crate) fn expires_at_us(&self) -> i64 {

@@ -3,6 +3,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The `owner` of a row held by readers ([`LockKind::Read`]). Owner ids are UUIDs; this never
+/// is one.
+pub(crate) const READERS: &str = "(readers)";
+
 /// One row of the lock table as [`Locker::inspect`](crate::Locker::inspect) and
 /// [`Locker::held`](crate::Locker::held) report it.
 ///
@@ -155,7 +159,7 @@ pub(crate) struct LockRow {
 
 impl From<LockRow> for LockInfo {
     fn from(r: LockRow) -> Self {
-        let kind = if r.owner.as_deref() == Some(crate::backend::shared::READERS) {
+        let kind = if r.owner.as_deref() == Some(READERS) {
             LockKind::Read {
                 writer_waiting: r.writer_waiting && r.held,
             }

@@ -131,7 +131,7 @@ impl LeaderRequest {
                 ..self.options.clone()
             };
             let request = LockRequest::with(self.shared.clone(), self.key.clone(), options, Default::default());
-            match request.kind("leader").await {
+            match request.leader().await {
                 Ok(guard) => {
                     let leadership = Leadership::new(guard.auto_renew(), self.options.ttl);
                     tracing::info!(

@@ -31,20 +31,41 @@ pub(crate) struct Label {
     #[cfg(feature = "metrics")]
     backend: &'static str,
     #[cfg(feature = "metrics")]
-    kind: &'static str,
+    kind: Kind,
 }
 
 /// The `key` label of calls that did not name one.
 #[cfg(feature = "metrics")]
 pub(crate) const UNNAMED: &str = "(handle)";
 
+/// The kind of hold a call takes, as its metrics are labelled (`kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// An exclusive lock ([`Locker::lock`](crate::Locker::lock), `lock_all`, the attribute).
+    Lock,
+    /// A shared hold ([`Locker::read`](crate::Locker::read)).
+    Read,
+    /// A permit of a semaphore ([`Locker::semaphore`](crate::Locker::semaphore)).
+    Permit,
+    /// A leadership ([`Locker::leader`](crate::Locker::leader)).
+    Leader,
+}
+
+impl Kind {
+    /// The label's value.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Kind::Lock => "lock",
+            Kind::Read => "read",
+            Kind::Permit => "permit",
+            Kind::Leader => "leader",
+        }
+    }
+}
+
 impl Label {
-    /// `kind`: `"lock"`, `"permit"` (a semaphore's) or `"leader"`.
-    pub(crate) fn new(
-        key: Option<&Cow<'static, str>>,
-        backend: &'static str,
-        kind: &'static str,
-    ) -> Label {
+    pub(crate) fn new(key: Option<&Cow<'static, str>>, backend: &'static str, kind: Kind) -> Label {
         #[cfg(not(feature = "metrics"))]
         let _ = (key, backend, kind);
         Label {
@@ -66,7 +87,7 @@ impl Label {
         vec![
             metrics::Label::new("key", key),
             metrics::Label::new("backend", self.backend),
-            metrics::Label::new("kind", self.kind),
+            metrics::Label::new("kind", self.kind.label()),
         ]
     }
 }

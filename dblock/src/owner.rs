@@ -73,7 +73,7 @@ impl Owner {
     /// The row owner of a key held by readers (`backend::shared::READERS`): never an owner's id.
     pub(crate) fn readers() -> Self {
         Owner {
-            id: Arc::from(crate::backend::shared::READERS),
+            id: Arc::from(crate::info::READERS),
         }
     }
 

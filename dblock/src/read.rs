@@ -16,7 +16,7 @@ use crate::backend::Interest;
 use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::hold::{Hold, Reader};
+use crate::hold::{Hold, HoldKind, Reader};
 use crate::line;
 use crate::meter;
 use crate::options::Options;
@@ -85,7 +85,7 @@ impl IntoFuture for ReadRequest {
             let meter = meter::Label::new(
                 self.options.metrics_key.as_ref(),
                 self.shared.backend_name(),
-                "read",
+                meter::Kind::Read,
             );
             let mut first_busy = None;
             let result = self
@@ -189,7 +189,7 @@ impl ReadRequest {
                     match tried.result {
                         Ok(ReadAttempt::Granted(grant)) => {
                             let hold = Hold::new(key, Owner::readers(), grant, ttl, sent, meter)
-                                .reading(Reader { id, owner });
+                                .of_kind(HoldKind::Read(Reader { id, owner }));
                             let live = timing::live(hold.deadline(), ttl);
                             match LockGuard::new(hold, shared) {
                                 Ok(guard) if live => Try::Got(guard),

@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::backend::{Acquire, Attempt};
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::hold::{Caller, Hold};
+use crate::hold::{Caller, Hold, HoldKind};
 use crate::meter;
 use crate::options::{LockOptions, Options};
 use crate::owner::Owner;
@@ -46,8 +46,11 @@ pub struct LockRequest {
     lock: LockOptions,
     /// `false` for one key of a `lock_all` call, which reports the call as a whole.
     record_call: bool,
-    /// The `kind` label of its metrics: `"lock"`, or what the call is part of.
-    kind: &'static str,
+    /// The kind of hold the call takes, as its metrics say (a lock, or the kind of hold built
+    /// on one: a leadership, a semaphore's permit).
+    kind: meter::Kind,
+    /// The hold it makes: a lock, or one permit of a semaphore.
+    hold_kind: HoldKind,
 }
 
 impl LockRequest {
@@ -68,15 +71,21 @@ impl LockRequest {
             options,
             lock,
             record_call: true,
-            kind: "lock",
+            kind: meter::Kind::Lock,
+            hold_kind: HoldKind::Lock,
         }
     }
 
-    /// The attempt of another kind of hold built on the lock (`"permit"`, `"leader"`; a read's
-    /// calls are `"read"`), as its
-    /// metrics are labelled.
-    pub(crate) fn kind(mut self, kind: &'static str) -> Self {
-        self.kind = kind;
+    /// A leadership: the lock under another metrics kind.
+    pub(crate) fn leader(mut self) -> Self {
+        self.kind = meter::Kind::Leader;
+        self
+    }
+
+    /// A permit of the semaphore `semaphore`: the lock of one of its slot rows.
+    pub(crate) fn permit_of(mut self, semaphore: &str) -> Self {
+        self.kind = meter::Kind::Permit;
+        self.hold_kind = HoldKind::Permit(semaphore.into());
         self
     }
 
@@ -141,6 +150,7 @@ impl LockRequest {
             ttl: self.options.ttl,
             wait: self.options.wait,
             owner,
+            hold_kind: self.hold_kind,
         };
         self.shared.backend()?;
         Ok((self.shared, request))

@@ -141,16 +141,41 @@ fn free_slots(permits: u32, mut taken: Vec<u32>, want: usize) -> Vec<u32> {
     free
 }
 
-/// The key of slot `slot` of semaphore `key` of `permits` permits.
-fn slot_key(key: &str, permits: u32, slot: u32) -> String {
-    format!("{key}\x1f{permits}.{slot}")
+/// One permit slot of a semaphore: slot `slot` (of `0..permits`) of a semaphore of `permits`
+/// permits, the row `<key> ␟ <permits>.<slot>` of the permits' table (`␟` is `\x1f`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    permits: u32,
+    slot: u32,
+}
+
+impl Slot {
+    /// The row key of this slot of semaphore `key`.
+    fn row(self, key: &str) -> String {
+        format!("{key}\x1f{}.{}", self.permits, self.slot)
+    }
+
+    /// The slot a row key of semaphore `key` stands for (`None`: the row is another key's, or
+    /// no slot at all).
+    fn of_row(key: &str, row: &str) -> Option<Slot> {
+        let rest = row.strip_prefix(key)?.strip_prefix('\x1f')?;
+        let (permits, slot) = rest.split_once('.')?;
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(permits) || !digits(slot) {
+            return None;
+        }
+        Some(Slot {
+            permits: permits.parse().ok()?,
+            slot: slot.parse().ok()?,
+        })
+    }
 }
 
 /// A row of the permits' table as the operator sees it: the semaphore's key, and which permit.
 /// `None` for a row that is no slot (not written by dblock).
 pub(crate) fn as_permit(mut info: LockInfo) -> Option<LockInfo> {
     let (key, _) = info.key.rsplit_once('\x1f')?;
-    let (permits, slot) = parse_slot(key, &info.key)?;
+    let Slot { permits, slot } = Slot::of_row(key, &info.key)?;
     info.key = key.to_owned();
     info.kind = LockKind::Permit { slot, permits };
     Some(info)
@@ -171,7 +196,7 @@ pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, Lo
     };
     Ok(rows
         .into_iter()
-        .filter(|r| parse_slot(key, &r.key).is_some())
+        .filter(|r| Slot::of_row(key, &r.key).is_some())
         .filter_map(as_permit)
         .collect())
 }
@@ -200,7 +225,7 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
         other => other?,
     };
     let mut freed = 0;
-    for row in rows.iter().filter(|r| parse_slot(key, &r.key).is_some()) {
+    for row in rows.iter().filter(|r| Slot::of_row(key, &r.key).is_some()) {
         if permits
             .once("force_release", |limit| {
                 backend.force_release(&row.key, limit)
@@ -225,17 +250,6 @@ pub(crate) async fn purge(shared: &Shared, older_than_us: i64) -> Result<u64, Lo
         Err(e) if e.is_not_migrated() => Ok(0),
         other => other,
     }
-}
-
-/// The permits and slot of a slot key of `key` (`None`: the row is another key's).
-fn parse_slot(key: &str, row_key: &str) -> Option<(u32, u32)> {
-    let rest = row_key.strip_prefix(key)?.strip_prefix('\x1f')?;
-    let (permits, slot) = rest.split_once('.')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(permits) || !digits(slot) {
-        return None;
-    }
-    Some((permits.parse().ok()?, slot.parse().ok()?))
 }
 
 impl SemaphoreRequest {
@@ -300,7 +314,7 @@ impl SemaphoreRequest {
         loop {
             // Re-entry: the slot this owner holds, again.
             if let Some(slot) = permits.held_with_prefix(&from, &owner) {
-                if parse_slot(&self.key, &slot).is_some_and(|(n, _)| n == self.permits) {
+                if Slot::of_row(&self.key, &slot).is_some_and(|s| s.permits == self.permits) {
                     match self.take(&permits, slot, &owner).await {
                         Err(e) if retryable(&e) => {
                             tracing::debug!(error = %e, "permit re-entry failed; trying again");
@@ -318,7 +332,7 @@ impl SemaphoreRequest {
             // The slots live rows hold: never more than the live rows, whatever `permits` is.
             let mut taken = Vec::with_capacity(live.len());
             for row in &live {
-                let Some((n, slot)) = parse_slot(&self.key, &row.key) else {
+                let Some(Slot { permits: n, slot }) = Slot::of_row(&self.key, &row.key) else {
                     continue;
                 };
                 if n != self.permits {
@@ -333,7 +347,11 @@ impl SemaphoreRequest {
                 }
             }
             for slot in free_slots(self.permits, taken, TRIES_PER_READ) {
-                let row = slot_key(&self.key, self.permits, slot);
+                let row = Slot {
+                    permits: self.permits,
+                    slot,
+                }
+                .row(&self.key);
                 match self.take(&permits, row, &owner).await {
                     Err(LockError::Busy { .. }) => continue,
                     Err(e) if retryable(&e) => {
@@ -370,7 +388,11 @@ impl SemaphoreRequest {
             if wake.is_none() && (self.permits as usize) <= MAX_LISTENED_SLOTS {
                 let mut interests = Vec::new();
                 for slot in 0..self.permits {
-                    let key = slot_key(&self.key, self.permits, slot);
+                    let key = Slot {
+                        permits: self.permits,
+                        slot,
+                    }
+                    .row(&self.key);
                     match tokio::time::timeout_at(deadline, backend.interest(&key)).await {
                         Ok(Some(i)) => interests.push(i),
                         _ => break,
@@ -385,7 +407,13 @@ impl SemaphoreRequest {
             let listening = wake.is_some();
             if listening {
                 let keys: Vec<String> = (0..self.permits)
-                    .map(|slot| slot_key(&self.key, self.permits, slot))
+                    .map(|slot| {
+                        Slot {
+                            permits: self.permits,
+                            slot,
+                        }
+                        .row(&self.key)
+                    })
                     .collect();
                 let limit = (Instant::now() + permits.statement_timeout).min(deadline);
                 let _ = backend.run(&FlagSlots { keys: &keys }, limit).await;
@@ -430,9 +458,7 @@ impl SemaphoreRequest {
             ..self.options.clone()
         };
         let request = LockRequest::with(permits.clone(), row, options, Default::default());
-        let guard = request.kind("permit").await?;
-        let _ = guard.hold().shown.set(self.key.clone());
-        Ok(guard)
+        request.permit_of(&self.key).await
     }
 }
 
@@ -455,16 +481,41 @@ mod tests {
 
     #[test]
     fn slot_keys_are_read_back_only_for_their_own_key() {
-        let row = slot_key("exports", 3, 2);
-        assert_eq!(parse_slot("exports", &row), Some((3, 2)));
-        assert_eq!(parse_slot("export", &row), None);
-        // A key that itself contains the separator never reads as another key's slot.
-        let other = slot_key("exports\x1f3.2", 5, 0);
-        assert_eq!(parse_slot("exports", &other), None);
-        assert_eq!(parse_slot("exports\x1f3.2", &other), Some((5, 0)));
-        assert_eq!(parse_slot("exports", "exports\x1f3."), None);
+        let row = Slot {
+            permits: 3,
+            slot: 2,
+        }
+        .row("exports");
         assert_eq!(
-            slot_key(&"k".repeat(MAX_SEMAPHORE_KEY_LEN), u32::MAX, u32::MAX - 1).len(),
+            Slot::of_row("exports", &row),
+            Some(Slot {
+                permits: 3,
+                slot: 2
+            })
+        );
+        assert_eq!(Slot::of_row("export", &row), None);
+        // A key that itself contains the separator never reads as another key's slot.
+        let other = Slot {
+            permits: 5,
+            slot: 0,
+        }
+        .row("exports\x1f3.2");
+        assert_eq!(Slot::of_row("exports", &other), None);
+        assert_eq!(
+            Slot::of_row("exports\x1f3.2", &other),
+            Some(Slot {
+                permits: 5,
+                slot: 0
+            })
+        );
+        assert_eq!(Slot::of_row("exports", "exports\x1f3."), None);
+        assert_eq!(
+            Slot {
+                permits: u32::MAX,
+                slot: u32::MAX - 1
+            }
+            .row(&"k".repeat(MAX_SEMAPHORE_KEY_LEN))
+            .len(),
             validate::MAX_KEY_LEN
         );
     }

@@ -189,9 +189,7 @@ impl Shared {
             .values()
             .filter(|(_, of)| of.upgrade().is_some_and(|of| of.space == self.space))
             .filter_map(|(h, _)| h.upgrade())
-            .find(|h| {
-                !h.is_lost() && h.key == key && h.reader.as_ref().is_some_and(|r| r.owner == *owner)
-            })
+            .find(|h| !h.is_lost() && h.key == key && h.reader().is_some_and(|r| r.owner == *owner))
             .map(|h| h.fencing_token)
     }
 
@@ -444,7 +442,7 @@ impl Shared {
         outcome: Option<Outcome>,
         until: Instant,
     ) -> Result<Released, LockError> {
-        if let Some(reader) = &hold.reader {
+        if let Some(reader) = hold.reader() {
             // Boxed, as the rare statements below: kept out of every release's future.
             return Box::pin(self.release_read(hold, reader.id, outcome, until)).await;
         }
@@ -524,8 +522,8 @@ impl Shared {
         if matches!(released, Ok(Released::Free)) {
             crate::line::freed(&self.space, &hold.key);
             // A semaphore's permit: its waiters line up under the semaphore's key.
-            if let Some(shown) = hold.shown.get() {
-                crate::line::freed(&self.space, shown);
+            if let crate::hold::HoldKind::Permit(semaphore) = &hold.kind {
+                crate::line::freed(&self.space, semaphore);
             }
         }
         released

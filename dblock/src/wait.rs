@@ -16,7 +16,7 @@ use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
 use crate::fair::{Fair, Place};
 use crate::guard::LockGuard;
-use crate::hold::{Caller, Hold};
+use crate::hold::{Caller, Hold, HoldKind};
 use crate::info::time_from_micros;
 use crate::line;
 use crate::meter;
@@ -43,6 +43,8 @@ pub(crate) struct Request {
     pub(crate) holder: Arc<str>,
     pub(crate) meter: meter::Label,
     pub(crate) record_call: bool,
+    /// The hold a grant makes: a lock, or a semaphore's permit.
+    pub(crate) hold_kind: HoldKind,
 }
 
 /// The outcome of one attempt, with the lock already inside a guard.
@@ -425,7 +427,8 @@ impl Request {
             let lease = req.lease();
             let outcome = match tried.result {
                 Ok(Attempt::Acquired(grant)) => {
-                    let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter);
+                    let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter)
+                        .of_kind(req.hold_kind);
                     hold.caller = req.caller;
                     if timing::live(hold.deadline(), lease) {
                         let mut serial = serial;

@@ -24,8 +24,7 @@ use std::time::Duration;
 
 use super::{Grant, Outcome, Statement};
 
-/// The `owner` of a row held by readers. Owner ids are UUIDs; this never is one.
-pub(crate) const READERS: &str = "(readers)";
+pub(crate) use crate::info::READERS;
 
 /// How long a writer's intent lasts unless renewed (it is renewed at each attempt, and a
 /// waiting writer attempts at least every 250 ms): a writer that dies holds new readers back
