@@ -7,7 +7,6 @@
 //! comment above each statement says why it is atomic on its own.
 
 use std::future::Future;
-use std::time::Duration;
 
 pub(crate) use conns::Conns;
 use tokio::time::Instant;
@@ -15,18 +14,20 @@ use tokio::time::Instant;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::info::LockInfo;
-pub(crate) use crate::info::Outcome;
 use crate::retry::{self, Failure};
+pub(crate) use contract::*;
 
 mod admin;
 pub(crate) mod batch;
 pub(crate) mod coalesce;
 pub(crate) mod conns;
+pub(crate) mod contract;
 pub(crate) mod exec;
 pub(crate) mod fence;
 pub(crate) mod migrations;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+pub(crate) mod operator;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod semaphore;
@@ -38,126 +39,6 @@ pub(crate) use crate::retry::Failed;
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("dblock needs at least one backend feature: `sqlite`, `postgres` or `mysql`");
-
-/// What one acquire statement binds: a borrowed view of the resolved request, plus this
-/// attempt's id.
-pub(crate) struct Acquire<'a> {
-    pub key: &'a str,
-    pub owner: &'a str,
-    /// Lease length in microseconds (validated: > 0 and fits the database's interval type).
-    pub ttl_us: i64,
-    pub holder: &'a str,
-    /// Random id of this `lock()` call. A retry after an unknown outcome sends the same id, so
-    /// the statement recognises its own earlier success instead of counting the hold twice.
-    pub attempt: i64,
-    /// A waiter whose LISTEN is in place: on PostgreSQL, a busy attempt asks for a NOTIFY.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub waiting: bool,
-    /// The tenure (fencing token) of this owner's holds of the key that the process tracks, and
-    /// how many: re-entry counts from these, never from the row alone.
-    pub tenure: Option<i64>,
-    pub held: u32,
-    /// The key stays unavailable to others this long after a new tenure begins (0: no minimum);
-    /// the lease is at least this long.
-    pub min_hold_us: i64,
-    /// Refuse the key if its last hold succeeded.
-    pub once: bool,
-}
-
-/// A lock that the statement granted (first hold, takeover or re-entry).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Grant {
-    pub hold_count: u32,
-    pub fencing_token: u64,
-    pub expires_at_us: i64,
-}
-
-/// The outcome of one acquire statement.
-#[derive(Debug)]
-pub(crate) enum Attempt {
-    Acquired(Grant),
-    /// Held by someone else; `retry_after` is the holder's remaining lease where the backend
-    /// reports it, measured on the database clock.
-    Busy {
-        retry_after: Option<Duration>,
-    },
-    /// A `once` request for a key whose last hold succeeded (at `finished_at_us`).
-    Done {
-        finished_at_us: Option<i64>,
-    },
-}
-
-/// What one release statement did.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Released {
-    /// The hold count reached zero: the key is free.
-    Free,
-    /// Still held by the same owner at this count.
-    StillHeld(u32),
-    /// Nothing matched: not the owner, a different tenure, or the lease already ended.
-    NotHeld,
-}
-
-/// The parameters every owner-checked statement carries.
-pub(crate) struct HoldRef<'a> {
-    pub key: &'a str,
-    pub owner: &'a str,
-    pub fencing_token: u64,
-}
-
-/// One lease in a batched extension.
-pub(crate) struct RenewItem<'a> {
-    pub key: &'a str,
-    pub owner: &'a str,
-    pub fencing_token: u64,
-    pub ttl_us: i64,
-}
-
-/// What the row of a key says about its last writers (see `Dialect::last_write`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LastWrite {
-    /// The last acquire's attempt id or release's id.
-    pub writer: Option<i64>,
-    /// The row's tenure.
-    pub fencing_token: i64,
-    /// The last release's id, and the tenure it released: no acquire overwrites them.
-    pub release_id: Option<i64>,
-    pub release_token: Option<i64>,
-}
-
-/// The holds a batched extension found live and extended: (key, owner, fencing token).
-pub(crate) type Extended = Vec<(String, String, u64)>;
-
-/// One step of a fair waiter (`LockRequest::fair`) in the queue of its key: the rows of the
-/// lock table's queue table ([`queue_table`]), one per waiter, ordered by ticket. Each row is a
-/// short lease of its own on the database clock, renewed while its waiter polls, so a waiter
-/// that dies leaves the queue by itself. The queue only orders the attempts; who holds the key
-/// is decided by the acquire statement alone, so the queue can never break mutual exclusion.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum QueueStep<'a> {
-    /// Takes a ticket at the back of the queue: answers the ticket.
-    Join {
-        key: &'a str,
-        owner: &'a str,
-        lease_us: i64,
-    },
-    /// How many live waiters with a smaller ticket are queued, counted up to 8 (0: nobody is
-    /// ahead); a caller without a ticket asks with `i64::MAX`.
-    Ahead { key: &'a str, ticket: i64 },
-    /// Renews the ticket's lease: 1, or 0 if it is gone (ran out and was cleared).
-    Touch {
-        key: &'a str,
-        owner: &'a str,
-        ticket: i64,
-        lease_us: i64,
-    },
-    /// Leaves the queue, and clears the key's tickets whose lease ran out: how many rows went.
-    Leave {
-        key: &'a str,
-        owner: &'a str,
-        ticket: i64,
-    },
-}
 
 /// The fair waiters' table of lock table `table` (validated): `<table>_queue` (see
 /// [`companion`]).
@@ -421,54 +302,30 @@ pub(crate) async fn release_in_transaction<D: Dialect>(
     Ok(out)
 }
 
-/// A statement as a value: what it binds, and for each backend how it is sent and its answer
-/// read (in that backend's file for the statement's kind, e.g. `postgres/shared.rs`). One
-/// executor runs every such statement ([`Backend::run`]): a new statement is a type and one
-/// function per backend, not a `Dialect` method, a forwarder and a call site.
-pub(crate) trait Statement: Sync {
-    /// What the statement answers.
-    type Output: Send;
+#[cfg(feature = "mysql")]
+pub(crate) use mysql::OnMySql;
+#[cfg(feature = "postgres")]
+pub(crate) use postgres::OnPostgres;
+#[cfg(feature = "sqlite")]
+pub(crate) use sqlite::OnSqlite;
 
-    /// Sent on the pool releases use (lazily durable where the backend has one).
-    const ON_RELEASE_POOL: bool = false;
+/// Stand-ins for the traits of the backends a build leaves out: every statement "runs" there.
+#[cfg(not(feature = "postgres"))]
+pub(crate) trait OnPostgres {}
+#[cfg(not(feature = "postgres"))]
+impl<T: ?Sized> OnPostgres for T {}
+#[cfg(not(feature = "mysql"))]
+pub(crate) trait OnMySql {}
+#[cfg(not(feature = "mysql"))]
+impl<T: ?Sized> OnMySql for T {}
+#[cfg(not(feature = "sqlite"))]
+pub(crate) trait OnSqlite {}
+#[cfg(not(feature = "sqlite"))]
+impl<T: ?Sized> OnSqlite for T {}
 
-    #[cfg(feature = "postgres")]
-    fn postgres(
-        &self,
-        pg: &postgres::Pg,
-        conn: &mut sqlx::PgConnection,
-    ) -> impl Future<Output = Result<Self::Output, sqlx::Error>> + Send;
-
-    #[cfg(feature = "mysql")]
-    fn mysql(
-        &self,
-        my: &mysql::My,
-        conn: &mut sqlx::MySqlConnection,
-    ) -> impl Future<Output = Result<Self::Output, sqlx::Error>> + Send;
-
-    #[cfg(feature = "sqlite")]
-    fn sqlite(
-        &self,
-        lite: &sqlite::Lite,
-        conn: &mut sqlx::SqliteConnection,
-    ) -> impl Future<Output = Result<Self::Output, sqlx::Error>> + Send;
-}
-
-/// The answer to a statement over several keys ([`Dialect::acquire_many`], SQLite's coalesced
-/// acquire) from the grants it returned (by key): one attempt per key of `all`, in its order; a
-/// key without a grant was busy.
-pub(crate) fn per_key(
-    all: &[Acquire<'_>],
-    grants: impl IntoIterator<Item = (String, Grant)>,
-) -> Vec<Attempt> {
-    let mut grants: std::collections::HashMap<String, Grant> = grants.into_iter().collect();
-    all.iter()
-        .map(|a| match grants.remove(a.key) {
-            Some(grant) => Attempt::Acquired(grant),
-            None => Attempt::Busy { retry_after: None },
-        })
-        .collect()
-}
+/// A statement every backend of this build can send: what [`Backend::run`] runs.
+pub(crate) trait Runs: Statement + OnPostgres + OnMySql + OnSqlite {}
+impl<T: Statement + OnPostgres + OnMySql + OnSqlite> Runs for T {}
 
 /// The connection type of a dialect's pool.
 pub(crate) type Conn<D> = <<D as Dialect>::Db as sqlx::Database>::Connection;
@@ -748,11 +605,7 @@ impl Backend {
     }
 
     /// Runs statement `s` on a pooled connection within `deadline` (see [`Statement`]).
-    pub(crate) async fn run<S: Statement>(
-        &self,
-        s: &S,
-        deadline: Instant,
-    ) -> Result<S::Output, Failed> {
+    pub(crate) async fn run<S: Runs>(&self, s: &S, deadline: Instant) -> Result<S::Output, Failed> {
         match self {
             #[cfg(feature = "postgres")]
             Backend::Postgres(b) => {

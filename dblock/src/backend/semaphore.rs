@@ -14,17 +14,11 @@ pub(crate) struct FlagSlots<'a> {
 
 impl Statement for FlagSlots<'_> {
     type Output = ();
+}
 
-    #[cfg(feature = "postgres")]
-    async fn postgres(
-        &self,
-        pg: &super::postgres::Pg,
-        conn: &mut sqlx::PgConnection,
-    ) -> Result<(), sqlx::Error> {
-        super::postgres::semaphore::flag_slots(pg, conn, self).await
-    }
-
-    #[cfg(feature = "mysql")]
+/// Nothing to do where waiters poll.
+#[cfg(feature = "mysql")]
+impl super::OnMySql for FlagSlots<'_> {
     async fn mysql(
         &self,
         _: &super::mysql::My,
@@ -32,8 +26,10 @@ impl Statement for FlagSlots<'_> {
     ) -> Result<(), sqlx::Error> {
         Ok(())
     }
+}
 
-    #[cfg(feature = "sqlite")]
+#[cfg(feature = "sqlite")]
+impl super::OnSqlite for FlagSlots<'_> {
     async fn sqlite(
         &self,
         _: &super::sqlite::Lite,

@@ -94,43 +94,19 @@ pub(crate) struct Withdraw<'a> {
     pub owner: &'a str,
 }
 
-macro_rules! per_backend {
-    ($ty:ty, $out:ty, $func:ident $(, $release:tt)?) => {
-        impl Statement for $ty {
-            type Output = $out;
-            $(const ON_RELEASE_POOL: bool = $release;)?
-
-            #[cfg(feature = "postgres")]
-            async fn postgres(
-                &self,
-                pg: &super::postgres::Pg,
-                conn: &mut sqlx::PgConnection,
-            ) -> Result<$out, sqlx::Error> {
-                super::postgres::shared::$func(pg, conn, self).await
-            }
-
-            #[cfg(feature = "mysql")]
-            async fn mysql(
-                &self,
-                my: &super::mysql::My,
-                conn: &mut sqlx::MySqlConnection,
-            ) -> Result<$out, sqlx::Error> {
-                super::mysql::shared::$func(my, conn, self).await
-            }
-
-            #[cfg(feature = "sqlite")]
-            async fn sqlite(
-                &self,
-                lite: &super::sqlite::Lite,
-                conn: &mut sqlx::SqliteConnection,
-            ) -> Result<$out, sqlx::Error> {
-                super::sqlite::shared::$func(lite, conn, self).await
-            }
-        }
-    };
+impl Statement for ReadAcquire<'_> {
+    type Output = ReadAttempt;
 }
 
-per_backend!(ReadAcquire<'_>, ReadAttempt, acquire);
-per_backend!(ReadRelease<'_>, ReadReleased, release, true);
-per_backend!(Intent<'_>, bool, intent);
-per_backend!(Withdraw<'_>, (), withdraw);
+impl Statement for ReadRelease<'_> {
+    type Output = ReadReleased;
+    const ON_RELEASE_POOL: bool = true;
+}
+
+impl Statement for Intent<'_> {
+    type Output = bool;
+}
+
+impl Statement for Withdraw<'_> {
+    type Output = ();
+}

@@ -14,7 +14,7 @@
 //!   ([`GATHER_YIELDS`], no timer), carrying the calls that were woken with it.
 //! - **Group commit, no timer**: a call that finds every slot taken queues its row (an owned
 //!   copy) and waits. When a statement ends, what queued meanwhile goes out together as the
-//!   next one (at most [`MAX_ROWS`] rows, one row per key), sent by a task of its own so that
+//!   next one (at most [`MAX_ROWS`](policy::MAX_ROWS) rows, one row per key), sent by a task of its own so that
 //!   no caller's cancellation can strand the others' rows.
 //! - **Stragglers wait for the next calls**: while batches are large, a few rows left queued
 //!   when a statement ends (the calls that just missed it) go with the calls that arrive next,
@@ -54,7 +54,9 @@ use crate::info::Outcome;
 use crate::retry::{Failed, Failure};
 
 pub(crate) use lane::{Entered, Lane};
-pub(crate) use policy::{Budget, Slots, MAX_ROWS};
+#[cfg(feature = "sqlite")]
+pub(crate) use policy::MAX_ROWS;
+pub(crate) use policy::{Budget, Slots};
 pub(crate) use rows::{AcquireRow, ExtendRow, ReleaseRow, WriteOut, WriteRow};
 
 /// One row of a kind of statement that can travel with others.

@@ -298,3 +298,10 @@ pub(crate) async fn withdraw(
         .await?;
     Ok(())
 }
+
+super::mysql_runs! {
+    ReadAcquire<'_> => acquire,
+    ReadRelease<'_> => release,
+    Intent<'_> => intent,
+    Withdraw<'_> => withdraw,
+}

@@ -25,3 +25,7 @@ pub(crate) async fn flag_slots(
         .await?;
     Ok(())
 }
+
+super::postgres_runs! {
+    FlagSlots<'_> => flag_slots,
+}

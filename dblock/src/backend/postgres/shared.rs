@@ -257,3 +257,10 @@ pub(crate) async fn withdraw(
     .await?;
     Ok(())
 }
+
+super::postgres_runs! {
+    ReadAcquire<'_> => acquire,
+    ReadRelease<'_> => release,
+    Intent<'_> => intent,
+    Withdraw<'_> => withdraw,
+}

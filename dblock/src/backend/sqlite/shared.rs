@@ -185,3 +185,10 @@ pub(crate) async fn withdraw(
         .await?;
     Ok(())
 }
+
+super::sqlite_runs! {
+    ReadAcquire<'_> => acquire,
+    ReadRelease<'_> => release,
+    Intent<'_> => intent,
+    Withdraw<'_> => withdraw,
+}

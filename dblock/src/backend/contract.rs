@@ -1,0 +1,156 @@
+//! The contract between the runtime and the backends, naming no backend: what each statement
+//! binds and answers ([`Statement`] values), and the answers' types. A backend implements, in
+//! its own files, how it sends each statement (`postgres::OnPostgres`, `mysql::OnMySql`,
+//! `sqlite::OnSqlite`); one executor runs them all ([`Backend::run`](super::Backend::run)).
+
+use std::time::Duration;
+
+pub(crate) use crate::info::Outcome;
+
+/// A statement as a value: what it binds, and what it answers. Each backend says how it sends
+/// it and reads the answer, in its file for the statement's kind (`postgres/shared.rs`, ...):
+/// a new statement is a type and one implementation per backend, not a method of every
+/// dialect, a forwarder and a call site.
+pub(crate) trait Statement: Sync {
+    /// What the statement answers.
+    type Output: Send;
+
+    /// Sent on the pool releases use (lazily durable where the backend has one).
+    const ON_RELEASE_POOL: bool = false;
+}
+
+/// What one acquire statement binds: a borrowed view of the resolved request, plus this
+/// attempt's id.
+pub(crate) struct Acquire<'a> {
+    pub key: &'a str,
+    pub owner: &'a str,
+    /// Lease length in microseconds (validated: > 0 and fits the database's interval type).
+    pub ttl_us: i64,
+    pub holder: &'a str,
+    /// Random id of this `lock()` call. A retry after an unknown outcome sends the same id, so
+    /// the statement recognises its own earlier success instead of counting the hold twice.
+    pub attempt: i64,
+    /// A waiter whose LISTEN is in place: on PostgreSQL, a busy attempt asks for a NOTIFY.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub waiting: bool,
+    /// The tenure (fencing token) of this owner's holds of the key that the process tracks, and
+    /// how many: re-entry counts from these, never from the row alone.
+    pub tenure: Option<i64>,
+    pub held: u32,
+    /// The key stays unavailable to others this long after a new tenure begins (0: no minimum);
+    /// the lease is at least this long.
+    pub min_hold_us: i64,
+    /// Refuse the key if its last hold succeeded.
+    pub once: bool,
+}
+
+/// A lock that the statement granted (first hold, takeover or re-entry).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub hold_count: u32,
+    pub fencing_token: u64,
+    pub expires_at_us: i64,
+}
+
+/// The outcome of one acquire statement.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    Acquired(Grant),
+    /// Held by someone else; `retry_after` is the holder's remaining lease where the backend
+    /// reports it, measured on the database clock.
+    Busy {
+        retry_after: Option<Duration>,
+    },
+    /// A `once` request for a key whose last hold succeeded (at `finished_at_us`).
+    Done {
+        finished_at_us: Option<i64>,
+    },
+}
+
+/// What one release statement did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// The hold count reached zero: the key is free.
+    Free,
+    /// Still held by the same owner at this count.
+    StillHeld(u32),
+    /// Nothing matched: not the owner, a different tenure, or the lease already ended.
+    NotHeld,
+}
+
+/// The parameters every owner-checked statement carries.
+pub(crate) struct HoldRef<'a> {
+    pub key: &'a str,
+    pub owner: &'a str,
+    pub fencing_token: u64,
+}
+
+/// One lease in a batched extension.
+pub(crate) struct RenewItem<'a> {
+    pub key: &'a str,
+    pub owner: &'a str,
+    pub fencing_token: u64,
+    pub ttl_us: i64,
+}
+
+/// What the row of a key says about its last writers (see `Dialect::last_write`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LastWrite {
+    /// The last acquire's attempt id or release's id.
+    pub writer: Option<i64>,
+    /// The row's tenure.
+    pub fencing_token: i64,
+    /// The last release's id, and the tenure it released: no acquire overwrites them.
+    pub release_id: Option<i64>,
+    pub release_token: Option<i64>,
+}
+
+/// The holds a batched extension found live and extended: (key, owner, fencing token).
+pub(crate) type Extended = Vec<(String, String, u64)>;
+
+/// One step of a fair waiter (`LockRequest::fair`) in the queue of its key: the rows of the
+/// lock table's queue table ([`queue_table`]), one per waiter, ordered by ticket. Each row is a
+/// short lease of its own on the database clock, renewed while its waiter polls, so a waiter
+/// that dies leaves the queue by itself. The queue only orders the attempts; who holds the key
+/// is decided by the acquire statement alone, so the queue can never break mutual exclusion.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum QueueStep<'a> {
+    /// Takes a ticket at the back of the queue: answers the ticket.
+    Join {
+        key: &'a str,
+        owner: &'a str,
+        lease_us: i64,
+    },
+    /// How many live waiters with a smaller ticket are queued, counted up to 8 (0: nobody is
+    /// ahead); a caller without a ticket asks with `i64::MAX`.
+    Ahead { key: &'a str, ticket: i64 },
+    /// Renews the ticket's lease: 1, or 0 if it is gone (ran out and was cleared).
+    Touch {
+        key: &'a str,
+        owner: &'a str,
+        ticket: i64,
+        lease_us: i64,
+    },
+    /// Leaves the queue, and clears the key's tickets whose lease ran out: how many rows went.
+    Leave {
+        key: &'a str,
+        owner: &'a str,
+        ticket: i64,
+    },
+}
+
+/// The answer to a statement over several keys ([`Dialect::acquire_many`], SQLite's coalesced
+/// acquire) from the grants it returned (by key): one attempt per key of `all`, in its order; a
+/// key without a grant was busy.
+pub(crate) fn per_key(
+    all: &[Acquire<'_>],
+    grants: impl IntoIterator<Item = (String, Grant)>,
+) -> Vec<Attempt> {
+    let mut grants: std::collections::HashMap<String, Grant> = grants.into_iter().collect();
+    all.iter()
+        .map(|a| match grants.remove(a.key) {
+            Some(grant) => Attempt::Acquired(grant),
+            None => Attempt::Busy { retry_after: None },
+        })
+        .collect()
+}
