@@ -176,6 +176,9 @@ async fn main() {
     if std::env::var("DBLOCK_BENCH_FAIR_CHILD").is_ok() {
         return fairness::child().await;
     }
+    if std::env::var("DBLOCK_BENCH_SERIES_CHILD").is_ok() {
+        return series::child::child().await;
+    }
     let secs: f64 = std::env::var("DBLOCK_BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -6,12 +6,16 @@
 //!   (`SELECT 1`) on a pool of the same kind;
 //! - (b) [`throughput`]: distinct-key cycles/s at 1 to 1,000 owners, coalesced and
 //!   `coalesce(false)`, beside pgbench, the servers' session locks and Redis;
+//! - (c) [`handoff`]: release → the next waiter's grant on one contended key, waiters in one
+//!   process and in separate processes;
 //!
 //! Backends: SQLite (a file), PostgreSQL, PostgreSQL through PgBouncer (transaction mode),
 //! MariaDB; `DBLOCK_BENCH_ONLY` limits them as for the other parts (`redis` for the Redis
 //! peer). `DBLOCK_BENCH_SERIES=a,b` runs only those series, `DBLOCK_BENCH_OWNERS=1,8` only
 //! those owner counts in (b). `DBLOCK_BENCH_SECS` (default 5) scales the measured time of (a),
 //! (b) and (c) and the repetitions of (d), (e) and (f).
+//! Processes that must die or wait apart are this benchmark binary, started with
+//! `DBLOCK_BENCH_SERIES_CHILD` set ([`child::child`]).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -19,6 +23,8 @@ use std::time::{Duration, Instant};
 use dblock::{ConnectOptions, LockError, Locker};
 
 mod chart;
+pub(crate) mod child;
+mod handoff;
 mod throughput;
 mod uncontended;
 
@@ -251,6 +257,9 @@ pub(crate) async fn series(urls: &Urls, only: &dyn Fn(&str) -> bool, secs: f64) 
     }
     if wanted("b") {
         throughput::run(&targets, redis, &mut report, secs).await;
+    }
+    if wanted("c") {
+        handoff::run(&targets, redis, &mut report, secs).await;
     }
     report.note(&format!(
         "The run took {:.0} s.",
