@@ -8,6 +8,8 @@
 //!   `coalesce(false)`, beside pgbench, the servers' session locks and Redis;
 //! - (c) [`handoff`]: release → the next waiter's grant on one contended key, waiters in one
 //!   process and in separate processes;
+//! - (d) [`crash`]: a holder process killed → a waiter's grant (ttl 5 s);
+//! - (e) [`dead_waiter`]: what a killed `fair()` waiter's ticket costs the next waiter;
 //!
 //! Backends: SQLite (a file), PostgreSQL, PostgreSQL through PgBouncer (transaction mode),
 //! MariaDB; `DBLOCK_BENCH_ONLY` limits them as for the other parts (`redis` for the Redis
@@ -24,6 +26,8 @@ use dblock::{ConnectOptions, LockError, Locker};
 
 mod chart;
 pub(crate) mod child;
+mod crash;
+mod dead_waiter;
 mod handoff;
 mod throughput;
 mod uncontended;
@@ -79,6 +83,10 @@ pub(crate) fn pct(v: &[f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
     v.get(i).copied().unwrap_or_default()
+}
+
+pub(crate) fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
 }
 
 /// Milliseconds with the precision their size needs.
@@ -260,6 +268,12 @@ pub(crate) async fn series(urls: &Urls, only: &dyn Fn(&str) -> bool, secs: f64) 
     }
     if wanted("c") {
         handoff::run(&targets, redis, &mut report, secs).await;
+    }
+    if wanted("d") {
+        crash::run(&targets, &mut report, secs).await;
+    }
+    if wanted("e") {
+        dead_waiter::run(&targets, &mut report, secs).await;
     }
     report.note(&format!(
         "The run took {:.0} s.",

@@ -14,7 +14,7 @@
 //!   `LED <pid> <µs> <term>` and `RESIGN <pid> <µs> <term>`.
 
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dblock::{ConnectOptions, Locker};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -75,6 +75,25 @@ pub(crate) fn spawn_child(
 pub(crate) struct Out(Lines<BufReader<ChildStdout>>);
 
 impl Out {
+    /// The rest of the next line that starts with `prefix` (earlier lines are skipped);
+    /// panics after `within` or at the end of the output.
+    pub(crate) async fn expect(&mut self, prefix: &str, within: Duration) -> String {
+        let found = tokio::time::timeout(within, async {
+            while let Some(line) = self.0.next_line().await.unwrap() {
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    return Some(rest.to_owned());
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(rest)) => rest,
+            Ok(None) => panic!("a child process ended without saying {prefix:?}"),
+            Err(_) => panic!("a child process did not say {prefix:?} within {within:?}"),
+        }
+    }
+
     /// Every remaining line, until the child closes its output.
     pub(crate) async fn rest(&mut self) -> Vec<String> {
         let mut lines = Vec::new();
@@ -83,6 +102,15 @@ impl Out {
         }
         lines
     }
+}
+
+/// Kills a child (SIGKILL: no destructor, no release runs) and reaps it; the instant and wall
+/// time of the kill.
+pub(crate) async fn kill(child: &mut Child) -> (Instant, i64) {
+    let (at, at_us) = (Instant::now(), now_us());
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    (at, at_us)
 }
 
 fn var(name: &str) -> String {
