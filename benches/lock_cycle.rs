@@ -14,7 +14,7 @@
 //! 4. **Fairness**: 16 waiters in 4 processes on one key, with and without `fair()`: hand-off
 //!    p50/p99 and the longest wait (`fairness.rs`).
 //! 5. **Kinds** and 6. **coalescing**: see `kinds.rs` and `coalesce.rs`.
-//! 7. **Series** (`series.rs`; only when named, `DBLOCK_BENCH_PARTS=series`):
+//! 7. **Series** (`series.rs`; only when named, `DBLOCK_BENCH_PARTS=series`, about 8 minutes):
 //!    the figures `docs/benchmarks.md` gives, each as a Markdown table with its method and an
 //!    SVG chart, in `benches/results/series.md` and `benches/results/series-*.svg`: uncontended
 //!    latency against a round trip, cycles/s at 1 to 1,000 owners beside the peers, hand-off,

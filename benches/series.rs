@@ -10,12 +10,15 @@
 //!   process and in separate processes;
 //! - (d) [`crash`]: a holder process killed → a waiter's grant (ttl 5 s);
 //! - (e) [`dead_waiter`]: what a killed `fair()` waiter's ticket costs the next waiter;
+//! - (f) [`leader`]: `resign()` → the other process's `campaign()` returning, and `observe()`
+//!   seeing it.
 //!
 //! Backends: SQLite (a file), PostgreSQL, PostgreSQL through PgBouncer (transaction mode),
 //! MariaDB; `DBLOCK_BENCH_ONLY` limits them as for the other parts (`redis` for the Redis
 //! peer). `DBLOCK_BENCH_SERIES=a,b` runs only those series, `DBLOCK_BENCH_OWNERS=1,8` only
 //! those owner counts in (b). `DBLOCK_BENCH_SECS` (default 5) scales the measured time of (a),
-//! (b) and (c) and the repetitions of (d), (e) and (f).
+//! (b) and (c) and the repetitions of (d), (e) and (f); the whole part takes about 8 minutes at
+//! the default.
 //! Processes that must die or wait apart are this benchmark binary, started with
 //! `DBLOCK_BENCH_SERIES_CHILD` set ([`child::child`]).
 
@@ -29,6 +32,7 @@ pub(crate) mod child;
 mod crash;
 mod dead_waiter;
 mod handoff;
+mod leader;
 mod throughput;
 mod uncontended;
 
@@ -274,6 +278,9 @@ pub(crate) async fn series(urls: &Urls, only: &dyn Fn(&str) -> bool, secs: f64) 
     }
     if wanted("e") {
         dead_waiter::run(&targets, &mut report, secs).await;
+    }
+    if wanted("f") {
+        leader::run(&targets, &mut report, secs).await;
     }
     report.note(&format!(
         "The run took {:.0} s.",
