@@ -61,11 +61,15 @@ impl Target {
         }
     }
 
-    /// A locker of its own (its own pool) on the series' table.
+    /// A locker of its own (its own pool) on the series' table, migrated: the table is made
+    /// again should something else have dropped it meanwhile (on a shared test server, a
+    /// run once lost it between two series).
     pub(crate) async fn locker(&self) -> Result<Locker, LockError> {
-        Ok(Locker::connect_with(&self.url, self.options())
+        let locker = Locker::connect_with(&self.url, self.options())
             .await?
-            .table(TABLE))
+            .table(TABLE);
+        locker.migrate().await?;
+        Ok(locker)
     }
 
     pub(crate) fn is_postgres(&self) -> bool {
@@ -235,19 +239,17 @@ pub(crate) async fn series(urls: &Urls, only: &dyn Fn(&str) -> bool, secs: f64) 
             pooler,
             direct,
         };
-        let locker = match target.locker().await {
-            Ok(l) => l,
-            Err(e) => {
-                skipped.push(format!("{name}: {e}"));
-                continue;
-            }
-        };
+        // Reachable? (Dropping the table would panic on a server that is not.)
+        if let Err(e) = Locker::connect_with(&target.url, target.options()).await {
+            skipped.push(format!("{name}: {e}"));
+            continue;
+        }
         if !dropped.contains(&target.direct) {
             crate::drop_table(&target.direct, TABLE).await;
             dropped.push(target.direct.clone());
         }
-        if let Err(e) = locker.migrate().await {
-            skipped.push(format!("{name}: migrate: {e}"));
+        if let Err(e) = target.locker().await {
+            skipped.push(format!("{name}: {e}"));
             continue;
         }
         targets.push(target);
@@ -264,27 +266,40 @@ pub(crate) async fn series(urls: &Urls, only: &dyn Fn(&str) -> bool, secs: f64) 
     }
     report.save();
 
+    let mut took = Vec::new();
+    let mut timed = Instant::now();
+    let mut lap = |letter: &str, took: &mut Vec<String>| {
+        took.push(format!("({letter}) {:.0} s", timed.elapsed().as_secs_f64()));
+        timed = Instant::now();
+    };
     if wanted("a") {
         uncontended::run(&targets, &mut report, secs).await;
+        lap("a", &mut took);
     }
     if wanted("b") {
         throughput::run(&targets, redis, &mut report, secs).await;
+        lap("b", &mut took);
     }
     if wanted("c") {
         handoff::run(&targets, redis, &mut report, secs).await;
+        lap("c", &mut took);
     }
     if wanted("d") {
         crash::run(&targets, &mut report, secs).await;
+        lap("d", &mut took);
     }
     if wanted("e") {
         dead_waiter::run(&targets, &mut report, secs).await;
+        lap("e", &mut took);
     }
     if wanted("f") {
         leader::run(&targets, &mut report, secs).await;
+        lap("f", &mut took);
     }
     report.note(&format!(
-        "The run took {:.0} s.",
-        started.elapsed().as_secs_f64()
+        "The run took {:.0} s: {}.",
+        started.elapsed().as_secs_f64(),
+        took.join(", ")
     ));
     report.save();
     println!();

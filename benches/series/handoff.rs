@@ -119,7 +119,11 @@ pub(crate) async fn run(targets: &[Target], redis: Option<&str>, report: &mut Re
              (longer than a poll's longest pause, so that the key goes to a waiter, not back to \
              the releaser's next call); only the backend carries the release across: \
              PostgreSQL's NOTIFY, otherwise the waiters' polling (jittered backoff from 5 ms \
-             doubling to 250 ms). Times in wall-clock µs, one machine. Redis: {PROCESSES} tasks \
+             doubling to 250 ms). On PostgreSQL a release NOTIFYs only if a waiter marked the \
+             current tenure as contended (the next grant clears the mark; a waiter sets it at \
+             its next attempt, once its LISTEN is in place), so with short holds the waiters \
+             whose last attempt came before the previous hand-off learn of the release by \
+             polling. Times in wall-clock µs, one machine. Redis: {PROCESSES} tasks \
              laid out as the processes, `SET NX PX` attempts with the same backoff. Grants that \
              went back to the releaser are not hand-offs and not counted (said in the row if \
              any).",
