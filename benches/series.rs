@@ -117,6 +117,8 @@ pub(crate) fn ms_of(d: Duration) -> f64 {
 pub(crate) struct Report {
     head: String,
     body: String,
+    /// A short run (`DBLOCK_BENCH_SECS` < 5): its charts say so too.
+    short: bool,
 }
 
 const RESULTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/results");
@@ -159,6 +161,11 @@ impl Report {
     pub(crate) fn chart(&mut self, file: &str, svg: &str) {
         std::fs::create_dir_all(RESULTS).unwrap();
         let path = format!("{RESULTS}/{file}");
+        let svg = if self.short {
+            chart::mark_short(svg)
+        } else {
+            svg.to_owned()
+        };
         std::fs::write(&path, svg).unwrap();
         println!();
         println!("Chart written to {path}");
@@ -259,6 +266,7 @@ pub(crate) async fn series(urls: &Urls, only: &dyn Fn(&str) -> bool, secs: f64) 
     let mut report = Report {
         head: head(&targets, redis, secs).await,
         body: String::new(),
+        short: secs < 5.0,
     };
     print!("{}", report.head);
     for s in &skipped {

@@ -9,6 +9,22 @@ const PALETTE: [&str; 10] = [
     "#9c755f", "#76b7b2",
 ];
 
+/// A chart of a short run, marked as such in its top right corner.
+pub(crate) fn mark_short(svg: &str) -> String {
+    let width: f64 = svg
+        .split_once(r#"width=""#)
+        .and_then(|(_, rest)| rest.split('"').next()?.parse().ok())
+        .unwrap_or(400.0);
+    svg.replacen(
+        "</svg>",
+        &format!(
+            r##"<text x="{:.0}" y="20" text-anchor="end" fill="#c00">a short run: not for publishing</text></svg>"##,
+            width - 10.0
+        ),
+        1,
+    )
+}
+
 /// One group of bars: its label (two lines) and a value per series (`None`: not measured).
 pub(crate) struct Group {
     pub(crate) label: String,
