@@ -13,12 +13,18 @@
 //! 3. **Renewal**: 10,000 held locks with `auto_renew` on one locker: statements and time.
 //! 4. **Fairness**: 16 waiters in 4 processes on one key, with and without `fair()`: hand-off
 //!    p50/p99 and the longest wait (`fairness.rs`).
+//! 5. **Kinds** and 6. **coalescing**: see `kinds.rs` and `coalesce.rs`.
+//! 7. **Series** (`series.rs`; only when named, `DBLOCK_BENCH_PARTS=series`, about 8 minutes):
+//!    the figures `docs/benchmarks.md` gives, each as a Markdown table with its method and an
+//!    SVG chart, in `benches/results/series.md` and `benches/results/series-*.svg`: uncontended
+//!    latency against a round trip, cycles/s at 1 to 1,000 owners beside the peers, hand-off,
+//!    a crashed holder, a dead fair waiter, leader hand-over.
 //!
 //! `cargo bench -p dblock-bench` (release build). Prints Markdown tables and writes the cycle
 //! chart to `benches/results/lock_cycle.svg`. `DBLOCK_BENCH_SECS` sets the measured seconds per
 //! side and cell (default 5); `DBLOCK_BENCH_ONLY=postgres,mariadb` limits the backends;
-//! `DBLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`); `DBLOCK_BENCH_PARTS=cycles,handoff,renewal,fair,kinds`
-//! runs only those parts (the chart needs `cycles`).
+//! `DBLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`); `DBLOCK_BENCH_PARTS=cycles,handoff,renewal,fair,kinds,coalesce,series`
+//! runs only those parts (the chart needs `cycles`; `series` runs only when named).
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -32,6 +38,7 @@ use sqlx::AssertSqlSafe;
 mod coalesce;
 mod fairness;
 mod kinds;
+mod series;
 
 const TTL: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(10);
@@ -169,6 +176,9 @@ async fn main() {
     if std::env::var("DBLOCK_BENCH_FAIR_CHILD").is_ok() {
         return fairness::child().await;
     }
+    if std::env::var("DBLOCK_BENCH_SERIES_CHILD").is_ok() {
+        return series::child::child().await;
+    }
     let secs: f64 = std::env::var("DBLOCK_BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -191,6 +201,21 @@ async fn main() {
     let part = |name: &str| {
         std::env::var("DBLOCK_BENCH_PARTS").map_or(true, |p| p.split(',').any(|o| o == name))
     };
+    // The series run only when named, before the other parts and on tables of their own.
+    let parts = std::env::var("DBLOCK_BENCH_PARTS").unwrap_or_default();
+    if parts.split(',').any(|p| p == "series") {
+        let urls = series::Urls {
+            postgres: pg.clone(),
+            pgbouncer: std::env::var("DBLOCK_PGBOUNCER_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/test".into()),
+            mysql: my.clone(),
+            redis: redis_url.clone(),
+        };
+        series::series(&urls, &only, secs).await;
+        if parts.split(',').all(|p| p == "series") {
+            return;
+        }
+    }
 
     let mut bars: Vec<Bar> = Vec::new();
     let mut lockers = Vec::new();
