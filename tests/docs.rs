@@ -432,45 +432,16 @@ fn meter() -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
 
 /// The `kind` label's values: every `kind` a hold is created with in dblock/src.
 fn metric_kinds() -> BTreeSet<String> {
+    // `meter::Kind::label`: each `Kind::X => "value"` arm of its match.
+    let source = read(&package().join("src/meter.rs"));
+    let label = &source[source.find("fn label(self)").expect("meter::Kind::label")..];
+    let body = &label[..label.find("\n    }\n").expect("the end of `label`")];
     let mut kinds = BTreeSet::new();
-    for path in rust_sources(&package().join("src")) {
-        let source = read(&path);
-        for pattern in [".kind(\"", "kind: \""] {
-            for (at, _) in source.match_indices(pattern) {
-                let rest = &source[at + pattern.len()..];
-                let value = &rest[..rest.find('"').unwrap()];
-                if value.chars().all(|c| c.is_ascii_lowercase()) && !value.is_empty() {
-                    kinds.insert(value.to_owned());
-                }
-            }
-        }
-        // `meter::Label::new(key, backend, "read")`: the last literal of the call.
-        for (at, _) in source.match_indices("meter::Label::new(") {
-            let call = balanced(&source[at + "meter::Label::new".len()..]);
-            if let Some(kind) = literals(call).last() {
-                kinds.insert((*kind).to_owned());
-            }
-        }
+    for (at, _) in body.match_indices("=> \"") {
+        let rest = &body[at + 4..];
+        kinds.insert(rest[..rest.find('"').unwrap()].to_owned());
     }
     kinds
-}
-
-/// `text` from its opening `(` to the matching `)`.
-fn balanced(text: &str) -> &str {
-    let mut depth = 0;
-    for (i, c) in text.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => {
-                depth -= 1;
-                if depth == 0 {
-                    return &text[..=i];
-                }
-            }
-            _ => {}
-        }
-    }
-    text
 }
 
 fn rust_sources(dir: &Path) -> Vec<PathBuf> {

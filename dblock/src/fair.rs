@@ -155,7 +155,7 @@ impl Fair {
         self.shared
             .once(
                 &format!("fair queue of `{}`", crate::Escaped(&self.key)),
-                |limit| backend.queue(step, limit),
+                |limit| backend.run(&step, limit),
             )
             .await
     }
@@ -181,7 +181,7 @@ async fn leave(shared: &Shared, key: &str, owner: &str, ticket: i64) {
     };
     let step = QueueStep::Leave { key, owner, ticket };
     if let Err(e) = shared
-        .once("leaving the fair queue", |limit| backend.queue(step, limit))
+        .once("leaving the fair queue", |limit| backend.run(&step, limit))
         .await
     {
         tracing::debug!(error = %e, ticket, "could not leave the fair queue; the ticket runs out by itself");

@@ -208,7 +208,9 @@ async fn current(shared: &Arc<Shared>, key: &str) -> Result<Option<LockInfo>, Lo
     validate::key(key)?;
     let backend = shared.backend()?;
     let info = shared
-        .once("inspect", |limit| backend.inspect(key, limit))
+        .once("inspect", |limit| async move {
+            backend.run(&crate::backend::Inspect(key), limit).await
+        })
         .await?;
     Ok(info.filter(|info| info.held))
 }

@@ -2,20 +2,17 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tracing::Instrument;
 
 use crate::backend::Backend;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
-use crate::info::LockInfo;
 use crate::leader::LeaderRequest;
 use crate::multi::LockAllRequest;
 use crate::request::LockRequest;
 use crate::semaphore::SemaphoreRequest;
 use crate::shared::{default_holder, Shared};
-use crate::validate;
 
 /// The lock table used unless [`Locker::table`] names another.
 const DEFAULT_TABLE: &str = "dblock_locks";
@@ -60,8 +57,7 @@ impl Locker {
         }
     }
 
-    /// The private core, for the crate's own modules (the attribute, test hooks).
-    #[cfg_attr(not(feature = "_test-util"), allow(dead_code))]
+    /// The private core, for the crate's own modules (the operator API, test hooks).
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
@@ -298,13 +294,17 @@ impl Locker {
         let span = tracing::debug_span!("dblock.migrate", backend = backend.name(), table = %self.shared.table);
         async {
             self.shared
-                .once("migration", |limit| backend.migrate(limit))
+                .once("migration", |limit| {
+                    backend.run(&crate::backend::Migrate, limit)
+                })
                 .await?;
             // The semaphores' permits: a lock table of their own (`semaphore.rs`).
             let permits = self.shared.permits();
             let backend = permits.backend()?;
             permits
-                .once("migration", |limit| backend.migrate(limit))
+                .once("migration", |limit| {
+                    backend.run(&crate::backend::Migrate, limit)
+                })
                 .await
         }
         .instrument(span)
@@ -407,121 +407,6 @@ impl Locker {
         )
     }
 
-    /// The current state of `key`'s row, or `None` if it has none. Read-only.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guard = locker.lock("k").await?;
-    /// let info = locker.inspect("k").await?.expect("row exists");
-    /// assert!(info.held);
-    /// assert_eq!(info.fencing_token, guard.fencing_token());
-    /// # Ok(()) }
-    /// ```
-    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        validate::key(key)?;
-        let backend = self.shared.backend()?;
-        self.shared
-            .once("inspect", |limit| backend.inspect(key, limit))
-            .await
-    }
-
-    /// Every lock currently held (live lease), ordered by key.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// for lock in locker.held().await? {
-    ///     println!("{} held by {:?}, {:?} left", lock.key, lock.holder, lock.time_left);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn held(&self) -> Result<Vec<LockInfo>, LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        let backend = self.shared.backend()?;
-        let mut held = self
-            .shared
-            .once("held", |limit| backend.held(limit))
-            .await?;
-        held.extend(crate::semaphore::all_live(&self.shared).await?);
-        held.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(held)
-    }
-
-    /// The live permits of the semaphore `key` (see [`semaphore`](Locker::semaphore)), each a
-    /// [`LockInfo`] with [`LockKind::Permit`](crate::LockKind::Permit): how many of its permits
-    /// are in use, and by whom. Read-only.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let permit = locker.semaphore("exports", 3).holder("export-job").await?;
-    /// let in_use = locker.permits("exports").await?;
-    /// assert_eq!(in_use.len(), 1);
-    /// assert!(matches!(in_use[0].kind, dblock::LockKind::Permit { permits: 3, .. }));
-    /// assert_eq!(in_use[0].key, "exports");
-    /// # Ok(()) }
-    /// ```
-    pub async fn permits(&self, key: &str) -> Result<Vec<LockInfo>, LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        validate::key(key)?;
-        crate::semaphore::live(&self.shared, key).await
-    }
-
-    /// Frees `key` whoever holds it (operator action): the lock of that key, and every permit
-    /// of the semaphore of that key. Returns `true` if anything live was freed.
-    /// The old holder's release and extend then fail with [`LockError::NotHeld`]; the fencing
-    /// token is kept, so the next owner still gets a larger one.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let stuck = locker.lock("k").await?;
-    /// assert!(locker.force_release("k").await?);
-    /// assert!(stuck.release().await.is_err()); // NotHeld
-    /// # Ok(()) }
-    /// ```
-    pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        validate::key(key)?;
-        let backend = self.shared.backend()?;
-        let freed = self
-            .shared
-            .once("force_release", |limit| backend.force_release(key, limit))
-            .await?;
-        let permits = crate::semaphore::force_release(&self.shared, key).await?;
-        tracing::info!(key, freed, permits, "force_release");
-        Ok(freed || permits > 0)
-    }
-
-    /// Makes a key that is not held runnable again: forgets how its last hold ended (a
-    /// [`once`](crate::LockRequest::once) key whose work succeeded runs again, and
-    /// [`purge`](Locker::purge) may then delete its row) and ends a
-    /// [`min_hold`](crate::LockRequest::min_hold) wait. Returns `false` if the key is held (or has
-    /// no row). For operators (`dblock reset KEY`, crate `dblock-cli`).
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// locker.lock("payout:9").once().await?.release().await?;
-    /// assert!(locker.lock("payout:9").once().await.is_err()); // AlreadyDone
-    /// assert!(locker.reset("payout:9").await?);
-    /// assert!(locker.lock("payout:9").once().await.is_ok());
-    /// # Ok(()) }
-    /// ```
-    pub async fn reset(&self, key: &str) -> Result<bool, LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        validate::key(key)?;
-        let backend = self.shared.backend()?;
-        let reset = self
-            .shared
-            .once("reset", |limit| backend.reset(key, limit))
-            .await?;
-        tracing::info!(key, reset, "reset");
-        Ok(reset)
-    }
-
     /// Shuts the locker down, for graceful deploys: every hold of its guards is released at once
     /// (recorded as failed; locked bodies end with [`LockError::Lost`] at their next `.await`),
     /// renewal and the PostgreSQL listener stop, calls still waiting for a key end with
@@ -551,36 +436,5 @@ impl Locker {
         if LockError::require_runtime().is_ok() {
             self.shared.shutdown().await;
         }
-    }
-
-    /// Deletes rows that have been free (or expired) for longer than `older_than` (locks and
-    /// semaphore permits);
-    /// `Duration::ZERO` deletes every row that is not held. Returns how many were deleted.
-    /// Fencing tokens of purged keys still never go backwards (new rows are seeded from the
-    /// database clock in microseconds).
-    ///
-    /// The record of a [`once`](crate::LockRequest::once) key whose last hold succeeded is never
-    /// deleted, whatever its age: without it the work would run again. An operator forgets one
-    /// on purpose with [`reset`](Locker::reset) (`dblock reset KEY`), after which `purge`
-    /// deletes it like any other free row.
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let deleted = locker.purge(std::time::Duration::from_secs(24 * 3600)).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn purge(&self, older_than: Duration) -> Result<u64, LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        let us = i64::try_from(older_than.as_micros())
-            .map_err(|_| LockError::Config("purge: older_than is too large".into()))?;
-        let backend = self.shared.backend()?;
-        let n = self
-            .shared
-            .once("purge", |limit| backend.purge(us, limit))
-            .await?
-            + crate::semaphore::purge(&self.shared, us).await?;
-        tracing::info!(deleted = n, ?older_than, "purge");
-        Ok(n)
     }
 }

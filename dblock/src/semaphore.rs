@@ -187,8 +187,12 @@ pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, Lo
     let permits = shared.permits();
     let backend = permits.backend()?;
     let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
+    let read = crate::backend::HeldIn {
+        from: &from,
+        to: &to,
+    };
     let rows = match permits
-        .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
+        .once("semaphore read", |limit| backend.run(&read, limit))
         .await
     {
         Err(e) if e.is_not_migrated() => return Ok(Vec::new()),
@@ -206,7 +210,10 @@ pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, Lo
 pub(crate) async fn all_live(shared: &Shared) -> Result<Vec<LockInfo>, LockError> {
     let permits = shared.permits();
     let backend = permits.backend()?;
-    match permits.once("held", |limit| backend.held(limit)).await {
+    match permits
+        .once("held", |limit| backend.run(&crate::backend::Held, limit))
+        .await
+    {
         Err(e) if e.is_not_migrated() => Ok(Vec::new()),
         other => Ok(other?.into_iter().filter_map(as_permit).collect()),
     }
@@ -217,8 +224,12 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
     let permits = shared.permits();
     let backend = permits.backend()?;
     let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
+    let read = crate::backend::HeldIn {
+        from: &from,
+        to: &to,
+    };
     let rows = match permits
-        .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
+        .once("semaphore read", |limit| backend.run(&read, limit))
         .await
     {
         Err(e) if e.is_not_migrated() => return Ok(0),
@@ -227,8 +238,10 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
     let mut freed = 0;
     for row in rows.iter().filter(|r| Slot::of_row(key, &r.key).is_some()) {
         if permits
-            .once("force_release", |limit| {
-                backend.force_release(&row.key, limit)
+            .once("force_release", |limit| async move {
+                backend
+                    .run(&crate::backend::ForceRelease(&row.key), limit)
+                    .await
             })
             .await?
         {
@@ -244,7 +257,11 @@ pub(crate) async fn purge(shared: &Shared, older_than_us: i64) -> Result<u64, Lo
     let permits = shared.permits();
     let backend = permits.backend()?;
     match permits
-        .once("purge", |limit| backend.purge(older_than_us, limit))
+        .once("purge", |limit| async move {
+            backend
+                .run(&crate::backend::Purge { older_than_us }, limit)
+                .await
+        })
         .await
     {
         Err(e) if e.is_not_migrated() => Ok(0),
@@ -276,6 +293,10 @@ impl SemaphoreRequest {
         let started = Instant::now();
         let deadline = crate::timing::after(started, self.options.wait);
         let (from, to) = (format!("{}\x1f", self.key), format!("{}\x20", self.key));
+        let read = crate::backend::HeldIn {
+            from: &from,
+            to: &to,
+        };
         let mut backoff = Backoff::default();
         // This process's waiters for the semaphore line up (`line.rs`, under the semaphore's
         // key in the permits' table): only the head reads and attempts, a permit given back by
@@ -327,7 +348,7 @@ impl SemaphoreRequest {
                 }
             }
             let live = permits
-                .once("semaphore read", |limit| backend.held_in(&from, &to, limit))
+                .once("semaphore read", |limit| backend.run(&read, limit))
                 .await?;
             // The slots live rows hold: never more than the live rows, whatever `permits` is.
             let mut taken = Vec::with_capacity(live.len());

@@ -404,10 +404,11 @@ impl Shared {
             tracked.fill(a);
             serials.push(tracked);
         }
+        let statement = crate::backend::AcquireMany(&all);
         let tried = retry::run(
             policy,
             |f| backend.classify(f),
-            |limit| backend.acquire_many(&all, limit),
+            |limit| backend.run(&statement, limit),
         )
         .await;
         if let Ok(Some(attempts)) = &tried.result {
@@ -463,13 +464,16 @@ impl Shared {
             resolve_until: until,
             report: None,
         };
+        let statement = crate::backend::Release {
+            hold: held,
+            remaining,
+            outcome,
+            release_id,
+        };
         let tried = retry::run(
             policy,
             |f| backend.classify(f),
-            |limit| {
-                self.coalescer
-                    .release(backend, &held, remaining, outcome, release_id, limit)
-            },
+            |limit| self.coalescer.release(backend, &statement, limit),
         )
         .await;
         if current {
@@ -482,7 +486,7 @@ impl Shared {
         let released = match tried.result {
             Ok(Released::NotHeld) if tried.after_unknown => {
                 let limit = Instant::now() + self.statement_timeout;
-                let row = Box::pin(backend.last_write(&hold.key, limit))
+                let row = Box::pin(backend.run(&crate::backend::LastWriteOf(&hold.key), limit))
                     .await
                     .map_err(|f| LockError::database(f.error, true, "release"))?;
                 match earlier_send(row, release_id, hold.fencing_token) {
@@ -581,10 +585,13 @@ impl Shared {
         let ttl_us = validate::ttl_micros(ttl)?;
         let backend = self.backend()?;
         let sent = Instant::now();
-        let held = hold.as_ref();
+        let statement = crate::backend::Extend {
+            hold: hold.as_ref(),
+            ttl_us,
+        };
         let extended = self
             .once("extend", |limit| {
-                self.coalescer.extend(backend, &held, ttl_us, limit)
+                self.coalescer.extend(backend, &statement, limit)
             })
             .await?;
         match extended {

@@ -126,7 +126,7 @@ impl Statements {
     ) -> Result<Option<u64>, sqlx::Error> {
         let attempt = self.first_hold(key, owner, ttl);
         let limit = Instant::now() + STATEMENT_LIMIT;
-        let attempted = self.backend()?.acquire(&attempt, limit).await;
+        let attempted = self.backend()?.run(&attempt, limit).await;
         Ok(token(attempted.map_err(|f| f.error)?))
     }
 
@@ -143,15 +143,15 @@ impl Statements {
             fencing_token,
         };
         let limit = Instant::now() + STATEMENT_LIMIT;
+        let release = crate::backend::Release {
+            hold,
+            remaining: 0,
+            outcome: Some(Outcome::Succeeded),
+            release_id: fastrand::i64(1..i64::MAX),
+        };
         let released = self
             .backend()?
-            .release(
-                &hold,
-                0,
-                Some(Outcome::Succeeded),
-                fastrand::i64(1..i64::MAX),
-                limit,
-            )
+            .run(&release, limit)
             .await
             .map_err(|f| f.error)?;
         Ok(released != Released::NotHeld)

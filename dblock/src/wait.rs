@@ -565,11 +565,19 @@ mod tests {
         let sizes = [
             (
                 "Backend::acquire",
-                std::mem::size_of_val(&backend.acquire(&a, Instant::now())),
+                std::mem::size_of_val(&backend.run(&a, Instant::now())),
             ),
             (
                 "Backend::release",
-                std::mem::size_of_val(&backend.release(&hold.as_ref(), 0, None, 1, Instant::now())),
+                std::mem::size_of_val(&backend.run(
+                    &crate::backend::Release {
+                        hold: hold.as_ref(),
+                        remaining: 0,
+                        outcome: None,
+                        release_id: 1,
+                    },
+                    Instant::now(),
+                )),
             ),
             (
                 "Shared::release",

@@ -254,65 +254,53 @@ where
     .transpose()
 }
 
-/// The operator methods of [`Dialect`](super::Dialect) through the shared code above, for a
-/// dialect whose [`AdminSql`] is at `self.<path>`: `shared_admin!(sql.admin);` in its impl.
+/// The operator's statements and the last-writer read through the shared code above, for a
+/// backend (`$trait`, its method `$method`, its type `$ty` and sqlx database `$db`) whose
+/// [`AdminSql`] is at `<backend>.<path>`: `shared_admin!(OnMySql, mysql, My, sqlx::MySql,
+/// sql.admin)` in its folder.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! shared_admin {
-    ($($field:ident).+) => {
-        async fn last_write(
-            &self,
-            conn: &mut super::Conn<Self>,
-            key: &str,
-        ) -> Result<Option<super::LastWrite>, sqlx::Error> {
-            super::admin::last_write::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, key)
-                .await
+    ($trait:ident, $method:ident, $ty:ty, $db:ty, $($field:ident).+) => {
+        impl $trait for $crate::backend::LastWriteOf<'_> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Option<$crate::backend::LastWrite>, sqlx::Error> {
+                $crate::backend::admin::last_write::<$db>(conn, &b.$($field).+, self.0).await
+            }
         }
 
-        async fn inspect(
-            &self,
-            conn: &mut super::Conn<Self>,
-            key: &str,
-        ) -> Result<Option<crate::info::LockInfo>, sqlx::Error> {
-            super::admin::inspect::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, key).await
+        impl $trait for $crate::backend::Inspect<'_> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Option<$crate::info::LockInfo>, sqlx::Error> {
+                $crate::backend::admin::inspect::<$db>(conn, &b.$($field).+, self.0).await
+            }
         }
 
-        async fn held(
-            &self,
-            conn: &mut super::Conn<Self>,
-        ) -> Result<Vec<crate::info::LockInfo>, sqlx::Error> {
-            super::admin::held::<<Self as super::Dialect>::Db>(conn, &self.$($field).+).await
+        impl $trait for $crate::backend::Held {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
+                $crate::backend::admin::held::<$db>(conn, &b.$($field).+).await
+            }
         }
 
-        async fn held_in(
-            &self,
-            conn: &mut super::Conn<Self>,
-            from: &str,
-            to: &str,
-        ) -> Result<Vec<crate::info::LockInfo>, sqlx::Error> {
-            super::admin::held_in::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, from, to)
-                .await
+        impl $trait for $crate::backend::HeldIn<'_> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
+                $crate::backend::admin::held_in::<$db>(conn, &b.$($field).+, self.from, self.to).await
+            }
         }
 
-        async fn force_release(
-            &self,
-            conn: &mut super::Conn<Self>,
-            key: &str,
-        ) -> Result<bool, sqlx::Error> {
-            super::admin::force_release::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, key)
-                .await
+        impl $trait for $crate::backend::ForceRelease<'_> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<bool, sqlx::Error> {
+                $crate::backend::admin::force_release::<$db>(conn, &b.$($field).+, self.0).await
+            }
         }
 
-        async fn reset(&self, conn: &mut super::Conn<Self>, key: &str) -> Result<bool, sqlx::Error> {
-            super::admin::reset::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, key).await
+        impl $trait for $crate::backend::Reset<'_> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<bool, sqlx::Error> {
+                $crate::backend::admin::reset::<$db>(conn, &b.$($field).+, self.0).await
+            }
         }
 
-        async fn purge(
-            &self,
-            conn: &mut super::Conn<Self>,
-            older_than_us: i64,
-        ) -> Result<u64, sqlx::Error> {
-            super::admin::purge::<<Self as super::Dialect>::Db>(conn, &self.$($field).+, older_than_us)
-                .await
+        impl $trait for $crate::backend::Purge {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<u64, sqlx::Error> {
+                $crate::backend::admin::purge::<$db>(conn, &b.$($field).+, self.older_than_us).await
+            }
         }
     };
 }

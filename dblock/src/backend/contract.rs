@@ -79,6 +79,7 @@ pub(crate) enum Released {
 }
 
 /// The parameters every owner-checked statement carries.
+#[derive(Clone, Copy)]
 pub(crate) struct HoldRef<'a> {
     pub key: &'a str,
     pub owner: &'a str,
@@ -153,4 +154,129 @@ pub(crate) fn per_key(
             None => Attempt::Busy { retry_after: None },
         })
         .collect()
+}
+
+// The statements of the lock table, as values (what each backend runs is in its files:
+// `lock.rs` the lock's own statements, `admin.rs` the operator's and the last-writer read,
+// `queue.rs` the fair queue's, `migrate.rs` the schema; the coalesced batch forms are the
+// coalescer's, `coalesce/rows.rs`).
+
+impl Statement for Acquire<'_> {
+    type Output = Attempt;
+}
+
+/// Creates the tables (or brings them up to date); idempotent, safe from many processes at
+/// once.
+pub(crate) struct Migrate;
+
+impl Statement for Migrate {
+    type Output = ();
+}
+
+/// Several keys of one owner at once, all or nothing, in one statement where the dialect has
+/// one (`None` where it has not: the caller takes them one by one). The keys are sorted,
+/// without duplicates, and share owner, ttl, holder, min_hold and once. The statement takes
+/// every key only if every key is available in its view (a busy set writes nothing), locking
+/// rows in key order; a race it cannot see may still leave some keys untaken, so the answer is
+/// per key, in their order (busy keys report no `retry_after`).
+pub(crate) struct AcquireMany<'a>(pub &'a [Acquire<'a>]);
+
+impl Statement for AcquireMany<'_> {
+    type Output = Option<Vec<Attempt>>;
+}
+
+/// Sets the hold count to `remaining` (the process's holds left; 0 frees the key) if `hold` is
+/// the live tenure, recording `release_id` in the row (and `outcome` when the key is freed); a
+/// repeat with the same id (after a lost reply) then matches nothing. Callers serialise the
+/// owner's operations on the key.
+pub(crate) struct Release<'a> {
+    pub hold: HoldRef<'a>,
+    pub remaining: u32,
+    pub outcome: Option<Outcome>,
+    pub release_id: i64,
+}
+
+impl Statement for Release<'_> {
+    type Output = Released;
+    const ON_RELEASE_POOL: bool = true;
+}
+
+/// Pushes the lease end to at least `now + ttl`; `None` if `hold` is not the live tenure.
+pub(crate) struct Extend<'a> {
+    pub hold: HoldRef<'a>,
+    pub ttl_us: i64,
+}
+
+impl Statement for Extend<'_> {
+    type Output = Option<i64>;
+}
+
+/// Extends every live hold of the list (never empty) in one statement; answers those it
+/// extended.
+pub(crate) struct ExtendMany<'a>(pub &'a [RenewItem<'a>]);
+
+impl Statement for ExtendMany<'_> {
+    type Output = Extended;
+}
+
+/// The row's last writer id (attempt or release id), fencing token, and last release.
+pub(crate) struct LastWriteOf<'a>(pub &'a str);
+
+impl Statement for LastWriteOf<'_> {
+    type Output = Option<LastWrite>;
+}
+
+/// The row of a key.
+pub(crate) struct Inspect<'a>(pub &'a str);
+
+impl Statement for Inspect<'_> {
+    type Output = Option<crate::info::LockInfo>;
+}
+
+/// Every row with a live lease, ordered by key.
+pub(crate) struct Held;
+
+impl Statement for Held {
+    type Output = Vec<crate::info::LockInfo>;
+}
+
+/// Every row with a live lease whose key is in `from..to` (bytes), ordered by key.
+pub(crate) struct HeldIn<'a> {
+    pub from: &'a str,
+    pub to: &'a str,
+}
+
+impl Statement for HeldIn<'_> {
+    type Output = Vec<crate::info::LockInfo>;
+}
+
+/// Frees a live lease whoever holds it; whether there was one.
+pub(crate) struct ForceRelease<'a>(pub &'a str);
+
+impl Statement for ForceRelease<'_> {
+    type Output = bool;
+}
+
+/// A key not held: outcome forgotten, min_hold wait ended; whether a row changed.
+pub(crate) struct Reset<'a>(pub &'a str);
+
+impl Statement for Reset<'_> {
+    type Output = bool;
+}
+
+/// Deletes rows free or expired for longer than `older_than_us`; how many.
+pub(crate) struct Purge {
+    pub older_than_us: i64,
+}
+
+impl Statement for Purge {
+    type Output = u64;
+}
+
+/// One step of a fair waiter in its key's queue: one statement. On the release pool: a
+/// ticket needs no more durability than a lazily durable release (a lost one only costs its
+/// place).
+impl Statement for QueueStep<'_> {
+    type Output = i64;
+    const ON_RELEASE_POOL: bool = true;
 }

@@ -13,7 +13,6 @@ use tokio::time::Instant;
 
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
-use crate::info::LockInfo;
 use crate::retry::{self, Failure};
 pub(crate) use contract::*;
 
@@ -121,185 +120,6 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
 
     /// How a server error (by this backend's own codes) may be retried.
     fn classify(error: &dyn sqlx::error::DatabaseError) -> Failure;
-
-    /// Creates the table if it does not exist; idempotent, safe from many processes at once.
-    fn migrate(
-        &self,
-        conn: &mut Conn<Self>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-
-    /// Acquire, re-entry or takeover, or busy: one statement.
-    fn acquire(
-        &self,
-        conn: &mut Conn<Self>,
-        a: &Acquire<'_>,
-    ) -> impl Future<Output = Result<Attempt, sqlx::Error>> + Send;
-
-    /// Several keys of one owner at once, all or nothing, in one statement where the dialect
-    /// has one (`Ok(None)` where it has not: the caller takes them one by one). `a` is sorted by
-    /// key, without duplicates, and shares owner, ttl, holder, min_hold and once. The statement
-    /// takes every key only if every key is available in its view (a busy set writes nothing),
-    /// locking rows in key order; a race it cannot see may still leave some keys untaken, so
-    /// the answer is per key, in the order of `a` (busy keys report no `retry_after`).
-    fn acquire_many(
-        &self,
-        conn: &mut Conn<Self>,
-        a: &[Acquire<'_>],
-    ) -> impl Future<Output = Result<Option<Vec<Attempt>>, sqlx::Error>> + Send;
-
-    /// Sets the hold count to `remaining` (the process's holds left; 0 frees the key) if `h` is
-    /// the live tenure, recording `release_id` in the row; a repeat with the same id (after a
-    /// lost reply) then matches nothing. Callers serialise the owner's operations on the key.
-    fn release(
-        &self,
-        conn: &mut Conn<Self>,
-        h: &HoldRef<'_>,
-        remaining: u32,
-        outcome: Option<Outcome>,
-        release_id: i64,
-    ) -> impl Future<Output = Result<Released, sqlx::Error>> + Send;
-
-    /// Pushes the lease end to at least `now + ttl`; `None` if `h` is not the live tenure.
-    fn extend(
-        &self,
-        conn: &mut Conn<Self>,
-        h: &HoldRef<'_>,
-        ttl_us: i64,
-    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
-
-    /// Extends every live hold in `items` (never empty) in one statement; returns those it
-    /// extended.
-    fn extend_many(
-        &self,
-        conn: &mut Conn<Self>,
-        items: &[RenewItem<'_>],
-    ) -> impl Future<Output = Result<Extended, sqlx::Error>> + Send;
-
-    // The operator statements and the last-writer read. MySQL and SQLite run them through the
-    // shared code in `admin.rs` (`admin::shared_admin!`); PostgreSQL through its own runner,
-    // which knows the form a pooler needs.
-
-    /// The row's last writer id (attempt or release id), fencing token, and last release.
-    fn last_write(
-        &self,
-        conn: &mut Conn<Self>,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<LastWrite>, sqlx::Error>> + Send;
-
-    /// The row of `key`.
-    fn inspect(
-        &self,
-        conn: &mut Conn<Self>,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<LockInfo>, sqlx::Error>> + Send;
-
-    /// Every row with a live lease, ordered by key.
-    fn held(
-        &self,
-        conn: &mut Conn<Self>,
-    ) -> impl Future<Output = Result<Vec<LockInfo>, sqlx::Error>> + Send;
-
-    /// Every row with a live lease whose key is in `from..to` (bytes), ordered by key.
-    fn held_in(
-        &self,
-        conn: &mut Conn<Self>,
-        from: &str,
-        to: &str,
-    ) -> impl Future<Output = Result<Vec<LockInfo>, sqlx::Error>> + Send;
-
-    /// Frees a live lease whoever holds it; whether there was one.
-    fn force_release(
-        &self,
-        conn: &mut Conn<Self>,
-        key: &str,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
-
-    /// A key not held: outcome forgotten, min_hold wait ended; whether a row changed.
-    fn reset(
-        &self,
-        conn: &mut Conn<Self>,
-        key: &str,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
-
-    /// Deletes rows free or expired for longer than `older_than_us`; how many.
-    fn purge(
-        &self,
-        conn: &mut Conn<Self>,
-        older_than_us: i64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
-
-    /// One step of a fair waiter in its key's queue (see [`QueueStep`]): one statement.
-    fn queue(
-        &self,
-        conn: &mut Conn<Self>,
-        step: QueueStep<'_>,
-    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
-
-    /// What opens the transaction of a coalesced batch sent as one statement after another
-    /// (the default [`acquire_batch`](Self::acquire_batch) and
-    /// [`release_batch`](Self::release_batch)).
-    const BEGIN_BATCH: &'static str = "BEGIN";
-
-    /// Acquires of distinct keys by any owners (sorted by key), each decided on its own as
-    /// [`acquire`](Self::acquire) decides it: one answer per row, in their order.
-    ///
-    /// By default one transaction of one-row statements, in key order: each row is the
-    /// one-key statement with its atomicity argument, under its own row lock, kept to the
-    /// commit; the transaction adds all or nothing (a failure rolls every row back, and every
-    /// row's caller resends) and one commit (one disk flush) for all of them. Rows are locked
-    /// in key order, the order of every batch of every process: batches cannot deadlock.
-    fn acquire_batch(
-        &self,
-        conn: &mut Conn<Self>,
-        rows: &[Acquire<'_>],
-    ) -> impl Future<Output = Result<Vec<Attempt>, sqlx::Error>> + Send {
-        acquire_in_transaction(self, conn, rows)
-    }
-
-    /// Releases of distinct keys (sorted by key), each as [`release`](Self::release) does it;
-    /// by default one transaction, as [`acquire_batch`](Self::acquire_batch).
-    fn release_batch(
-        &self,
-        conn: &mut Conn<Self>,
-        rows: &[coalesce::ReleaseRow],
-    ) -> impl Future<Output = Result<Vec<Released>, sqlx::Error>> + Send {
-        release_in_transaction(self, conn, rows)
-    }
-}
-
-/// [`Dialect::acquire_batch`]'s default: the one-row statements in one transaction.
-pub(crate) async fn acquire_in_transaction<D: Dialect>(
-    d: &D,
-    conn: &mut Conn<D>,
-    rows: &[Acquire<'_>],
-) -> Result<Vec<Attempt>, sqlx::Error> {
-    let begin = sqlx::SqlSafeStr::into_sql_str(D::BEGIN_BATCH);
-    let mut tx = sqlx::Connection::begin_with(conn, begin).await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for a in rows {
-        out.push(d.acquire(&mut tx, a).await?);
-    }
-    tx.commit().await?;
-    Ok(out)
-}
-
-/// [`Dialect::release_batch`]'s default: the one-row statements in one transaction.
-pub(crate) async fn release_in_transaction<D: Dialect>(
-    d: &D,
-    conn: &mut Conn<D>,
-    rows: &[coalesce::ReleaseRow],
-) -> Result<Vec<Released>, sqlx::Error> {
-    let begin = sqlx::SqlSafeStr::into_sql_str(D::BEGIN_BATCH);
-    let mut tx = sqlx::Connection::begin_with(conn, begin).await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        out.push(
-            d.release(&mut tx, &r.hold(), r.remaining, r.outcome, r.release_id)
-                .await?,
-        );
-    }
-    tx.commit().await?;
-    Ok(out)
 }
 
 #[cfg(feature = "mysql")]
@@ -662,107 +482,33 @@ impl Backend {
         }
     }
 
-    pub(crate) async fn migrate(&self, deadline: Instant) -> Result<(), Failed> {
-        dispatch!(self, b, D => run(b, b.pool(), deadline, async |c| b.migrate(c).await).await)
-    }
-
-    pub(crate) async fn acquire(
-        &self,
-        a: &Acquire<'_>,
-        deadline: Instant,
-    ) -> Result<Attempt, Failed> {
-        dispatch!(self, b, D => run(b, b.pool(), deadline, async |c| b.acquire(c, a).await).await)
-    }
-
-    /// Coalesced acquires ([`Dialect::acquire_batch`]); one row goes as the one-row statement.
+    /// Coalesced acquires ([`AcquireBatch`](coalesce::AcquireBatch)); one row goes as the
+    /// one-row statement.
     pub(crate) async fn acquire_batch(
         &self,
         rows: &[Acquire<'_>],
         deadline: Instant,
     ) -> Result<Vec<Attempt>, Failed> {
-        if let [one] = rows {
-            return Ok(vec![self.acquire(one, deadline).await?]);
+        match rows {
+            [one] => Ok(vec![self.run(one, deadline).await?]),
+            rows => self.run(&coalesce::AcquireBatch(rows), deadline).await,
         }
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| b.acquire_batch(c, rows).await).await
-        })
     }
 
-    /// Coalesced releases ([`Dialect::release_batch`]), on the pool releases use.
+    /// Coalesced releases ([`ReleaseBatch`](coalesce::ReleaseBatch)); one row goes as the
+    /// one-row statement.
     pub(crate) async fn release_batch(
         &self,
         rows: &[coalesce::ReleaseRow],
         deadline: Instant,
     ) -> Result<Vec<Released>, Failed> {
-        if let [one] = rows {
-            let released = self
-                .release(
-                    &one.hold(),
-                    one.remaining,
-                    one.outcome,
-                    one.release_id,
-                    deadline,
-                )
-                .await?;
-            return Ok(vec![released]);
+        match rows {
+            [one] => Ok(vec![self.run(&one.statement(), deadline).await?]),
+            rows => self.run(&coalesce::ReleaseBatch(rows), deadline).await,
         }
-        dispatch!(self, b, D => {
-            run(b, b.release_pool(), deadline, async |c| b.release_batch(c, rows).await).await
-        })
     }
 
-    /// See [`Dialect::acquire_many`].
-    pub(crate) async fn acquire_many(
-        &self,
-        a: &[Acquire<'_>],
-        deadline: Instant,
-    ) -> Result<Option<Vec<Attempt>>, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| b.acquire_many(c, a).await).await
-        })
-    }
-
-    pub(crate) async fn release(
-        &self,
-        h: &HoldRef<'_>,
-        remaining: u32,
-        outcome: Option<Outcome>,
-        release_id: i64,
-        deadline: Instant,
-    ) -> Result<Released, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.release_pool(), deadline, async |c| {
-                b.release(c, h, remaining, outcome, release_id).await
-            })
-            .await
-        })
-    }
-
-    /// What the row of `key` says about its last writers; `None` if there is no row.
-    pub(crate) async fn last_write(
-        &self,
-        key: &str,
-        deadline: Instant,
-    ) -> Result<Option<LastWrite>, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| {
-                b.last_write(c, key).await
-            })
-            .await
-        })
-    }
-
-    pub(crate) async fn extend(
-        &self,
-        h: &HoldRef<'_>,
-        ttl_us: i64,
-        deadline: Instant,
-    ) -> Result<Option<i64>, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| b.extend(c, h, ttl_us).await).await
-        })
-    }
-
+    /// Renewal's extensions ([`ExtendMany`]); none is no statement.
     pub(crate) async fn extend_many(
         &self,
         items: &[RenewItem<'_>],
@@ -771,82 +517,7 @@ impl Backend {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| b.extend_many(c, items).await).await
-        })
-    }
-
-    pub(crate) async fn inspect(
-        &self,
-        key: &str,
-        deadline: Instant,
-    ) -> Result<Option<LockInfo>, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| {
-                b.inspect(c, key).await
-            })
-            .await
-        })
-    }
-
-    pub(crate) async fn held(&self, deadline: Instant) -> Result<Vec<LockInfo>, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| {
-                b.held(c).await
-            })
-            .await
-        })
-    }
-
-    /// See [`Dialect::held_in`].
-    pub(crate) async fn held_in(
-        &self,
-        from: &str,
-        to: &str,
-        deadline: Instant,
-    ) -> Result<Vec<LockInfo>, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| b.held_in(c, from, to).await).await
-        })
-    }
-
-    pub(crate) async fn force_release(&self, key: &str, deadline: Instant) -> Result<bool, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| {
-                b.force_release(c, key).await
-            })
-            .await
-        })
-    }
-
-    pub(crate) async fn reset(&self, key: &str, deadline: Instant) -> Result<bool, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| {
-                b.reset(c, key).await
-            })
-            .await
-        })
-    }
-
-    pub(crate) async fn purge(&self, older_than_us: i64, deadline: Instant) -> Result<u64, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.pool(), deadline, async |c| {
-                b.purge(c, older_than_us).await
-            })
-            .await
-        })
-    }
-
-    /// See [`Dialect::queue`]. On the release pool: a ticket needs no more durability than a
-    /// lazily durable release (a lost one only costs its place).
-    pub(crate) async fn queue(
-        &self,
-        step: QueueStep<'_>,
-        deadline: Instant,
-    ) -> Result<i64, Failed> {
-        dispatch!(self, b, D => {
-            run(b, b.release_pool(), deadline, async |c| b.queue(c, step).await).await
-        })
+        self.run(&ExtendMany(items), deadline).await
     }
 
     /// PostgreSQL behind a transaction pooler (`ConnectOptions::pooler`): statements go as

@@ -55,7 +55,7 @@ async fn backends() -> Vec<(String, Backend)> {
         }
     }
     for (_, b) in &out {
-        b.migrate(soon()).await.unwrap();
+        b.run(&crate::backend::Migrate, soon()).await.unwrap();
     }
     out
 }
@@ -72,17 +72,29 @@ fn soon() -> Instant {
 }
 
 async fn acquire(b: &Backend, p: &Acquire<'_>) -> Attempt {
-    b.acquire(p, soon()).await.unwrap()
+    b.run(p, soon()).await.unwrap()
 }
 
 async fn release(b: &Backend, h: &HoldRef<'_>, remaining: u32, id: i64) -> Released {
-    b.release(h, remaining, Some(Outcome::Succeeded), id, soon())
-        .await
-        .unwrap()
+    b.run(
+        &crate::backend::Release {
+            hold: *h,
+            remaining,
+            outcome: Some(Outcome::Succeeded),
+            release_id: id,
+        },
+        soon(),
+    )
+    .await
+    .unwrap()
 }
 
 async fn count(b: &Backend, key: &str) -> u32 {
-    b.inspect(key, soon()).await.unwrap().unwrap().hold_count
+    b.run(&crate::backend::Inspect(key), soon())
+        .await
+        .unwrap()
+        .unwrap()
+        .hold_count
 }
 
 #[tokio::test]
@@ -164,7 +176,11 @@ async fn a_repeated_attempt_is_recognised_not_counted_twice() {
         );
         assert_eq!(release(&b, &h, 0, 102).await, Released::Free, "{name}");
         assert_eq!(release(&b, &h, 0, 103).await, Released::NotHeld, "{name}");
-        let last = b.last_write("idem", soon()).await.unwrap().unwrap();
+        let last = b
+            .run(&crate::backend::LastWriteOf("idem"), soon())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (last.writer, last.release_id, last.release_token),
             (Some(102), Some(102), Some(first.fencing_token as i64)),
@@ -255,7 +271,10 @@ async fn busy_attempts_report_the_holders_time_left_where_the_dialect_can() {
 
 /// One statement for several keys that must grant every one of them.
 async fn grants(b: &Backend, all: &[Acquire<'_>]) -> Vec<Grant> {
-    let attempts = b.acquire_many(all, soon()).await.unwrap();
+    let attempts = b
+        .run(&crate::backend::AcquireMany(all), soon())
+        .await
+        .unwrap();
     attempts
         .expect("a statement for several keys")
         .into_iter()
@@ -297,7 +316,11 @@ async fn several_keys_in_one_statement_are_taken_whole_or_not_at_all() {
         assert_eq!(release(&b, &h, 0, 2).await, Released::Free, "{name}");
 
         let set = [one(ma, "a", 10), one(mb, "a", 11), one(mc, "a", 12)];
-        let Some(got) = b.acquire_many(&set, soon()).await.unwrap() else {
+        let Some(got) = b
+            .run(&crate::backend::AcquireMany(&set), soon())
+            .await
+            .unwrap()
+        else {
             assert_eq!(name, "mysql8-path", "{name}: no statement for several keys");
             continue;
         };
@@ -340,16 +363,20 @@ async fn several_keys_in_one_statement_are_taken_whole_or_not_at_all() {
         );
 
         // Another owner wants "m-c" (held) and "m-d" (free): nothing at all, nothing written.
-        let before = b.inspect(md, soon()).await.unwrap();
+        let before = b.run(&crate::backend::Inspect(md), soon()).await.unwrap();
         let other = [one(mc, "o", 20), one(md, "o", 21)];
-        let answer = b.acquire_many(&other, soon()).await.unwrap().unwrap();
+        let answer = b
+            .run(&crate::backend::AcquireMany(&other), soon())
+            .await
+            .unwrap()
+            .unwrap();
         assert!(
             answer.iter().all(|a| matches!(a, Attempt::Busy { .. })),
             "{name}: a partial or double grant: {answer:?}"
         );
         assert_eq!(before, None, "{name}");
         assert_eq!(
-            b.inspect(md, soon()).await.unwrap(),
+            b.run(&crate::backend::Inspect(md), soon()).await.unwrap(),
             None,
             "{name}: a busy set wrote a row"
         );

@@ -49,15 +49,16 @@ use std::future::Future;
 
 use tokio::time::Instant;
 
-use super::{Acquire, Attempt, Backend, Extended, HoldRef, Released, RenewItem};
-use crate::info::Outcome;
+use super::{Acquire, Attempt, Backend, Extend, Extended, HoldRef, Release, Released, RenewItem};
 use crate::retry::{Failed, Failure};
 
 pub(crate) use lane::{Entered, Lane};
 #[cfg(feature = "sqlite")]
 pub(crate) use policy::MAX_ROWS;
 pub(crate) use policy::{Budget, Slots};
-pub(crate) use rows::{AcquireRow, ExtendRow, ReleaseRow, WriteOut, WriteRow};
+pub(crate) use rows::{
+    AcquireBatch, AcquireRow, ExtendRow, ReleaseBatch, ReleaseRow, WriteOut, WriteRow,
+};
 
 /// One row of a kind of statement that can travel with others.
 pub(crate) trait Row: Send + Sync + Sized + 'static {
@@ -160,9 +161,9 @@ impl Coalescer {
     ) -> Result<Attempt, Failed> {
         // A waiter's attempt that asks for a NOTIFY (PostgreSQL) carries a statement of its own.
         if a.waiting {
-            return Box::pin(backend.acquire(a, deadline)).await;
+            return Box::pin(backend.run(a, deadline)).await;
         }
-        let alone = || backend.acquire(a, deadline);
+        let alone = || backend.run(a, deadline);
         match &self.write {
             Some(write) => {
                 let row = || WriteRow::Acquire(AcquireRow::from(a));
@@ -176,14 +177,11 @@ impl Coalescer {
     pub(crate) async fn release(
         &self,
         backend: &Backend,
-        h: &HoldRef<'_>,
-        remaining: u32,
-        outcome: Option<Outcome>,
-        release_id: i64,
+        r: &Release<'_>,
         deadline: Instant,
     ) -> Result<Released, Failed> {
-        let row = || ReleaseRow::new(h, remaining, outcome, release_id);
-        let alone = || backend.release(h, remaining, outcome, release_id, deadline);
+        let row = || ReleaseRow::new(&r.hold, r.remaining, r.outcome, r.release_id);
+        let alone = || backend.run(r, deadline);
         match &self.write {
             Some(write) => {
                 let row = || WriteRow::Release(row());
@@ -198,12 +196,11 @@ impl Coalescer {
     pub(crate) async fn extend(
         &self,
         backend: &Backend,
-        h: &HoldRef<'_>,
-        ttl_us: i64,
+        e: &Extend<'_>,
         deadline: Instant,
     ) -> Result<Option<Option<i64>>, Failed> {
-        let row = || ExtendRow::new(h, ttl_us);
-        let alone = async || Ok(backend.extend(h, ttl_us, deadline).await?.map(Some));
+        let row = || ExtendRow::new(&e.hold, e.ttl_us);
+        let alone = async || Ok(backend.run(e, deadline).await?.map(Some));
         match &self.write {
             Some(write) => {
                 let row = || WriteRow::Extend(row());

@@ -112,6 +112,16 @@ pub(crate) struct ReleaseRow {
 }
 
 impl ReleaseRow {
+    /// The row as its one-row statement.
+    pub(crate) fn statement(&self) -> crate::backend::Release<'_> {
+        crate::backend::Release {
+            hold: self.hold(),
+            remaining: self.remaining,
+            outcome: self.outcome,
+            release_id: self.release_id,
+        }
+    }
+
     /// The release of `h` that leaves `remaining` holds, recording `outcome`, by `release_id`.
     pub(crate) fn new(
         h: &HoldRef<'_>,
@@ -211,10 +221,11 @@ impl Row for ExtendRow {
                 owner: one.owner(),
                 fencing_token: one.fencing_token,
             };
-            return Ok(vec![backend
-                .extend(&h, one.ttl_us, deadline)
-                .await?
-                .map(Some)]);
+            let one = crate::backend::Extend {
+                hold: h,
+                ttl_us: one.ttl_us,
+            };
+            return Ok(vec![backend.run(&one, deadline).await?.map(Some)]);
         }
         let items: Vec<RenewItem<'_>> = rows.iter().map(ExtendRow::item).collect();
         let extended = backend.extend_many(&items, deadline).await?;
@@ -356,4 +367,21 @@ impl Row for WriteRow {
             })
             .collect()
     }
+}
+
+/// Coalesced acquires of distinct keys by any owners (sorted by key), each decided on its own
+/// as its one-row statement would be: one attempt per row, in their order.
+pub(crate) struct AcquireBatch<'a>(pub &'a [Acquire<'a>]);
+
+impl crate::backend::Statement for AcquireBatch<'_> {
+    type Output = Vec<Attempt>;
+}
+
+/// Coalesced releases of distinct keys by any owners (sorted by key), each decided on its own
+/// as its one-row statement would be: one answer per row, in their order.
+pub(crate) struct ReleaseBatch<'a>(pub &'a [ReleaseRow]);
+
+impl crate::backend::Statement for ReleaseBatch<'_> {
+    type Output = Vec<Released>;
+    const ON_RELEASE_POOL: bool = true;
 }

@@ -13,7 +13,7 @@
 //! derived row, in the INSERT part and in the `ON DUPLICATE KEY UPDATE` alike.
 //!
 //! MySQL 8 has no `RETURNING`: there a batch of acquires is the one-key statements in one
-//! transaction (`backend::acquire_in_transaction`), one commit for all of them.
+//! transaction (`one_by_one`), one commit for all of them.
 //!
 //! **Releases** (MySQL and MariaDB): four round trips whatever the batch's size, where the
 //! one-row statements in a transaction take two plus one per row. No `UPDATE ... RETURNING`
@@ -32,6 +32,7 @@
 //! 3. The commit. Each caller's answer is its row's decision: freed, still held with the count
 //!    it left, or not held.
 
+use super::OnMySql;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
@@ -266,6 +267,48 @@ pub(crate) async fn release(
             }
         })
         .collect())
+}
+
+impl OnMySql for crate::backend::coalesce::AcquireBatch<'_> {
+    async fn mysql(
+        &self,
+        my: &My,
+        conn: &mut MySqlConnection,
+    ) -> Result<Vec<Attempt>, sqlx::Error> {
+        let rows = self.0;
+        if my.supports_returning(conn).await? {
+            acquire(my, conn, rows).await
+        } else {
+            one_by_one(my, conn, rows).await
+        }
+    }
+}
+
+impl OnMySql for crate::backend::coalesce::ReleaseBatch<'_> {
+    /// Coalesced releases: four round trips, whatever the batch's size (`mysql/batch.rs`).
+    async fn mysql(
+        &self,
+        my: &My,
+        conn: &mut MySqlConnection,
+    ) -> Result<Vec<Released>, sqlx::Error> {
+        let rows = self.0;
+        release(my, conn, rows).await
+    }
+}
+
+/// MySQL 8's coalesced acquires (no `RETURNING`): the one-row statements in one transaction.
+async fn one_by_one(
+    my: &My,
+    conn: &mut MySqlConnection,
+    rows: &[Acquire<'_>],
+) -> Result<Vec<Attempt>, sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for a in rows {
+        out.push(a.mysql(my, &mut tx).await?);
+    }
+    tx.commit().await?;
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -39,7 +39,8 @@
 use sqlx::postgres::PgConnection;
 use sqlx::Row;
 
-use super::{ran_out, stmt, Arg, Pg, Stmt, SAME, TAKE};
+use super::sql::{SAME, TAKE};
+use super::{ran_out, stmt, Arg, Pg, Stmt};
 use crate::backend::coalesce::ReleaseRow;
 use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
 
@@ -307,6 +308,28 @@ fn answered(
         *slot = Some(row);
     }
     Ok(by_row)
+}
+
+impl super::OnPostgres for crate::backend::coalesce::AcquireBatch<'_> {
+    async fn postgres(
+        &self,
+        pg: &Pg,
+        conn: &mut PgConnection,
+    ) -> Result<Vec<Attempt>, sqlx::Error> {
+        let rows = self.0;
+        acquire(pg, conn, rows).await
+    }
+}
+
+impl super::OnPostgres for crate::backend::coalesce::ReleaseBatch<'_> {
+    async fn postgres(
+        &self,
+        pg: &Pg,
+        conn: &mut PgConnection,
+    ) -> Result<Vec<Released>, sqlx::Error> {
+        let rows = self.0;
+        release(pg, conn, rows).await
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! The list has [`listed`] entries, the batch padded with NULL keys that match nothing: seven
 //! statement texts per kind, each prepared once per connection.
 
+use super::OnSqlite;
 use sqlx::query::Query;
 use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
@@ -115,7 +116,7 @@ pub(crate) async fn acquire(
     all: &[Acquire<'_>],
 ) -> Result<Vec<Attempt>, sqlx::Error> {
     if all.len() > MAX {
-        return crate::backend::acquire_in_transaction(lite, conn, all).await;
+        return acquire_one_by_one(lite, conn, all).await;
     }
     let q = bind_acquires(
         sqlx::query(lite.batch_sql.acquire[size_index(all.len())].clone()),
@@ -161,7 +162,7 @@ pub(crate) async fn release(
     all: &[ReleaseRow],
 ) -> Result<Vec<Released>, sqlx::Error> {
     if all.len() > MAX {
-        return crate::backend::release_in_transaction(lite, conn, all).await;
+        return release_one_by_one(lite, conn, all).await;
     }
     let q = bind_releases(
         sqlx::query(lite.batch_sql.release[size_index(all.len())].clone()),
@@ -227,7 +228,9 @@ pub(crate) async fn write(
     let extended = if extends.is_empty() {
         Vec::new()
     } else {
-        crate::backend::Dialect::extend_many(lite, &mut tx, extends).await?
+        crate::backend::ExtendMany(extends)
+            .sqlite(lite, &mut tx)
+            .await?
     };
     let (attempts, released) = match (acquires.is_empty(), releases.is_empty()) {
         (true, true) => (Vec::new(), Vec::new()),
@@ -333,6 +336,61 @@ async fn answers(
         attempts(lite, conn, acquires, &granted).await?,
         released(releases, &left)?,
     ))
+}
+
+impl OnSqlite for crate::backend::coalesce::AcquireBatch<'_> {
+    /// Coalesced acquires of distinct keys: one statement (`sqlite/batch.rs`).
+    async fn sqlite(
+        &self,
+        lite: &Lite,
+        conn: &mut SqliteConnection,
+    ) -> Result<Vec<Attempt>, sqlx::Error> {
+        let rows = self.0;
+        acquire(lite, conn, rows).await
+    }
+}
+
+impl OnSqlite for crate::backend::coalesce::ReleaseBatch<'_> {
+    /// Coalesced releases of distinct keys: one statement (`sqlite/batch.rs`).
+    async fn sqlite(
+        &self,
+        lite: &Lite,
+        conn: &mut SqliteConnection,
+    ) -> Result<Vec<Released>, sqlx::Error> {
+        let rows = self.0;
+        release(lite, conn, rows).await
+    }
+}
+
+/// More rows than one statement lists: the one-row statements in one transaction, under the
+/// write lock from its start.
+async fn acquire_one_by_one(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    rows: &[Acquire<'_>],
+) -> Result<Vec<Attempt>, sqlx::Error> {
+    let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for a in rows {
+        out.push(a.sqlite(lite, &mut tx).await?);
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// As [`acquire_one_by_one`], for releases.
+async fn release_one_by_one(
+    lite: &Lite,
+    conn: &mut SqliteConnection,
+    rows: &[ReleaseRow],
+) -> Result<Vec<Released>, sqlx::Error> {
+    let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        out.push(r.statement().sqlite(lite, &mut tx).await?);
+    }
+    tx.commit().await?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -473,7 +531,12 @@ mod tests {
         );
         let read = async {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            let info = backend.inspect("a", started + Duration::from_secs(5)).await;
+            let info = backend
+                .run(
+                    &crate::backend::Inspect("a"),
+                    started + Duration::from_secs(5),
+                )
+                .await;
             (info, started.elapsed())
         };
         let unblock = async {

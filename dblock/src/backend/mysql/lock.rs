@@ -1,0 +1,218 @@
+//! The lock's own statements on MySQL and MariaDB: acquire (one key, several keys), release, extend, and
+//! renewal's extension of many leases.
+
+#[allow(unused_imports)]
+use super::*;
+use crate::backend::*;
+
+impl OnMySql for Acquire<'_> {
+    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Attempt, sqlx::Error> {
+        let p = self;
+        let bound =
+            |(text, order): &(SqlStr, Vec<Param>)| bind(text, order, p, std::slice::from_ref(p));
+        if my.supports_returning(conn).await? {
+            // Read ALL rows and keep the last: a Galera node whose automatic autocommit retry
+            // fired (when the pool is not ours and wsrep_retry_autocommit could not be set to 0)
+            // sends one stale row per aborted attempt before the committed one.
+            let rows = bound(&my.sql.acquire_returning)
+                .fetch_all(&mut *conn)
+                .await?;
+            let Some(row) = rows.last() else {
+                return Err(sqlx::Error::RowNotFound);
+            };
+            if row.try_get::<bool, _>(0)? {
+                Ok(Attempt::Acquired(Grant {
+                    hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
+                    fencing_token: row.try_get::<i64, _>(2)? as u64,
+                    expires_at_us: row.try_get(3)?,
+                }))
+            } else if row.try_get::<bool, _>(5)? {
+                Ok(Attempt::Done {
+                    finished_at_us: row.try_get(6)?,
+                })
+            } else {
+                Ok(Attempt::Busy {
+                    retry_after: Some(crate::info::millis(row.try_get(4)?)),
+                })
+            }
+        } else {
+            let sent_at = std::time::SystemTime::now();
+            let done = bound(&my.sql.acquire_last_insert_id)
+                .execute(&mut *conn)
+                .await?;
+            let packed = done.last_insert_id();
+            if packed == 0 {
+                if p.once {
+                    let done: Option<(bool, Option<i64>)> = sqlx::query_as(my.sql.done.clone())
+                        .bind(p.key)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                    if let Some((true, finished_at_us)) = done {
+                        return Ok(Attempt::Done { finished_at_us });
+                    }
+                }
+                return Ok(Attempt::Busy { retry_after: None });
+            }
+            // This path cannot read the server's lease end; the client's send time plus the
+            // lease is reported instead: an estimate on the client's clock. Nothing decides
+            // expiry by it; the guard's local deadline is an `Instant` taken at send time.
+            let local_us = sent_at
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64);
+            Ok(Attempt::Acquired(Grant {
+                hold_count: (packed >> COUNT_SHIFT) as u32,
+                fencing_token: packed & ((1u64 << COUNT_SHIFT) - 1),
+                expires_at_us: local_us.saturating_add(p.ttl_us.max(p.min_hold_us)),
+            }))
+        }
+    }
+}
+
+impl OnMySql for AcquireMany<'_> {
+    async fn mysql(
+        &self,
+        my: &My,
+        conn: &mut MySqlConnection,
+    ) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
+        let all = self.0;
+        let Some(first) = all.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        if !my.supports_returning(conn).await? {
+            // MySQL 8: one grant per statement travels in LAST_INSERT_ID; one key at a time.
+            return Ok(None);
+        }
+        let (text, order) = acquire_sql(
+            &(upsert_many(all.len()).replace(
+                "{expires}",
+                "IF(owner = VALUES(owner), GREATEST(expires_at, VALUES(expires_at)), expires_at)",
+            ) + "
+RETURNING CONVERT(lock_key USING utf8mb4), owner <=> :owner, hold_count, fencing_token,
+          TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)")
+                .replace("{token}", US_NOW),
+            &my.table,
+        );
+        let rows = bind(&text, &order, first, all)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut grants = Vec::with_capacity(rows.len());
+        for row in rows {
+            // Every row this statement wrote comes back; those of other owners were not taken.
+            // (On Galera with its autocommit retry on, a stale row can come first: the last
+            // row of a key wins, as in `acquire`.)
+            if row.try_get::<bool, _>(1)? {
+                grants.push((
+                    row.try_get::<String, _>(0)?,
+                    Grant {
+                        hold_count: row.try_get::<i32, _>(2)?.max(0) as u32,
+                        fencing_token: row.try_get::<i64, _>(3)? as u64,
+                        expires_at_us: row.try_get(4)?,
+                    },
+                ));
+            }
+        }
+        Ok(Some(crate::backend::per_key(all, grants)))
+    }
+}
+
+impl OnMySql for Release<'_> {
+    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Released, sqlx::Error> {
+        let h = &self.hold;
+        let remaining = self.remaining;
+        let outcome = self.outcome;
+        let release_id = self.release_id;
+        let code = outcome.map(Outcome::code);
+        let done = sqlx::query(my.sql.release.clone())
+            .bind(i64::from(remaining))
+            .bind(code)
+            .bind(code)
+            .bind(release_id)
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .bind(release_id)
+            .execute(&mut *conn)
+            .await?;
+        Ok(match (done.rows_affected(), done.last_insert_id()) {
+            (0, _) => Released::NotHeld,
+            (_, 0) => Released::Free,
+            (_, n) => Released::StillHeld(n as u32),
+        })
+    }
+}
+
+impl OnMySql for Extend<'_> {
+    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Option<i64>, sqlx::Error> {
+        let h = &self.hold;
+        let ttl_us = self.ttl_us;
+        let done = sqlx::query(my.sql.extend.clone())
+            .bind(ttl_us)
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .execute(&mut *conn)
+            .await?;
+        Ok((done.rows_affected() > 0).then_some(done.last_insert_id() as i64))
+    }
+}
+
+impl OnMySql for ExtendMany<'_> {
+    /// Renewal of many leases: one multi-table UPDATE joined to a derived table of
+    /// (key, owner, token, ttl). Each row is updated under its exclusive lock with the same
+    /// owner/tenure/live check as `extend`. MySQL has no RETURNING for UPDATE: when fewer rows
+    /// matched than were sent, one read names the holds still live (a hold that was not extended
+    /// cannot be live again: its token would have changed).
+    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Extended, sqlx::Error> {
+        let items = self.0;
+        let mut rows = vec!["SELECT ? AS k, ? AS o, ? AS tok, ? AS ttl"; 1];
+        rows.extend(std::iter::repeat_n("SELECT ?, ?, ?, ?", items.len() - 1));
+        let text = format!(
+            "UPDATE {table} AS l JOIN ({rows}) AS r
+  ON l.lock_key = r.k AND l.owner = r.o AND l.fencing_token = r.tok
+SET l.expires_at = GREATEST(l.expires_at, UTC_TIMESTAMP(6) + INTERVAL r.ttl MICROSECOND)
+WHERE l.expires_at > UTC_TIMESTAMP(6)",
+            table = my.table,
+            rows = rows.join(" UNION ALL "),
+        );
+        let mut q = sqlx::query(AssertSqlSafe(text));
+        for i in items {
+            q = q
+                .bind(i.key)
+                .bind(i.owner)
+                .bind(i.fencing_token as i64)
+                .bind(i.ttl_us);
+        }
+        let matched = q.execute(&mut *conn).await?.rows_affected();
+        let all = || {
+            items
+                .iter()
+                .map(|i| (i.key.to_owned(), i.owner.to_owned(), i.fencing_token))
+                .collect()
+        };
+        if matched as usize >= items.len() {
+            return Ok(all());
+        }
+        let marks = vec!["?"; items.len()].join(", ");
+        let text = format!(
+            "SELECT lock_key, owner, fencing_token FROM {table}
+WHERE lock_key IN ({marks}) AND expires_at > UTC_TIMESTAMP(6)",
+            table = my.table
+        );
+        let mut q = sqlx::query_as::<_, (Vec<u8>, Option<String>, i64)>(AssertSqlSafe(text));
+        for i in items {
+            q = q.bind(i.key);
+        }
+        let live = q.fetch_all(&mut *conn).await?;
+        Ok(items
+            .iter()
+            .filter(|i| {
+                live.iter().any(|(k, o, t)| {
+                    k.as_slice() == i.key.as_bytes()
+                        && o.as_deref() == Some(i.owner)
+                        && *t as u64 == i.fencing_token
+                })
+            })
+            .map(|i| (i.key.to_owned(), i.owner.to_owned(), i.fencing_token))
+            .collect())
+    }
+}

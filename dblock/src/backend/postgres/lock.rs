@@ -1,0 +1,175 @@
+//! The lock's own statements on PostgreSQL: acquire (one key, several keys), release, extend, and
+//! renewal's extension of many leases.
+
+#[allow(unused_imports)]
+use super::*;
+use crate::backend::*;
+
+impl OnPostgres for Acquire<'_> {
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Attempt, sqlx::Error> {
+        let p = self;
+        let row = pg
+            .fetch_optional(
+                conn,
+                if p.waiting {
+                    &pg.sql.acquire_waiting
+                } else {
+                    &pg.sql.acquire
+                },
+                &[
+                    Arg::Text(p.key),
+                    Arg::Text(p.owner),
+                    Arg::Float8(p.ttl_us as f64),
+                    Arg::Text(p.holder),
+                    Arg::Int8(p.attempt),
+                    Arg::Bool(p.waiting),
+                    Arg::OptInt8(p.tenure),
+                    Arg::Int4(p.held as i32),
+                    Arg::Float8(p.min_hold_us as f64),
+                    Arg::Bool(p.once),
+                ],
+            )
+            .await?;
+        let Some(row) = row else {
+            // The key was inserted by someone else during this statement.
+            return Ok(Attempt::Busy { retry_after: None });
+        };
+        if row.try_get::<bool, _>(0)? {
+            Ok(Attempt::Acquired(Grant {
+                hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
+                fencing_token: row.try_get::<i64, _>(2)? as u64,
+                expires_at_us: row.try_get(3)?,
+            }))
+        } else if row.try_get::<bool, _>(5)? {
+            Ok(Attempt::Done {
+                finished_at_us: row.try_get(6)?,
+            })
+        } else {
+            Ok(Attempt::Busy {
+                retry_after: Some(crate::info::millis(row.try_get(4)?)),
+            })
+        }
+    }
+}
+
+impl OnPostgres for AcquireMany<'_> {
+    async fn postgres(
+        &self,
+        pg: &Pg,
+        conn: &mut PgConnection,
+    ) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
+        let all = self.0;
+        let Some(first) = all.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        let keys: Vec<&str> = all.iter().map(|a| a.key).collect();
+        let attempts: Vec<i64> = all.iter().map(|a| a.attempt).collect();
+        let tenures: Vec<i64> = all.iter().map(|a| a.tenure.unwrap_or(-1)).collect();
+        let held: Vec<i64> = all.iter().map(|a| i64::from(a.held)).collect();
+        let rows = pg
+            .fetch_all(
+                conn,
+                &pg.sql.acquire_many,
+                &[
+                    Arg::TextArray(&keys),
+                    Arg::Int8Array(&attempts),
+                    Arg::Int8Array(&tenures),
+                    Arg::Int8Array(&held),
+                    Arg::Text(first.owner),
+                    Arg::Float8(first.ttl_us as f64),
+                    Arg::Text(first.holder),
+                    Arg::Float8(first.min_hold_us as f64),
+                    Arg::Bool(first.once),
+                ],
+            )
+            .await?;
+        let mut grants = Vec::with_capacity(rows.len());
+        for row in rows {
+            grants.push((
+                row.try_get::<String, _>(0)?,
+                Grant {
+                    hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
+                    fencing_token: row.try_get::<i64, _>(2)? as u64,
+                    expires_at_us: row.try_get(3)?,
+                },
+            ));
+        }
+        Ok(Some(crate::backend::per_key(all, grants)))
+    }
+}
+
+impl OnPostgres for Release<'_> {
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Released, sqlx::Error> {
+        let h = &self.hold;
+        let remaining = self.remaining;
+        let outcome = self.outcome;
+        let release_id = self.release_id;
+        let row = pg
+            .fetch_optional(
+                conn,
+                &pg.sql.release,
+                &[
+                    Arg::Text(h.key),
+                    Arg::Text(h.owner),
+                    Arg::Int8(h.fencing_token as i64),
+                    Arg::Int8(release_id),
+                    Arg::Text(&pg.channel),
+                    Arg::Int4(remaining as i32),
+                    Arg::OptInt2(outcome.map(Outcome::code)),
+                    Arg::Bool(pg.settings.lazy_release),
+                ],
+            )
+            .await?;
+        let left: Option<i32> = row.map(|r| r.try_get(0)).transpose()?;
+        Ok(match left {
+            None => Released::NotHeld,
+            Some(0) => Released::Free,
+            Some(n) => Released::StillHeld(n as u32),
+        })
+    }
+}
+
+impl OnPostgres for Extend<'_> {
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Option<i64>, sqlx::Error> {
+        let h = &self.hold;
+        let ttl_us = self.ttl_us;
+        let row = pg
+            .fetch_optional(
+                conn,
+                &pg.sql.extend,
+                &[
+                    Arg::Text(h.key),
+                    Arg::Text(h.owner),
+                    Arg::Int8(h.fencing_token as i64),
+                    Arg::Float8(ttl_us as f64),
+                ],
+            )
+            .await?;
+        row.map(|r| r.try_get(0)).transpose()
+    }
+}
+
+impl OnPostgres for ExtendMany<'_> {
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Extended, sqlx::Error> {
+        let items = self.0;
+        let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
+        let owners: Vec<&str> = items.iter().map(|i| i.owner).collect();
+        let tokens: Vec<i64> = items.iter().map(|i| i.fencing_token as i64).collect();
+        let ttls: Vec<f64> = items.iter().map(|i| i.ttl_us as f64).collect();
+        let rows = pg
+            .fetch_all(
+                conn,
+                &pg.sql.extend_many,
+                &[
+                    Arg::TextArray(&keys),
+                    Arg::TextArray(&owners),
+                    Arg::Int8Array(&tokens),
+                    Arg::Float8Array(&ttls),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get::<i64, _>(2)? as u64)))
+            .collect()
+    }
+}

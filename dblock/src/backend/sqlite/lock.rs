@@ -1,0 +1,177 @@
+//! The lock's own statements on SQLite: acquire (one key, several keys), release, extend, and
+//! renewal's extension of many leases.
+
+#[allow(unused_imports)]
+use super::*;
+use crate::backend::*;
+
+impl OnSqlite for Acquire<'_> {
+    async fn sqlite(
+        &self,
+        lite: &Lite,
+        conn: &mut SqliteConnection,
+    ) -> Result<Attempt, sqlx::Error> {
+        let p = self;
+        let row = bind_acquire(sqlx::query(lite.sql.acquire.clone()), p)
+            .fetch_optional(&mut *conn)
+            .await?;
+        match row {
+            Some(row) => Ok(Attempt::Acquired(Grant {
+                hold_count: row.try_get::<i64, _>(0)?.max(0) as u32,
+                fencing_token: row.try_get::<i64, _>(1)? as u64,
+                expires_at_us: row.try_get(2)?,
+            })),
+            None if p.once => lite.done(conn, p.key).await,
+            None => Ok(Attempt::Busy { retry_after: None }),
+        }
+    }
+}
+
+impl OnSqlite for AcquireMany<'_> {
+    /// Several keys in one statement: `req` (a CTE of the keys with their attempt ids and what
+    /// the process holds of each) is inserted only if none of its keys is busy (held by another
+    /// owner, or done for `once`) — checked inside the statement, under SQLite's single write
+    /// lock, so the set is taken whole or not at all, and a busy set writes nothing. Conflicting
+    /// rows go through the same `ON CONFLICT` as the one-key statement, reading the process's
+    /// holds of each key from `req`.
+    async fn sqlite(
+        &self,
+        lite: &Lite,
+        conn: &mut SqliteConnection,
+    ) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
+        let all = self.0;
+        let Some(first) = all.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        // ?1-?5 are shared, then four per key from ?6 on.
+        let rows = (0..all.len())
+            .map(|i| {
+                let n = 6 + 4 * i;
+                format!("(?{n}, ?{}, ?{}, ?{})", n + 1, n + 2, n + 3)
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let of_key =
+            |column: &str| format!("(SELECT {column} FROM req WHERE req.k = excluded.lock_key)");
+        let text = format!(
+            "WITH req(k, attempt, tenure, held) AS (VALUES {rows})
+INSERT INTO {table} AS l
+    (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
+     available_at, once_key)
+SELECT k, ?1, 1, {{now}} * 1000, {{now}} + max(?2, ?4), {{now}}, ?3, attempt,
+       CASE WHEN ?4 > 0 THEN {{now}} + ?4 END, ?5
+FROM req
+WHERE NOT EXISTS (
+    SELECT 1 FROM {table} AS b JOIN req AS q ON b.lock_key = q.k
+    WHERE (b.expires_at > {{now}} AND b.owner IS NOT ?1)
+       OR (?5 AND b.last_outcome IS 1 AND NOT {ran_out_b}))
+{take_over}
+RETURNING lock_key, hold_count, fencing_token, expires_at * 1000",
+            ran_out_b = ran_out("b."),
+            take_over = TAKE_OVER
+                .replace("{ran_out_l}", &ran_out("l."))
+                .replace("{same}", SAME)
+                .replace("{tenure}", &of_key("tenure"))
+                .replace("{held}", &of_key("held"))
+                .replace("{once}", "?5"),
+            table = lite.table,
+        )
+        .replace("{now}", NOW);
+        let mut q = sqlx::query(AssertSqlSafe(text))
+            .bind(first.owner)
+            .bind(ms_ceil(first.ttl_us))
+            .bind(first.holder)
+            .bind(ms_ceil(first.min_hold_us))
+            .bind(first.once);
+        for a in all {
+            q = q
+                .bind(a.key)
+                .bind(a.attempt)
+                .bind(a.tenure)
+                .bind(i64::from(a.held));
+        }
+        let rows = q.fetch_all(&mut *conn).await?;
+        let grants = rows
+            .iter()
+            .map(keyed_grant)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(crate::backend::per_key(all, grants)))
+    }
+}
+
+impl OnSqlite for Release<'_> {
+    async fn sqlite(
+        &self,
+        lite: &Lite,
+        conn: &mut SqliteConnection,
+    ) -> Result<Released, sqlx::Error> {
+        let h = &self.hold;
+        let remaining = self.remaining;
+        let outcome = self.outcome;
+        let release_id = self.release_id;
+        let left: Option<i64> = sqlx::query_scalar(lite.sql.release.clone())
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .bind(release_id)
+            .bind(i64::from(remaining))
+            .bind(outcome.map(Outcome::code))
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match left {
+            None => Released::NotHeld,
+            Some(0) => Released::Free,
+            Some(n) => Released::StillHeld(n as u32),
+        })
+    }
+}
+
+impl OnSqlite for Extend<'_> {
+    async fn sqlite(
+        &self,
+        lite: &Lite,
+        conn: &mut SqliteConnection,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let h = &self.hold;
+        let ttl_us = self.ttl_us;
+        sqlx::query_scalar(lite.sql.extend.clone())
+            .bind(h.key)
+            .bind(h.owner)
+            .bind(h.fencing_token as i64)
+            .bind(ms_ceil(ttl_us))
+            .fetch_optional(&mut *conn)
+            .await
+    }
+}
+
+impl OnSqlite for ExtendMany<'_> {
+    /// Renewal of many leases: one UPDATE ... FROM a list of (key, owner, token, ttl) rows, under
+    /// SQLite's single write lock, with the same owner/tenure/live check as `extend`.
+    async fn sqlite(
+        &self,
+        lite: &Lite,
+        conn: &mut SqliteConnection,
+    ) -> Result<Extended, sqlx::Error> {
+        let items = self.0;
+        let rows = vec!["(?, ?, ?, ?)"; items.len()].join(", ");
+        let text = format!(
+            "UPDATE {table} AS l SET expires_at = max(l.expires_at, {now} + r.column4)
+FROM (VALUES {rows}) AS r
+WHERE l.lock_key = r.column1 AND l.owner = r.column2 AND l.fencing_token = r.column3
+  AND l.expires_at > {now}
+RETURNING lock_key, owner, fencing_token",
+            table = lite.table,
+            now = NOW,
+        );
+        let mut q = sqlx::query_as::<_, (String, String, i64)>(AssertSqlSafe(text));
+        for i in items {
+            q = q
+                .bind(i.key)
+                .bind(i.owner)
+                .bind(i.fencing_token as i64)
+                .bind(ms_ceil(i.ttl_us));
+        }
+        let rows = q.fetch_all(&mut *conn).await?;
+        Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
+    }
+}
