@@ -153,7 +153,7 @@ impl Fair {
     async fn step(&self, step: QueueStep<'_>) -> Result<i64, LockError> {
         let backend = self.shared.backend()?;
         self.shared
-            .once(
+            .run_bounded(
                 &format!("fair queue of `{}`", crate::Escaped(&self.key)),
                 |limit| backend.run(&step, limit),
             )
@@ -181,7 +181,7 @@ async fn leave(shared: &Shared, key: &str, owner: &str, ticket: i64) {
     };
     let step = QueueStep::Leave { key, owner, ticket };
     if let Err(e) = shared
-        .once("leaving the fair queue", |limit| backend.run(&step, limit))
+        .run_bounded("leaving the fair queue", |limit| backend.run(&step, limit))
         .await
     {
         tracing::debug!(error = %e, ticket, "could not leave the fair queue; the ticket runs out by itself");

@@ -12,8 +12,9 @@ use crate::hold::Hold;
 use crate::info::time_from_micros;
 use crate::meter;
 use crate::owner::{HeldLock, Owner};
+use crate::registry::Serial;
 use crate::renew::Registration;
-use crate::shared::{Serial, Shared};
+use crate::shared::Shared;
 use tokio::time::Instant;
 
 /// A lock this process holds. Dropping it releases the lock at once, in the background on the

@@ -208,7 +208,7 @@ async fn current(shared: &Arc<Shared>, key: &str) -> Result<Option<LockInfo>, Lo
     validate::key(key)?;
     let backend = shared.backend()?;
     let info = shared
-        .once("inspect", |limit| async move {
+        .run_bounded("inspect", |limit| async move {
             backend.run(&crate::backend::Inspect(key), limit).await
         })
         .await?;

@@ -74,6 +74,7 @@ mod options;
 mod owner;
 mod read;
 mod redact;
+mod registry;
 mod renew;
 mod request;
 mod retry;

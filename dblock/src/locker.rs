@@ -294,7 +294,7 @@ impl Locker {
         let span = tracing::debug_span!("dblock.migrate", backend = backend.name(), table = %self.shared.table);
         async {
             self.shared
-                .once("migration", |limit| {
+                .run_bounded("migration", |limit| {
                     backend.run(&crate::backend::Migrate, limit)
                 })
                 .await?;
@@ -302,7 +302,7 @@ impl Locker {
             let permits = self.shared.permits();
             let backend = permits.backend()?;
             permits
-                .once("migration", |limit| {
+                .run_bounded("migration", |limit| {
                     backend.run(&crate::backend::Migrate, limit)
                 })
                 .await

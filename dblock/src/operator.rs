@@ -82,7 +82,7 @@ impl Locker {
         validate::key(key)?;
         let backend = self.shared().backend()?;
         self.shared()
-            .once("inspect", |limit| async move {
+            .run_bounded("inspect", |limit| async move {
                 backend.run(&crate::backend::Inspect(key), limit).await
             })
             .await
@@ -103,7 +103,9 @@ impl Locker {
         let backend = self.shared().backend()?;
         let mut held = self
             .shared()
-            .once("held", |limit| backend.run(&crate::backend::Held, limit))
+            .run_bounded("held", |limit| {
+                backend.run(&crate::backend::LiveRows, limit)
+            })
             .await?;
         held.extend(crate::semaphore::all_live(self.shared()).await?);
         held.sort_by(|a, b| a.key.cmp(&b.key));
@@ -149,7 +151,7 @@ impl Locker {
         let backend = self.shared().backend()?;
         let freed = self
             .shared()
-            .once("force_release", |limit| async move {
+            .run_bounded("force_release", |limit| async move {
                 backend.run(&crate::backend::ForceRelease(key), limit).await
             })
             .await?;
@@ -179,7 +181,7 @@ impl Locker {
         let backend = self.shared().backend()?;
         let reset = self
             .shared()
-            .once("reset", |limit| async move {
+            .run_bounded("reset", |limit| async move {
                 backend.run(&crate::backend::Reset(key), limit).await
             })
             .await?;
@@ -211,7 +213,7 @@ impl Locker {
         let backend = self.shared().backend()?;
         let n = self
             .shared()
-            .once("purge", |limit| async move {
+            .run_bounded("purge", |limit| async move {
                 backend
                     .run(&crate::backend::Purge { older_than_us: us }, limit)
                     .await
@@ -248,7 +250,7 @@ impl Locker {
             table: self.table_name(),
         };
         let applied = shared
-            .once("migration status", |limit| backend.run(&probes, limit))
+            .run_bounded("migration status", |limit| backend.run(&probes, limit))
             .await?;
         Ok(MIGRATIONS
             .iter()
@@ -283,7 +285,7 @@ impl Locker {
             table: self.table_name(),
         };
         let rows = shared
-            .once("waiters", |limit| backend.run(&read, limit))
+            .run_bounded("waiters", |limit| backend.run(&read, limit))
             .await?;
         // The queue holds live waiters only: reading it whole and keeping the prefix here
         // needs no parameter (nothing to inline behind a pooler).

@@ -70,7 +70,7 @@ pub struct Owner {
 }
 
 impl Owner {
-    /// The row owner of a key held by readers (`backend::shared::READERS`): never an owner's id.
+    /// The row owner of a key held by readers (`backend::read::READERS`): never an owner's id.
     pub(crate) fn readers() -> Self {
         Owner {
             id: Arc::from(crate::info::READERS),

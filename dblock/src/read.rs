@@ -1,5 +1,5 @@
 //! Shared (read) locks: [`Locker::read`](crate::Locker::read) and [`ReadRequest`]. The
-//! statements and the table model are in `backend/shared.rs`; the writer is the plain
+//! statements and the table model are in `backend/read.rs`; the writer is the plain
 //! [`Locker::lock`](crate::Locker::lock), whose wait loop records the writer's intent
 //! (`request.rs`).
 
@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::shared::{ReadAcquire, ReadAttempt};
+use crate::backend::read::{ReadAcquire, ReadAttempt};
 use crate::backend::Interest;
 use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;

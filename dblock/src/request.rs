@@ -20,8 +20,9 @@ use crate::hold::{Caller, Hold, HoldKind};
 use crate::meter;
 use crate::options::{LockOptions, Options};
 use crate::owner::Owner;
+use crate::registry::Serial;
 use crate::retry::{self, Policy};
-use crate::shared::{Serial, Shared};
+use crate::shared::Shared;
 use crate::validate;
 use crate::wait::Request;
 

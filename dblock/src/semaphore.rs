@@ -187,12 +187,12 @@ pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, Lo
     let permits = shared.permits();
     let backend = permits.backend()?;
     let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
-    let read = crate::backend::HeldIn {
+    let read = crate::backend::LiveRowsIn {
         from: &from,
         to: &to,
     };
     let rows = match permits
-        .once("semaphore read", |limit| backend.run(&read, limit))
+        .run_bounded("semaphore read", |limit| backend.run(&read, limit))
         .await
     {
         Err(e) if e.is_not_migrated() => return Ok(Vec::new()),
@@ -211,7 +211,9 @@ pub(crate) async fn all_live(shared: &Shared) -> Result<Vec<LockInfo>, LockError
     let permits = shared.permits();
     let backend = permits.backend()?;
     match permits
-        .once("held", |limit| backend.run(&crate::backend::Held, limit))
+        .run_bounded("held", |limit| {
+            backend.run(&crate::backend::LiveRows, limit)
+        })
         .await
     {
         Err(e) if e.is_not_migrated() => Ok(Vec::new()),
@@ -224,12 +226,12 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
     let permits = shared.permits();
     let backend = permits.backend()?;
     let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
-    let read = crate::backend::HeldIn {
+    let read = crate::backend::LiveRowsIn {
         from: &from,
         to: &to,
     };
     let rows = match permits
-        .once("semaphore read", |limit| backend.run(&read, limit))
+        .run_bounded("semaphore read", |limit| backend.run(&read, limit))
         .await
     {
         Err(e) if e.is_not_migrated() => return Ok(0),
@@ -238,7 +240,7 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
     let mut freed = 0;
     for row in rows.iter().filter(|r| Slot::of_row(key, &r.key).is_some()) {
         if permits
-            .once("force_release", |limit| async move {
+            .run_bounded("force_release", |limit| async move {
                 backend
                     .run(&crate::backend::ForceRelease(&row.key), limit)
                     .await
@@ -257,7 +259,7 @@ pub(crate) async fn purge(shared: &Shared, older_than_us: i64) -> Result<u64, Lo
     let permits = shared.permits();
     let backend = permits.backend()?;
     match permits
-        .once("purge", |limit| async move {
+        .run_bounded("purge", |limit| async move {
             backend
                 .run(&crate::backend::Purge { older_than_us }, limit)
                 .await
@@ -293,7 +295,7 @@ impl SemaphoreRequest {
         let started = Instant::now();
         let deadline = crate::timing::after(started, self.options.wait);
         let (from, to) = (format!("{}\x1f", self.key), format!("{}\x20", self.key));
-        let read = crate::backend::HeldIn {
+        let read = crate::backend::LiveRowsIn {
             from: &from,
             to: &to,
         };
@@ -348,7 +350,7 @@ impl SemaphoreRequest {
                 }
             }
             let live = permits
-                .once("semaphore read", |limit| backend.run(&read, limit))
+                .run_bounded("semaphore read", |limit| backend.run(&read, limit))
                 .await?;
             // The slots live rows hold: never more than the live rows, whatever `permits` is.
             let mut taken = Vec::with_capacity(live.len());

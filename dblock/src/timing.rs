@@ -20,7 +20,7 @@ pub(crate) const ATTEMPT_FLOOR: Duration = Duration::from_secs(1);
 pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(50);
 
 /// How often a waiting writer looks whether readers hold the key, and renews its intent while
-/// they do: well within the intent's lease (`backend/shared.rs`).
+/// they do: well within the intent's lease (`backend/read.rs`).
 pub(crate) const INTENT_EVERY: Duration = Duration::from_millis(400);
 
 /// First and largest pause between attempts while waiting for a busy key.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::shared::{Intent, Withdraw, INTENT_LEASE};
+use crate::backend::read::{Intent, Withdraw, INTENT_LEASE};
 use crate::backend::{Acquire, Attempt, Interest};
 use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
@@ -22,8 +22,9 @@ use crate::line;
 use crate::meter;
 use crate::options::LockOptions;
 use crate::owner::Owner;
+use crate::registry::Serial;
 use crate::retry::{self, LastFailure, Policy};
-use crate::shared::{Serial, Shared};
+use crate::shared::Shared;
 use crate::timing::{self, Backoff, ANSWER_GRACE, INTENT_EVERY};
 
 /// A `lock()` call, resolved and validated: what every attempt of it sends.

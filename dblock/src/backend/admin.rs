@@ -273,13 +273,13 @@ macro_rules! shared_admin {
             }
         }
 
-        impl $trait for $crate::backend::Held {
+        impl $trait for $crate::backend::LiveRows {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
                 $crate::backend::admin::held::<$db>(conn, &b.$($field).+).await
             }
         }
 
-        impl $trait for $crate::backend::HeldIn<'_> {
+        impl $trait for $crate::backend::LiveRowsIn<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
                 $crate::backend::admin::held_in::<$db>(conn, &b.$($field).+, self.from, self.to).await
             }

@@ -8,7 +8,7 @@ use std::time::Duration;
 pub(crate) use crate::info::Outcome;
 
 /// A statement as a value: what it binds, and what it answers. Each backend says how it sends
-/// it and reads the answer, in its file for the statement's kind (`postgres/shared.rs`, ...):
+/// it and reads the answer, in its file for the statement's kind (`postgres/read.rs`, ...):
 /// a new statement is a type and one implementation per backend, not a method of every
 /// dialect, a forwarder and a call site.
 pub(crate) trait Statement: Sync {
@@ -234,19 +234,19 @@ impl Statement for Inspect<'_> {
 }
 
 /// Every row with a live lease, ordered by key.
-pub(crate) struct Held;
+pub(crate) struct LiveRows;
 
-impl Statement for Held {
+impl Statement for LiveRows {
     type Output = Vec<crate::info::LockInfo>;
 }
 
 /// Every row with a live lease whose key is in `from..to` (bytes), ordered by key.
-pub(crate) struct HeldIn<'a> {
+pub(crate) struct LiveRowsIn<'a> {
     pub from: &'a str,
     pub to: &'a str,
 }
 
-impl Statement for HeldIn<'_> {
+impl Statement for LiveRowsIn<'_> {
     type Output = Vec<crate::info::LockInfo>;
 }
 

@@ -6,8 +6,6 @@
 //! Every lock operation is ONE statement sent in ONE round trip on an autocommit connection. The
 //! comment above each statement says why it is atomic on its own.
 
-use std::future::Future;
-
 pub(crate) use conns::Conns;
 use tokio::time::Instant;
 
@@ -15,12 +13,15 @@ use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::retry::{self, Failure};
 pub(crate) use contract::*;
+pub(crate) use dialect::*;
+pub(crate) use tables::{permits_table, queue_table, quote_ident};
 
 mod admin;
 pub(crate) mod batch;
 pub(crate) mod coalesce;
 pub(crate) mod conns;
 pub(crate) mod contract;
+mod dialect;
 pub(crate) mod exec;
 pub(crate) mod fence;
 pub(crate) mod migrations;
@@ -29,126 +30,16 @@ pub(crate) mod mysql;
 pub(crate) mod operator;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub(crate) mod read;
 pub(crate) mod semaphore;
-pub(crate) mod shared;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+mod tables;
 
 pub(crate) use crate::retry::Failed;
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("dblock needs at least one backend feature: `sqlite`, `postgres` or `mysql`");
-
-/// The fair waiters' table of lock table `table` (validated): `<table>_queue` (see
-/// [`companion`]).
-pub(crate) fn queue_table(table: &str) -> String {
-    companion(table, "queue")
-}
-
-/// The semaphores' permits of lock table `table` (validated): `<table>_permits`, a lock table of
-/// its own (see [`companion`]) whose rows are the permit slots (`semaphore.rs`).
-pub(crate) fn permits_table(table: &str) -> String {
-    companion(table, "permits")
-}
-
-/// A table beside lock table `table`: `<table>_<what>`, in the same schema; where that would
-/// pass the 63-byte identifier limit of PostgreSQL and MySQL, the name is cut and a hash of the
-/// whole name keeps it distinct.
-fn companion(table: &str, what: &str) -> String {
-    let (schema, name) = match table.rsplit_once('.') {
-        Some((schema, name)) => (Some(schema), name),
-        None => (None, table),
-    };
-    let full = if name.len() + 1 + what.len() <= 63 {
-        format!("{name}_{what}")
-    } else {
-        let hash = name.bytes().fold(0x811c_9dc5_u32, |h, b| {
-            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-        });
-        format!(
-            "{}_{what}_{hash:08x}",
-            &name[..(63 - 10 - what.len()).min(48)]
-        )
-    };
-    match schema {
-        Some(schema) => format!("{schema}.{full}"),
-        None => full,
-    }
-}
-
-/// What every backend provides: one statement per operation, each on a connection the caller
-/// hands in (see [`exec`]), each future `Send`.
-pub(crate) trait Dialect: Clone + Send + Sync + 'static {
-    /// `"postgres"`, `"mysql"`, `"sqlite"`.
-    const NAME: &'static str;
-
-    /// The sqlx database of its pool.
-    type Db: sqlx::Database;
-
-    /// The pool statements run on.
-    fn pool(&self) -> &Conns<Self::Db>;
-
-    /// The database the pool reaches, as far as its connect options tell (host, port and
-    /// database; SQLite: the file): with the table, where one owner's holds of a key are
-    /// tracked (see `shared::serialise`).
-    fn database(&self) -> String;
-
-    /// The pool releases run on (a lazily durable release may need connections of its own).
-    fn release_pool(&self) -> &Conns<Self::Db> {
-        self.pool()
-    }
-
-    /// Whatever must be known before the first statement (PostgreSQL through the application's
-    /// own pool: whether it goes through a transaction pooler). Free once known; by default
-    /// nothing.
-    fn settle(&self, deadline: Instant) -> impl Future<Output = Result<(), Failed>> + Send {
-        let _ = deadline;
-        std::future::ready(Ok(()))
-    }
-
-    /// A turn every statement of this database takes in the process before its connection, or
-    /// `None` (the default): SQLite's one writer. Its connections would otherwise meet at the
-    /// file's write lock, where the loser sleeps in SQLite's busy handler for 1, 2, 5, 10 …
-    /// ms, however soon the winner is done; in the process they queue in order and each goes
-    /// the moment the one before it ends.
-    fn turn(&self) -> Option<&tokio::sync::Mutex<()>> {
-        None
-    }
-
-    /// The same database and pool, another table (already validated).
-    fn with_table(&self, table: &str) -> Self;
-
-    /// How a server error (by this backend's own codes) may be retried.
-    fn classify(error: &dyn sqlx::error::DatabaseError) -> Failure;
-}
-
-#[cfg(feature = "mysql")]
-pub(crate) use mysql::OnMySql;
-#[cfg(feature = "postgres")]
-pub(crate) use postgres::OnPostgres;
-#[cfg(feature = "sqlite")]
-pub(crate) use sqlite::OnSqlite;
-
-/// Stand-ins for the traits of the backends a build leaves out: every statement "runs" there.
-#[cfg(not(feature = "postgres"))]
-pub(crate) trait OnPostgres {}
-#[cfg(not(feature = "postgres"))]
-impl<T: ?Sized> OnPostgres for T {}
-#[cfg(not(feature = "mysql"))]
-pub(crate) trait OnMySql {}
-#[cfg(not(feature = "mysql"))]
-impl<T: ?Sized> OnMySql for T {}
-#[cfg(not(feature = "sqlite"))]
-pub(crate) trait OnSqlite {}
-#[cfg(not(feature = "sqlite"))]
-impl<T: ?Sized> OnSqlite for T {}
-
-/// A statement every backend of this build can send: what [`Backend::run`] runs.
-pub(crate) trait Runs: Statement + OnPostgres + OnMySql + OnSqlite {}
-impl<T: Statement + OnPostgres + OnMySql + OnSqlite> Runs for T {}
-
-/// The connection type of a dialect's pool.
-pub(crate) type Conn<D> = <<D as Dialect>::Db as sqlx::Database>::Connection;
 
 /// The database behind a [`Locker`](crate::Locker): a closed set, dispatched statically.
 #[derive(Clone, Debug)]
@@ -159,61 +50,6 @@ pub(crate) enum Backend {
     MySql(mysql::My),
     #[cfg(feature = "sqlite")]
     Sqlite(sqlite::Lite),
-}
-
-/// Runs `op` on a connection of `pool` (one of `b`'s) within `deadline` ([`exec::run`]), once
-/// `b` is ready for its first statement ([`Dialect::settle`]).
-async fn run<D: Dialect, T>(
-    b: &D,
-    pool: &Conns<D::Db>,
-    deadline: Instant,
-    op: impl AsyncFnOnce(&mut Conn<D>) -> Result<T, sqlx::Error>,
-) -> Result<T, Failed> {
-    let _turn = enter(b, deadline).await?;
-    exec::run(pool, deadline, op).await
-}
-
-/// As [`run`], for an op that must not be cut half-way ([`exec::run_to_end`]): it goes on to
-/// its end, but holds `b`'s turn no longer than a statement cut at `deadline` would, so that
-/// what waits behind it goes on as it would then.
-#[cfg(feature = "sqlite")]
-async fn run_to_end<D: Dialect, T>(
-    b: &D,
-    pool: &Conns<D::Db>,
-    deadline: Instant,
-    op: impl AsyncFnOnce(&mut sqlx::pool::PoolConnection<D::Db>) -> Result<T, sqlx::Error>,
-) -> Result<T, Failed> {
-    let mut turn = enter(b, deadline).await?;
-    let mut whole = Box::pin(exec::run_to_end(pool, deadline, op));
-    tokio::select! {
-        done = &mut whole => done,
-        () = tokio::time::sleep_until(deadline) => {
-            turn.take();
-            whole.await
-        }
-    }
-}
-
-/// What every statement of `b` waits for before its connection: `b` ready for its first
-/// statement ([`Dialect::settle`]), then the database's turn in this process
-/// ([`Dialect::turn`]), held while the guard lives.
-async fn enter<D: Dialect>(
-    b: &D,
-    deadline: Instant,
-) -> Result<Option<tokio::sync::MutexGuard<'_, ()>>, Failed> {
-    b.settle(deadline).await?;
-    match b.turn() {
-        Some(turn) => match tokio::time::timeout_at(deadline, turn.lock()).await {
-            Ok(turn) => Ok(Some(turn)),
-            // Nothing was sent: as a pool that had no connection to give in time.
-            Err(_) => Err(Failed {
-                error: sqlx::Error::PoolTimedOut,
-                sent: false,
-                class: None,
-            }),
-        },
-        None => Ok(None),
-    }
 }
 
 /// Forwards a call to whichever backend is active: `$b` is the dialect value, `$D` its type.
@@ -337,7 +173,7 @@ impl Backend {
     ///   budget sends a lane's queue whenever any lane's statement ends, so batches halved
     ///   (18 to 10.5 rows) and 64 owners fell from 2.23–2.44× to 1.90–2.19×: there the server
     ///   runs out of CPU per statement, and fewer, larger statements serve more.
-    /// - SQLite: its statements take turns in the process ([`Dialect::turn`]) anyway.
+    /// - SQLite: its statements take turns in the process ([`Dialect::one_at_a_time`]) anyway.
     pub(crate) fn coalesce_budget(&self) -> (usize, usize) {
         match self {
             #[cfg(feature = "postgres")]
@@ -654,14 +490,6 @@ impl From<sqlite::Lite> for Backend {
     fn from(b: sqlite::Lite) -> Self {
         Backend::Sqlite(b)
     }
-}
-
-/// Quotes an identifier that `validate::table` already accepted.
-pub(crate) fn quote_ident(name: &str, quote: char) -> String {
-    name.split('.')
-        .map(|part| format!("{quote}{part}{quote}"))
-        .collect::<Vec<_>>()
-        .join(".")
 }
 
 /// A URL sqlx could not parse, reported without its password.

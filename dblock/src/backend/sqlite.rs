@@ -24,7 +24,7 @@ mod migrate;
 mod queue;
 
 pub(crate) use batch::{one_command, write as write_batch, write_whole};
-pub(crate) mod shared;
+pub(crate) mod read;
 use super::{quote_ident, Acquire, Attempt, Dialect, Grant};
 use crate::backend::Conns;
 use crate::connect::ConnectOptions;
@@ -72,11 +72,11 @@ pub(crate) struct Lite {
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
-    /// The statements of shared (read) locks (`sqlite/shared.rs`).
-    shared_sql: Arc<shared::Sql>,
+    /// The statements of shared (read) locks (`sqlite/read.rs`).
+    read_sql: Arc<read::Sql>,
     /// The coalesced statements (`sqlite/batch.rs`).
     batch_sql: Arc<batch::Sql>,
-    /// One statement at a time per database in this process ([`Dialect::turn`]), shared by
+    /// One statement at a time per database in this process ([`Dialect::one_at_a_time`]), shared by
     /// the lockers of every table made from this one.
     turn: Arc<tokio::sync::Mutex<()>>,
 }
@@ -362,7 +362,7 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
             release_pool: pool.clone(),
             lazy_release: false,
             pool,
-            shared_sql: Arc::new(shared::Sql::new(&t)),
+            read_sql: Arc::new(read::Sql::new(&t)),
             batch_sql: Arc::new(batch::Sql::new(&t)),
             turn: Arc::default(),
             table: t.into(),
@@ -463,7 +463,7 @@ impl Dialect for Lite {
         }
     }
 
-    fn turn(&self) -> Option<&tokio::sync::Mutex<()>> {
+    fn one_at_a_time(&self) -> Option<&tokio::sync::Mutex<()>> {
         Some(&self.turn)
     }
 

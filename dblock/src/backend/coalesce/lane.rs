@@ -2,7 +2,6 @@
 //! statement, and the per-row answers and deadlines.
 
 use std::collections::VecDeque;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +13,7 @@ use crate::sync::lock;
 
 use super::failure::copy;
 use super::policy::*;
+use super::queue::{take_batch, Queued, State};
 use super::{Classify, Row};
 
 /// The lane of one kind of statement: how many are in flight, and the rows waiting for the
@@ -48,48 +48,12 @@ pub(super) struct Inner<R: Row> {
     coalesced: [AtomicU64; 2],
 }
 
-pub(super) struct State<R: Row> {
-    pub(super) in_flight: usize,
-    /// Statements in flight below which a lone call goes at once (between `slots.least` and
-    /// `slots.most`, as the batches' sizes say).
-    pub(super) alone: usize,
-    /// The mean size of the lane's batches, in sixteenths of a row, each new batch weighing
-    /// 1/8.
-    mean_x16: usize,
-    /// Whether the lane's batches count as large (from a mean of `BIG` rows until it falls
-    /// below `SMALL`), as the budget counts it.
-    pub(super) large: bool,
-    queue: VecDeque<Queued<R>>,
-    next_id: u64,
-    /// When a statement of the lane last started or ended.
-    progress: Instant,
-    /// Whether the queue is a few stragglers held back for the calls that come next
-    /// ([`Inner::send_queued`]).
-    held: bool,
-}
-
-impl<R: Row> std::fmt::Debug for State<R> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("State")
-            .field("in_flight", &self.in_flight)
-            .field("queued", &self.queue.len())
-            .finish()
-    }
-}
-
-struct Queued<R: Row> {
-    id: u64,
-    row: R,
-    deadline: Instant,
-    answer: oneshot::Sender<Result<R::Out, Failed>>,
-}
-
 /// How a call entered its lane.
 pub(crate) enum Entered<'a, R: Row> {
     /// Sends its own statement now; the slot is given back (and the queue sent) when dropped.
     Alone(Slot<'a, R>),
     /// Queued for the next statement.
-    Queued(Turn<'a, R>),
+    Queued(Waiting<'a, R>),
 }
 
 /// A slot of a lane taken by a lone caller.
@@ -116,7 +80,7 @@ impl<R: Row> Drop for Slot<'_, R> {
 }
 
 /// A queued row's wait for its answer.
-pub(crate) struct Turn<'a, R: Row> {
+pub(crate) struct Waiting<'a, R: Row> {
     lane: &'a Arc<Inner<R>>,
     id: u64,
     queued_at: Instant,
@@ -124,7 +88,7 @@ pub(crate) struct Turn<'a, R: Row> {
     answer: oneshot::Receiver<Result<R::Out, Failed>>,
 }
 
-impl<R: Row> Turn<'_, R> {
+impl<R: Row> Waiting<'_, R> {
     /// The row's answer, or by its deadline: "not sent" if it is still queued (it is taken
     /// out), "outcome unknown" if it is in flight.
     pub(crate) async fn wait(mut self) -> Result<R::Out, Failed> {
@@ -323,7 +287,7 @@ impl<R: Row> Lane<R> {
             let alone = state.alone;
             self.inner.send_batches(&mut state, alone, false);
         }
-        Entered::Queued(Turn {
+        Entered::Queued(Waiting {
             lane: &self.inner,
             id,
             queued_at: Instant::now(),
@@ -531,42 +495,6 @@ impl<R: Row> Inner<R> {
     fn gather(self: &Arc<Self>, state: &mut State<R>) {
         self.start(state, None);
     }
-}
-
-/// The next statement's rows out of `state`'s queue: at most [`MAX_ROWS`], one per key, in
-/// the order they queued; rows whose callers went away are dropped. When the oldest row leads
-/// ([`Row::leads`]), only rows that lead go, and the others wait for the next statement; when
-/// it does not, every kind goes. A row that does not lead so waits for one statement at most
-/// that it would have travelled in, however many rows that lead queue behind it.
-/// Hashes a batch's keys ([`take_batch`]).
-static KEYS: foldhash::fast::FixedState = foldhash::fast::FixedState::with_seed(0x6462_6c6f_636b);
-
-fn take_batch<R: Row>(state: &mut State<R>, to: &R::To) -> Vec<Queued<R>> {
-    let mut batch: Vec<Queued<R>> = Vec::with_capacity(state.queue.len().min(MAX_ROWS));
-    // The keys taken, by hash: a row whose key's hash is taken waits for the next statement
-    // (two distinct keys of one hash merely wait one statement more). No copy of a key.
-    let mut keys: Vec<u64> = Vec::with_capacity(batch.capacity());
-    let mut later = VecDeque::new();
-    let leading = state
-        .queue
-        .iter()
-        .find(|q| !q.answer.is_closed())
-        .is_some_and(|q| q.row.leads(to));
-    while let Some(q) = state.queue.pop_front() {
-        if q.answer.is_closed() {
-            // Its caller went away before it was sent: nothing to send.
-            continue;
-        }
-        let hash = KEYS.hash_one(q.row.key());
-        if batch.len() >= MAX_ROWS || keys.contains(&hash) || (leading && !q.row.leads(to)) {
-            later.push_back(q);
-            continue;
-        }
-        keys.push(hash);
-        batch.push(q);
-    }
-    state.queue = later;
-    batch
 }
 
 /// Sends one batch and answers each of its rows.

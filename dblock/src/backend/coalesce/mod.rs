@@ -41,6 +41,7 @@
 mod failure;
 mod lane;
 mod policy;
+mod queue;
 mod rows;
 #[cfg(test)]
 mod tests;

@@ -36,7 +36,8 @@ use super::OnMySql;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
-use super::{expand, My, NEW_ROW, UPSERT, US_NOW};
+use super::sql::{expand, NEW_ROW, UPSERT};
+use super::{My, US_NOW};
 use crate::backend::batch::{listed, pad};
 use crate::backend::coalesce::ReleaseRow;
 use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};

@@ -1,6 +1,7 @@
 //! The lock's own statements on MySQL and MariaDB: acquire (one key, several keys), release, extend, and
 //! renewal's extension of many leases.
 
+use super::sql::*;
 #[allow(unused_imports)]
 use super::*;
 use crate::backend::*;

@@ -42,7 +42,7 @@ impl OnPostgres for Inspect<'_> {
     }
 }
 
-impl OnPostgres for Held {
+impl OnPostgres for LiveRows {
     async fn postgres(
         &self,
         pg: &Pg,
@@ -55,7 +55,7 @@ impl OnPostgres for Held {
     }
 }
 
-impl OnPostgres for HeldIn<'_> {
+impl OnPostgres for LiveRowsIn<'_> {
     async fn postgres(
         &self,
         pg: &Pg,

@@ -36,8 +36,8 @@ use connect::keepalives;
 pub(crate) use connect::{connect, state_shared};
 pub(crate) mod notify;
 pub(crate) mod pooler;
+pub(crate) mod read;
 pub(crate) mod semaphore;
-pub(crate) mod shared;
 
 pub(crate) use pooler::Arg;
 use pooler::{Mode, Template};
@@ -99,8 +99,8 @@ pub(crate) struct Pg {
     /// NOTIFY channel for releases of this table (see [`notify_channel`]).
     channel: Arc<str>,
     sql: Arc<Statements>,
-    /// The statements of shared (read) locks (`shared.rs`).
-    shared_sql: Arc<shared::Sql>,
+    /// The statements of shared (read) locks (`read.rs`).
+    read_sql: Arc<read::Sql>,
     batch_sql: Arc<batch::Sql>,
     /// A semaphore's waiters ask for a NOTIFY (`semaphore.rs`).
     flag_slots: Arc<Stmt>,

@@ -1,5 +1,5 @@
 //! Shared (read) locks on MySQL 8 and MariaDB: the readers' statements and the writer's intent
-//! (the model is in `backend/shared.rs`). One statement each on the key's row; the acquire is
+//! (the model is in `backend/read.rs`). One statement each on the key's row; the acquire is
 //! an `INSERT ... ON DUPLICATE KEY UPDATE`, atomic because InnoDB holds the row's exclusive lock
 //! from the duplicate check through the update. Its answer travels in `LAST_INSERT_ID`, as on
 //! the lock's MySQL 8 path, so one statement serves MySQL 8 and MariaDB alike.
@@ -8,7 +8,7 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::{My, US_NOW};
-use crate::backend::shared::{
+use crate::backend::read::{
     Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
 };
 use crate::backend::Grant;
@@ -222,7 +222,7 @@ pub(crate) async fn acquire(
         reentry: a.reentry,
         ..Values::default()
     };
-    let done = bind(&my.shared_sql.acquire, &v).execute(&mut *conn).await?;
+    let done = bind(&my.read_sql.acquire, &v).execute(&mut *conn).await?;
     let packed = done.last_insert_id();
     if packed == 0 {
         return Ok(ReadAttempt::Busy { retry_after: None });
@@ -251,10 +251,10 @@ pub(crate) async fn release(
         outcome: r.outcome.map(|o| o.code()),
         ..Values::default()
     };
-    let done = bind(&my.shared_sql.release, &v).execute(&mut *conn).await?;
+    let done = bind(&my.read_sql.release, &v).execute(&mut *conn).await?;
     Ok(match done.last_insert_id() {
         0 => {
-            let gone = bind(&my.shared_sql.gone, &v)
+            let gone = bind(&my.read_sql.gone, &v)
                 .fetch_optional(&mut *conn)
                 .await?;
             if gone.is_some() {
@@ -279,7 +279,7 @@ pub(crate) async fn intent(
         lease_us: i.lease_us,
         ..Values::default()
     };
-    let done = bind(&my.shared_sql.intent, &v).execute(&mut *conn).await?;
+    let done = bind(&my.read_sql.intent, &v).execute(&mut *conn).await?;
     Ok(done.rows_affected() > 0)
 }
 
@@ -293,9 +293,7 @@ pub(crate) async fn withdraw(
         owner: w.owner,
         ..Values::default()
     };
-    bind(&my.shared_sql.withdraw, &v)
-        .execute(&mut *conn)
-        .await?;
+    bind(&my.read_sql.withdraw, &v).execute(&mut *conn).await?;
     Ok(())
 }
 

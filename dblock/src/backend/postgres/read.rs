@@ -1,5 +1,5 @@
 //! Shared (read) locks on PostgreSQL: the readers' statements and the writer's intent (the
-//! model is in `backend/shared.rs`). Each is one statement on the key's row, at READ COMMITTED:
+//! model is in `backend/read.rs`). Each is one statement on the key's row, at READ COMMITTED:
 //! an UPDATE by primary key takes the row lock and, when it had to wait for another writer of
 //! the row, re-checks its WHERE against the committed row version. Every condition below reads
 //! only the row's own columns, so that re-check sees everything the decision depends on.
@@ -8,7 +8,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::Row;
 
 use super::{stmt, Arg, Pg, Stmt};
-use crate::backend::shared::{
+use crate::backend::read::{
     Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
 };
 use crate::backend::Grant;
@@ -162,9 +162,9 @@ pub(crate) async fn acquire(
     a: &ReadAcquire<'_>,
 ) -> Result<ReadAttempt, sqlx::Error> {
     let s = if a.waiting {
-        &pg.shared_sql.acquire_waiting
+        &pg.read_sql.acquire_waiting
     } else {
-        &pg.shared_sql.acquire
+        &pg.read_sql.acquire
     };
     let mut args = vec![
         Arg::Text(a.key),
@@ -201,7 +201,7 @@ pub(crate) async fn release(
     let row = pg
         .fetch_optional(
             conn,
-            &pg.shared_sql.release,
+            &pg.read_sql.release,
             &[
                 Arg::Text(r.key),
                 Arg::Int8(r.token),
@@ -233,7 +233,7 @@ pub(crate) async fn intent(
     let n = pg
         .execute(
             conn,
-            &pg.shared_sql.intent,
+            &pg.read_sql.intent,
             &[
                 Arg::Text(i.key),
                 Arg::Text(i.owner),
@@ -251,7 +251,7 @@ pub(crate) async fn withdraw(
 ) -> Result<(), sqlx::Error> {
     pg.execute(
         conn,
-        &pg.shared_sql.withdraw,
+        &pg.read_sql.withdraw,
         &[Arg::Text(w.key), Arg::Text(w.owner)],
     )
     .await?;

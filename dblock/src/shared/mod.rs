@@ -5,12 +5,10 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 use crate::backend::coalesce::Coalescer;
@@ -19,10 +17,13 @@ use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::hold::{Caller, Hold};
 use crate::owner::Owner;
+use crate::registry::{serialise, Serial, Tracked};
 use crate::renew::Renewer;
 use crate::retry::{self, Policy, Tried};
 use crate::sync::lock;
 use crate::validate;
+
+mod release;
 
 pub(crate) struct Shared {
     /// `Err` when `table()` was given a bad name: every call then reports it.
@@ -326,7 +327,7 @@ impl Shared {
 
     /// Runs a statement that nothing depends on resolving (a read, an operator action, an
     /// extension) for at most one statement time-out, resending within it.
-    pub(crate) async fn once<T, Op, Fut>(&self, what: &str, op: Op) -> Result<T, LockError>
+    pub(crate) async fn run_bounded<T, Op, Fut>(&self, what: &str, op: Op) -> Result<T, LockError>
     where
         Op: FnMut(Instant) -> Fut,
         Fut: Future<Output = Result<T, Failed>>,
@@ -419,166 +420,6 @@ impl Shared {
         Ok((tried, serials))
     }
 
-    /// Gives one hold back, recording a fresh release id in the row: a resend after a lost reply
-    /// then matches nothing instead of decrementing twice, and a "not held" answer after an
-    /// unknown outcome is checked (was it our release, of this tenure?) before it counts as done.
-    /// Tries until `until` (past it the lease has ended anyway); the owner's statements on this
-    /// key are serialised meanwhile, so no re-entry of the same owner can slip in between.
-    pub(crate) async fn release(
-        &self,
-        hold: &Hold,
-        outcome: Option<Outcome>,
-        until: Instant,
-    ) -> Result<Released, LockError> {
-        let mut tracked = serialise(&self.space, &hold.owner, &hold.key).await;
-        self.release_serialised(hold, &mut tracked, outcome, until)
-            .await
-    }
-
-    /// [`release`](Self::release) with the owner's serialisation already held.
-    pub(crate) async fn release_serialised(
-        &self,
-        hold: &Hold,
-        tracked: &mut Tracked,
-        outcome: Option<Outcome>,
-        until: Instant,
-    ) -> Result<Released, LockError> {
-        if let Some(reader) = hold.reader() {
-            // Boxed, as the rare statements below: kept out of every release's future.
-            return Box::pin(self.release_read(hold, reader.id, outcome, until)).await;
-        }
-        let backend = self.backend()?;
-        let current = tracked.tenure == Some(hold.fencing_token);
-        let remaining = if current {
-            tracked.holds.saturating_sub(1)
-        } else {
-            0
-        };
-        let release_id = fastrand::i64(1..i64::MAX);
-        let held = hold.as_ref();
-        let policy = Policy {
-            rolled_back: retry::ROLLBACK_RESENDS,
-            // Half a statement time-out a send: a resend fits in what the caller waits.
-            per_send: self.statement_timeout / 2,
-            send_until: until,
-            resolve_until: until,
-            report: None,
-        };
-        let statement = crate::backend::Release {
-            hold: held,
-            remaining,
-            outcome,
-            release_id,
-        };
-        let tried = retry::run(
-            policy,
-            |f| backend.classify(f),
-            |limit| self.coalescer.release(backend, &statement, limit),
-        )
-        .await;
-        if current {
-            // Whatever the answer, this process no longer tracks the hold.
-            tracked.holds = remaining;
-            if remaining == 0 {
-                tracked.tenure = None;
-            }
-        }
-        let released = match tried.result {
-            Ok(Released::NotHeld) if tried.after_unknown => {
-                let limit = Instant::now() + self.statement_timeout;
-                let row = Box::pin(backend.run(&crate::backend::LastWriteOf(&hold.key), limit))
-                    .await
-                    .map_err(|f| LockError::database(f.error, true, "release"))?;
-                match earlier_send(row, release_id, hold.fencing_token) {
-                    EarlierSend::TookEffect => {
-                        tracing::debug!(key = %crate::Escaped(&hold.key), "release after a lost reply: the earlier send took effect");
-                        Ok(match remaining {
-                            0 => Released::Free,
-                            n => Released::StillHeld(n),
-                        })
-                    }
-                    EarlierSend::DidNot => Ok(Released::NotHeld),
-                    EarlierSend::CannotTell => Err(LockError::database(
-                        sqlx::Error::Io(std::io::Error::other(
-                            "the reply to the release was lost, and the key has since been taken \
-                             and released again by others: whether this release took effect \
-                             cannot be told (the lease has ended either way)",
-                        )),
-                        true,
-                        &format!("release of `{}`", crate::Escaped(&hold.key)),
-                    )),
-                }
-            }
-            Ok(Released::NotHeld) => {
-                if current {
-                    // The tenure is over (expired and taken, or force-released): so are the
-                    // other holds this process has of it.
-                    tracked.holds = 0;
-                    tracked.tenure = None;
-                }
-                Ok(Released::NotHeld)
-            }
-            Ok(outcome) => Ok(outcome),
-            Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),
-        };
-        // However it was learned (also after a lost reply), a freed key wakes this process's
-        // next waiter for it.
-        if matches!(released, Ok(Released::Free)) {
-            crate::line::freed(&self.space, &hold.key);
-            // A semaphore's permit: its waiters line up under the semaphore's key.
-            if let crate::hold::HoldKind::Permit(semaphore) = &hold.kind {
-                crate::line::freed(&self.space, semaphore);
-            }
-        }
-        released
-    }
-
-    /// Gives one read hold back: its id leaves the key's readers (`backend/shared.rs`). A resend
-    /// after a lost reply finds the id gone and counts as done; nothing can be removed twice.
-    async fn release_read(
-        &self,
-        hold: &Hold,
-        id: i64,
-        outcome: Option<Outcome>,
-        until: Instant,
-    ) -> Result<Released, LockError> {
-        use crate::backend::shared::{ReadRelease, ReadReleased};
-        let backend = self.backend()?;
-        let statement = ReadRelease {
-            key: &hold.key,
-            token: hold.fencing_token as i64,
-            id,
-            outcome,
-        };
-        let policy = Policy {
-            rolled_back: retry::ROLLBACK_RESENDS,
-            per_send: self.statement_timeout / 2,
-            send_until: until,
-            resolve_until: until,
-            report: None,
-        };
-        let tried = retry::run(
-            policy,
-            |f| backend.classify(f),
-            |limit| backend.run(&statement, limit),
-        )
-        .await;
-        let released = match tried.result {
-            Ok(ReadReleased::Free) => Ok(Released::Free),
-            Ok(ReadReleased::StillHeld(n)) => Ok(Released::StillHeld(n)),
-            Ok(ReadReleased::Gone) => {
-                tracing::debug!(key = %crate::Escaped(&hold.key), "read release after a lost reply: the earlier send took effect");
-                Ok(Released::StillHeld(0))
-            }
-            Ok(ReadReleased::NotHeld) => Ok(Released::NotHeld),
-            Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),
-        };
-        if matches!(released, Ok(Released::Free)) {
-            crate::line::freed(&self.space, &hold.key);
-        }
-        released
-    }
-
     /// Makes the lease end no earlier than `ttl` from now (database clock); `NotHeld` when it
     /// is no longer this tenure's. An extension only moves the end, so any resend is harmless.
     pub(crate) async fn extend(&self, hold: &Hold, ttl: Duration) -> Result<(), LockError> {
@@ -590,7 +431,7 @@ impl Shared {
             ttl_us,
         };
         let extended = self
-            .once("extend", |limit| {
+            .run_bounded("extend", |limit| {
                 self.coalescer.extend(backend, &statement, limit)
             })
             .await?;
@@ -619,143 +460,6 @@ impl Drop for Settle {
     }
 }
 
-/// Whether a release whose reply was lost (and whose resend found nothing to release) took
-/// effect, by the row's last release (id and tenure), which no acquire overwrites.
-#[derive(Debug, PartialEq, Eq)]
-enum EarlierSend {
-    /// The row's last release is ours: it took effect (someone may have taken the key since).
-    TookEffect,
-    /// The last release recorded is of our tenure or an earlier one, and not ours: ours never
-    /// applied; the tenure ended otherwise (its lease ran out, or it was force-released).
-    DidNot,
-    /// A later tenure was released since: the record of ours, if any, is overwritten.
-    CannotTell,
-}
-
-fn earlier_send(row: Option<LastWrite>, release_id: i64, tenure: u64) -> EarlierSend {
-    let Some(row) = row else {
-        // Purged: the key was free for the purge's age, whoever freed it.
-        return EarlierSend::CannotTell;
-    };
-    if row.release_id == Some(release_id) && row.release_token == Some(tenure as i64) {
-        EarlierSend::TookEffect
-    } else if row.release_token.is_none_or(|t| t <= tenure as i64) {
-        EarlierSend::DidNot
-    } else {
-        EarlierSend::CannotTell
-    }
-}
-
-/// One owner's statements on one key, serialised, with what the process holds of it.
-pub(crate) type Serial = OwnedMutexGuard<Tracked>;
-
-/// What this process holds of one owner's key: the tenure (its fencing token) and how many
-/// holds of it. Re-entry counts from here, never from the row alone, so a hold the process
-/// lost track of (an acquire whose reply never came) is never built upon.
-#[derive(Default, Debug)]
-pub(crate) struct Tracked {
-    tenure: Option<u64>,
-    holds: u32,
-}
-
-impl Tracked {
-    /// The statement counts re-entry from what the process holds.
-    fn fill(&self, a: &mut Acquire<'_>) {
-        a.held = self.holds;
-        a.tenure = self.tenure.map(|t| t as i64);
-    }
-
-    /// What the process holds after `attempt`.
-    fn note(&mut self, attempt: &Attempt) {
-        if let Attempt::Acquired(grant) = attempt {
-            // A new tenure replaces whatever this process tracked of the old one (stale).
-            self.tenure = Some(grant.fencing_token);
-            self.holds = grant.hold_count;
-        }
-    }
-}
-
-/// One owner's key in one lock table, as the process-wide registry keeps it: the serialisation
-/// of the owner's statements on the key, and what the process holds of it.
-struct Entry {
-    space: Arc<str>,
-    owner: Arc<str>,
-    key: Box<str>,
-    tracked: Arc<tokio::sync::Mutex<Tracked>>,
-}
-
-/// The registry: hash(space, owner, key) → entries (a bucket, so a hash collision can never mix
-/// two owners' counts). Process-wide: every `Locker` of a table (also `locker.table(..)` copies
-/// and separately connected ones) goes through it, since an owner's holds may be reached through
-/// any of them. The space (database and table) is part of the key: one owner holding the same
-/// key name in two tables holds two locks, and counts of one must never leak into the other.
-#[derive(Default)]
-struct Registry {
-    /// Hashes (space, owner, key), seeded once per process.
-    hasher: foldhash::fast::RandomState,
-    buckets: HashMap<u64, Vec<Entry>, foldhash::fast::RandomState>,
-    entries: usize,
-    /// Prune when the registry has grown to twice its size after the last pruning.
-    prune_at: usize,
-}
-
-static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
-
-impl Registry {
-    fn entry(
-        &mut self,
-        space: &Arc<str>,
-        owner: &Owner,
-        key: &str,
-    ) -> Arc<tokio::sync::Mutex<Tracked>> {
-        if self.entries > self.prune_at.max(1024) {
-            self.prune();
-        }
-        let bucket = self
-            .buckets
-            .entry(self.hasher.hash_one((&**space, owner.id(), key)))
-            .or_default();
-        if let Some(e) = bucket
-            .iter()
-            .find(|e| e.space == *space && &*e.owner == owner.id() && &*e.key == key)
-        {
-            return e.tracked.clone();
-        }
-        let tracked = Arc::new(tokio::sync::Mutex::new(Tracked::default()));
-        bucket.push(Entry {
-            space: space.clone(),
-            owner: owner.shared_id(),
-            key: key.into(),
-            tracked: tracked.clone(),
-        });
-        self.entries += 1;
-        tracked
-    }
-
-    /// Drops the entries nobody uses and that track no hold.
-    fn prune(&mut self) {
-        for bucket in self.buckets.values_mut() {
-            bucket.retain(|e| {
-                Arc::strong_count(&e.tracked) > 1
-                    || e.tracked.try_lock().map_or(true, |t| t.tenure.is_some())
-            });
-        }
-        self.buckets.retain(|_, b| !b.is_empty());
-        self.entries = self.buckets.values().map(Vec::len).sum();
-        self.prune_at = self.entries * 2;
-    }
-}
-
-/// Serialises one owner's acquire and release statements on one key of one lock table (in this
-/// process, which is where all of an owner's holds live), and hands over what the process holds
-/// of it. While an operation retries after a lost reply, no other operation of the same owner on
-/// the key can change the row, so the repeat's "did my earlier attempt commit?" check (attempt /
-/// release id in the row) is exact.
-pub(crate) async fn serialise(space: &Arc<str>, owner: &Owner, key: &str) -> Serial {
-    let tracked = lock(&REGISTRY).entry(space, owner, key);
-    tracked.lock_owned().await
-}
-
 /// `host/pid`, for the `holder` column.
 pub(crate) fn default_holder() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -766,45 +470,4 @@ pub(crate) fn default_holder() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown-host".into());
     validate::holder(format!("{host}/{}", std::process::id()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The serialisation is per (table, owner, key) for the whole process, not per `Locker`
-    /// value; the same key name in another table (or database) is another lock.
-    #[tokio::test(start_paused = true)]
-    async fn one_owners_statements_on_a_key_never_interleave_process_wide() {
-        let (a, b) = (Owner::new(), Owner::new());
-        let space: Arc<str> = "sqlite:///tmp/x.db|dblock_locks".into();
-        let mut first = serialise(&space, &a, "k").await;
-        (first.tenure, first.holds) = (Some(7), 2);
-        // The same table, owner and key, whichever locker asks: waits.
-        let (a2, space2) = (a.clone(), space.clone());
-        let same = tokio::spawn(async move { serialise(&space2, &a2, "k").await.holds });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(
-            !same.is_finished(),
-            "a second statement of the same owner on the key ran"
-        );
-        // Another owner, another key, or another table: does not wait, and tracks its own.
-        let other_table: Arc<str> = "sqlite:///tmp/x.db|other".into();
-        for (space, owner, key) in [
-            (&space, &b, "k"),
-            (&space, &a, "other"),
-            (&other_table, &a, "k"),
-        ] {
-            let serial =
-                tokio::time::timeout(Duration::from_millis(10), serialise(space, owner, key))
-                    .await
-                    .expect("an unrelated statement waited");
-            assert_eq!(serial.holds, 0, "counts leaked between locks");
-        }
-        drop(first);
-        tokio::time::timeout(Duration::from_millis(10), same)
-            .await
-            .expect("released")
-            .unwrap();
-    }
 }

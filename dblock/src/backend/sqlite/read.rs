@@ -1,12 +1,12 @@
 //! Shared (read) locks on SQLite: the readers' statements and the writer's intent (the model is
-//! in `backend/shared.rs`). Each is one statement, run under the database's write lock: nothing
+//! in `backend/read.rs`). Each is one statement, run under the database's write lock: nothing
 //! else writes between its read of the row and its write. Times in ms, as the lock's.
 
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
 use super::{ms_ceil, Lite, NOW};
-use crate::backend::shared::{
+use crate::backend::read::{
     Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
 };
 use crate::backend::Grant;
@@ -110,7 +110,7 @@ pub(crate) async fn acquire(
     conn: &mut SqliteConnection,
     a: &ReadAcquire<'_>,
 ) -> Result<ReadAttempt, sqlx::Error> {
-    let row = sqlx::query(lite.shared_sql.acquire.clone())
+    let row = sqlx::query(lite.read_sql.acquire.clone())
         .bind(a.key)
         .bind(a.holder)
         .bind(ms_ceil(a.ttl_us))
@@ -133,7 +133,7 @@ pub(crate) async fn release(
     conn: &mut SqliteConnection,
     r: &ReadRelease<'_>,
 ) -> Result<ReadReleased, sqlx::Error> {
-    let left: Option<i64> = sqlx::query_scalar(lite.shared_sql.release.clone())
+    let left: Option<i64> = sqlx::query_scalar(lite.read_sql.release.clone())
         .bind(r.key)
         .bind(r.token)
         .bind(r.id)
@@ -144,7 +144,7 @@ pub(crate) async fn release(
         Some(0) => ReadReleased::Free,
         Some(n) => ReadReleased::StillHeld(n.max(0) as u32),
         None => {
-            let gone = sqlx::query(lite.shared_sql.gone.clone())
+            let gone = sqlx::query(lite.read_sql.gone.clone())
                 .bind(r.key)
                 .bind(r.token)
                 .bind(r.id)
@@ -164,7 +164,7 @@ pub(crate) async fn intent(
     conn: &mut SqliteConnection,
     i: &Intent<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(lite.shared_sql.intent.clone())
+    let done = sqlx::query(lite.read_sql.intent.clone())
         .bind(i.key)
         .bind(i.owner)
         .bind(ms_ceil(i.lease_us))
@@ -178,7 +178,7 @@ pub(crate) async fn withdraw(
     conn: &mut SqliteConnection,
     w: &Withdraw<'_>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(lite.shared_sql.withdraw.clone())
+    sqlx::query(lite.read_sql.withdraw.clone())
         .bind(w.key)
         .bind(w.owner)
         .execute(&mut *conn)

@@ -1,5 +1,5 @@
 //! Shared (read) locks: the readers' statements and the writer's intent, as statement values
-//! ([`Statement`]); each backend's SQL is in its `shared.rs` (`postgres/`, `mysql/`, `sqlite/`).
+//! ([`Statement`]); each backend's SQL is in its `read.rs` (`postgres/`, `mysql/`, `sqlite/`).
 //!
 //! **The table model.** Readers and the writer of a key meet on the key's one row of the lock
 //! table, so that every decision is the row's own (no check across rows, no write skew):
