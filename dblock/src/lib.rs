@@ -60,6 +60,7 @@ mod default_locker;
 mod detach;
 mod error;
 mod escape;
+mod exclusive;
 mod fair;
 mod guard;
 mod hold;

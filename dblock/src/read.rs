@@ -12,19 +12,19 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::read::{ReadAcquire, ReadAttempt};
-use crate::backend::Interest;
-use crate::detach::{Detached, Unreceived};
+use crate::backend::Backend;
+use crate::detach::Detached;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::{Hold, HoldKind, Reader};
-use crate::line;
 use crate::meter;
 use crate::options::Options;
 use crate::owner::Owner;
 use crate::retry::{self, Policy};
 use crate::shared::Shared;
-use crate::timing::{self, Backoff};
+use crate::timing;
 use crate::validate;
+use crate::wait::{self, Busy, Kind, Seen, Try};
 
 /// One `locker.read(key)` call being configured; `.await` it for a shared (read) hold of `key`.
 /// Any number of readers hold a key at once; [`Locker::lock`](crate::Locker::lock) of the same
@@ -103,24 +103,6 @@ impl IntoFuture for ReadRequest {
     }
 }
 
-/// What one reader's attempt came to, with the hold already inside a guard.
-enum Try {
-    Got(LockGuard),
-    Busy(Option<Duration>),
-    /// Granted when the lease could have ended: given back.
-    Stale,
-    Failed(LockError),
-}
-
-impl Unreceived for Try {
-    async fn unreceived(self) {
-        if let Try::Got(guard) = self {
-            tracing::debug!(key = %crate::Escaped(guard.key()), "read granted to a call that is gone; given back");
-            let _ = guard.give_back_unused().await;
-        }
-    }
-}
-
 impl ReadRequest {
     async fn acquire(
         self,
@@ -132,157 +114,136 @@ impl ReadRequest {
         self.shared.check_open()?;
         validate::key(&self.key)?;
         let ttl_us = validate::ttl_micros(self.options.ttl)?;
-        let backend = self.shared.backend()?.clone();
         let shared = self.shared.clone();
-        let holder: Arc<str> = self.options.holder(&shared)?;
-        let started = Instant::now();
-        let deadline = crate::timing::after(started, self.options.wait);
-        // The call's whole time: its wait, or one attempt's floor.
-        let call_until = timing::call_until(started, self.options.wait, shared.statement_timeout);
-        // This call's id: kept among the row's readers, the same in every resend.
-        let id = fastrand::i64(1..i64::MAX);
-        let busy = |first: &Option<Instant>| LockError::Busy {
-            key: self.key.clone(),
-            waited: first.map_or(started.elapsed(), |_| started.elapsed()),
+        let mut kind = ReadWait {
+            backend: shared.backend()?.clone(),
+            holder: self.options.holder(&shared)?,
+            reentry: shared.read_tenure(&self.key, &owner),
+            shared: shared.clone(),
+            key: self.key,
+            owner,
+            meter,
+            ttl: self.options.ttl,
+            ttl_us,
+            // This call's id: kept among the row's readers, the same in every resend.
+            id: fastrand::i64(1..i64::MAX),
         };
-        let mut backoff = Backoff::default();
-        let line = line::of(shared.space(), &self.key);
-        let mut turn = None;
-        let mut interest: Option<Interest> = None;
-        loop {
-            shared.check_open()?;
-            // A re-entry: this owner already reads the key (as this process tracks it).
-            let reentry = shared.read_tenure(&self.key, &owner);
-            let attempt = {
-                let (shared, backend, key, holder, owner, meter) = (
-                    shared.clone(),
-                    backend.clone(),
-                    self.key.clone(),
-                    holder.clone(),
-                    owner.clone(),
-                    meter.clone(),
-                );
-                let (ttl, waiting) = (self.options.ttl, interest.is_some());
-                Detached::new(async move {
-                    let sent = Instant::now();
-                    let statement = ReadAcquire {
-                        key: &key,
-                        holder: &holder,
-                        ttl_us,
-                        id,
-                        reentry: reentry.map(|t| t as i64),
-                        waiting,
-                    };
-                    let policy = Policy {
-                        rolled_back: retry::ROLLBACK_RESENDS,
-                        per_send: shared.statement_timeout,
-                        send_until: call_until,
-                        resolve_until: sent + ttl + shared.statement_timeout,
-                        report: None,
-                    };
-                    let tried = retry::run(
-                        policy,
-                        |f| backend.classify(f),
-                        |limit| backend.run(&statement, limit),
-                    )
-                    .await;
-                    match tried.result {
-                        Ok(ReadAttempt::Granted(grant)) => {
-                            let hold = Hold::new(key, Owner::readers(), grant, ttl, sent, meter)
-                                .of_kind(HoldKind::Read(Reader { id, owner }));
-                            let live = timing::live(hold.deadline(), ttl);
-                            match LockGuard::new(hold, shared) {
-                                Ok(guard) if live => Try::Got(guard),
-                                Ok(guard) => {
-                                    tracing::warn!(key = %crate::Escaped(guard.key()), "read grant arrived when its lease could have ended; given back");
-                                    let _ = guard.give_back_unused().await;
-                                    Try::Stale
-                                }
-                                Err(refused) => Try::Failed(refused.give_back(None).await),
-                            }
+        wait::wait_for(
+            &mut kind,
+            &shared,
+            Instant::now(),
+            self.options.wait,
+            first_busy,
+        )
+        .await
+    }
+}
+
+/// One `read()` call as the wait loop drives it.
+struct ReadWait {
+    shared: Arc<Shared>,
+    backend: Backend,
+    key: String,
+    holder: Arc<str>,
+    owner: Owner,
+    meter: meter::Label,
+    ttl: Duration,
+    ttl_us: i64,
+    id: i64,
+    /// The read tenure this owner already reads in (as this process tracks it): a re-entry,
+    /// which never waits in the process's line (it would wait for a writer that waits for it).
+    reentry: Option<u64>,
+}
+
+impl Kind for ReadWait {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn lines_up(&self) -> bool {
+        self.reentry.is_none()
+    }
+
+    async fn attempt(&mut self, waiting: bool, call_until: Instant) -> Try {
+        self.reentry = self.shared.read_tenure(&self.key, &self.owner);
+        let (shared, backend, key, holder, owner, meter) = (
+            self.shared.clone(),
+            self.backend.clone(),
+            self.key.clone(),
+            self.holder.clone(),
+            self.owner.clone(),
+            self.meter.clone(),
+        );
+        let (ttl, ttl_us, id, reentry) = (self.ttl, self.ttl_us, self.id, self.reentry);
+        Detached::new(async move {
+            let sent = Instant::now();
+            let statement = ReadAcquire {
+                key: &key,
+                holder: &holder,
+                ttl_us,
+                id,
+                reentry: reentry.map(|t| t as i64),
+                waiting,
+            };
+            let policy = Policy {
+                rolled_back: retry::ROLLBACK_RESENDS,
+                per_send: shared.statement_timeout,
+                send_until: call_until,
+                resolve_until: sent + ttl + shared.statement_timeout,
+                report: None,
+            };
+            let tried = retry::run(
+                policy,
+                |f| backend.classify(f),
+                |limit| backend.run(&statement, limit),
+            )
+            .await;
+            match tried.result {
+                Ok(ReadAttempt::Granted(grant)) => {
+                    let hold = Hold::new(key, Owner::readers(), grant, ttl, sent, meter)
+                        .of_kind(HoldKind::Read(Reader { id, owner }));
+                    let live = timing::live(hold.deadline(), ttl);
+                    match LockGuard::new(hold, shared) {
+                        Ok(guard) if live => Try::Got(guard),
+                        Ok(guard) => {
+                            tracing::warn!(key = %crate::Escaped(guard.key()), "read grant arrived when its lease could have ended; given back");
+                            let _ = guard.give_back_unused().await;
+                            Try::Stale
                         }
-                        Ok(ReadAttempt::Busy { retry_after }) => Try::Busy(retry_after),
-                        Err(f) => Try::Failed(LockError::database(
-                            f.error,
-                            tried.after_unknown,
-                            &format!("read of `{}`", crate::Escaped(&key)),
-                        )),
+                        Err(refused) => Try::Failed(refused.give_back(None).await),
                     }
-                })
-            };
-            let outcome =
-                match tokio::time::timeout_at(call_until + timing::ANSWER_GRACE, attempt).await {
-                    Ok(outcome) => outcome,
-                    // No answer within the call's time: busy if a busy answer came before, else
-                    // the outcome of the last attempt is unknown, as for a lock.
-                    Err(_) if first_busy.is_some() => return Err(busy(first_busy)),
-                    Err(_) => {
-                        return Err(LockError::no_answer(
-                            started.elapsed(),
-                            &format!("read of `{}`", crate::Escaped(&self.key)),
-                        ))
-                    }
-                };
-            let retry_after = match outcome {
-                Try::Got(guard) => return Ok(guard),
-                Try::Failed(e) => return Err(e),
-                Try::Stale | Try::Busy(None) => None,
-                Try::Busy(Some(left)) => Some(left),
-            };
-            let now = Instant::now();
-            first_busy.get_or_insert(now);
-            // The owner holds the key for writing: waiting would be for itself.
-            if shared.held_by_owner(&self.key, &owner) {
-                return Err(LockError::WouldWaitForItself {
-                    key: self.key.clone(),
-                });
-            }
-            if now >= deadline {
-                return Err(busy(first_busy));
-            }
-            // This process's waiters line up (re-entries do not: they would wait for a writer
-            // that waits for them).
-            if turn.is_none() && reentry.is_none() {
-                match line.try_turn() {
-                    Some(head) => turn = Some(head),
-                    None => match tokio::time::timeout_at(deadline, line.turn()).await {
-                        Ok(head) => {
-                            turn = Some(head);
-                            backoff.reset();
-                            continue;
-                        }
-                        Err(_) => return Err(busy(first_busy)),
-                    },
                 }
+                Ok(ReadAttempt::Busy { retry_after }) => Try::busy(retry_after),
+                Err(f) => Try::Failed(LockError::database(
+                    f.error,
+                    tried.after_unknown,
+                    &format!("read of `{}`", crate::Escaped(&key)),
+                )),
             }
-            if interest.is_none() {
-                interest = tokio::time::timeout_at(deadline, backend.interest(&self.key))
-                    .await
-                    .ok()
-                    .flatten();
-                if interest.is_some() {
-                    continue; // ask again, now asking the writer to notify
-                }
+        })
+        .await
+    }
+
+    async fn busy(&mut self, _: Busy) -> Result<(), LockError> {
+        // The owner holds the key for writing: waiting would be for itself.
+        if self.shared.held_by_owner(&self.key, &self.owner) {
+            return Err(LockError::WouldWaitForItself {
+                key: self.key.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn gave_up(&self, seen: Seen, waited: Duration) -> LockError {
+        match seen {
+            Seen::Nothing => {
+                LockError::no_answer(waited, &format!("read of `{}`", crate::Escaped(&self.key)))
             }
-            let pause = backoff.next(deadline, retry_after);
-            let freed = async {
-                if turn.is_some() {
-                    line.freed().await
-                } else {
-                    std::future::pending().await
-                }
-            };
-            match &interest {
-                Some(i) => tokio::select! {
-                    () = i.notified() => {}
-                    () = freed => {}
-                    () = tokio::time::sleep(pause) => {}
-                },
-                None => tokio::select! {
-                    () = freed => {}
-                    () = tokio::time::sleep(pause) => {}
-                },
-            }
+            // A read whose grant came too late is still a busy key to its caller.
+            Seen::Busy | Seen::Stale => LockError::Busy {
+                key: self.key.clone(),
+                waited,
+            },
         }
     }
 }

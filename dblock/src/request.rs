@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use crate::backend::{Acquire, Attempt};
 use crate::error::LockError;
+use crate::exclusive::Request;
 use crate::guard::LockGuard;
 use crate::hold::{Caller, Hold, HoldKind};
 use crate::meter;
@@ -24,7 +25,6 @@ use crate::registry::Serial;
 use crate::retry::{self, Policy};
 use crate::shared::Shared;
 use crate::validate;
-use crate::wait::Request;
 
 /// One `locker.lock(key)` call being configured; `.await` it to take the lock.
 ///

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::semaphore::FlagSlots;
+use crate::backend::Backend;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::info::{LockInfo, LockKind};
@@ -38,8 +39,9 @@ use crate::options::Options;
 use crate::owner::Owner;
 use crate::request::LockRequest;
 use crate::shared::Shared;
-use crate::timing::Backoff;
 use crate::validate;
+use crate::wait::{self, Busy, Kind, Seen, Try};
+use std::time::Duration;
 
 /// Longest semaphore key, in bytes: its slots' keys add up to 22 bytes (`␟`, permits, `.`,
 /// slot) and must fit the 255 bytes of a lock key.
@@ -291,183 +293,144 @@ impl SemaphoreRequest {
         }
         validate::ttl_micros(self.options.ttl)?;
         let permits = self.shared.permits().clone();
-        let backend = permits.backend()?;
-        let started = Instant::now();
-        let deadline = crate::timing::after(started, self.options.wait);
         let (from, to) = (format!("{}\x1f", self.key), format!("{}\x20", self.key));
-        let read = crate::backend::LiveRowsIn {
-            from: &from,
-            to: &to,
+        let wait = self.options.wait;
+        let mut kind = PermitWait {
+            backend: permits.backend()?.clone(),
+            reentry: permits.held_with_prefix(&from, &owner).is_some(),
+            permits: permits.clone(),
+            request: self,
+            owner,
+            from,
+            to,
         };
-        let mut backoff = Backoff::default();
-        // This process's waiters for the semaphore line up (`line.rs`, under the semaphore's
-        // key in the permits' table): only the head reads and attempts, a permit given back by
-        // this process wakes it at once, and they get permits in arrival order.
-        let line = crate::line::of(permits.space(), &self.key);
-        let mut turn = None;
-        // PostgreSQL: the interests in a release of each slot, once every permit was found
-        // taken (`None`: none yet, or no LISTEN here).
-        let mut wake: Option<Vec<crate::backend::Interest>> = None;
-        if permits.held_with_prefix(&from, &owner).is_none() {
-            if let Some(head) = line.try_turn() {
-                // Nobody of this process waits: no line to keep (the turn is given back at the
-                // first busy answer's wait, below, or with the call).
-                drop(head);
-            } else {
-                // Earlier waiters of this process go first; with no wait, every permit is
-                // taken for this call.
-                match tokio::time::timeout_at(deadline, line.turn()).await {
-                    Ok(head) => turn = Some(head),
-                    Err(_) => {
-                        return Err(LockError::Busy {
-                            key: self.key.clone(),
-                            waited: started.elapsed(),
-                        })
-                    }
-                }
+        let mut first_busy = None;
+        wait::wait_for(&mut kind, &permits, Instant::now(), wait, &mut first_busy).await
+    }
+}
+
+/// One `semaphore()` call as the wait loop drives it. Its line of waiters in this process is
+/// under the semaphore's key in the permits' table: only the head reads and attempts, a permit
+/// given back by this process wakes it at once, and they get permits in arrival order.
+struct PermitWait {
+    request: SemaphoreRequest,
+    /// The core on the permits' table.
+    permits: Arc<Shared>,
+    backend: Backend,
+    owner: Owner,
+    /// The range of the semaphore's slot rows.
+    from: String,
+    to: String,
+    /// The owner holds a permit already (a re-entry): it never waits in the process's line.
+    reentry: bool,
+}
+
+impl PermitWait {
+    /// The key of slot `slot` of this semaphore.
+    fn row(&self, slot: u32) -> String {
+        Slot {
+            permits: self.request.permits,
+            slot,
+        }
+        .row(&self.request.key)
+    }
+
+    /// The slot this owner holds, taken again (a re-entry), or `None`; else up to
+    /// `TRIES_PER_READ` free slots by one read of the live ones.
+    async fn take_some(&self) -> Result<Option<LockGuard>, LockError> {
+        let (permits, req) = (&self.permits, &self.request);
+        if let Some(row) = permits.held_with_prefix(&self.from, &self.owner) {
+            if Slot::of_row(&req.key, &row).is_some_and(|s| s.permits == req.permits) {
+                return req.take(permits, row, &self.owner).await.map(Some);
             }
         }
-        // A failure whose outcome a later attempt may still get past (the database unreachable
-        // for a moment): tried again while the call's time lasts, reported at its end. A
-        // grant such an attempt may have made is given back in the background (the lock's
-        // cancellation safety), never built upon.
-        let mut failure: Option<LockError> = None;
-        let retryable =
-            |e: &LockError| matches!(e, LockError::Database(_)) && Instant::now() < deadline;
-        loop {
-            // Re-entry: the slot this owner holds, again.
-            if let Some(slot) = permits.held_with_prefix(&from, &owner) {
-                if Slot::of_row(&self.key, &slot).is_some_and(|s| s.permits == self.permits) {
-                    match self.take(&permits, slot, &owner).await {
-                        Err(e) if retryable(&e) => {
-                            tracing::debug!(error = %e, "permit re-entry failed; trying again");
-                            failure = Some(e);
-                            tokio::time::sleep(backoff.next(deadline, None)).await;
-                            continue;
-                        }
-                        other => return other,
-                    }
-                }
-            }
-            let live = permits
-                .run_bounded("semaphore read", |limit| backend.run(&read, limit))
-                .await?;
-            // The slots live rows hold: never more than the live rows, whatever `permits` is.
-            let mut taken = Vec::with_capacity(live.len());
-            for row in &live {
-                let Some(Slot { permits: n, slot }) = Slot::of_row(&self.key, &row.key) else {
-                    continue;
-                };
-                if n != self.permits {
-                    return Err(LockError::PermitsMismatch {
-                        key: self.key.clone(),
-                        asked: self.permits,
-                        in_use: n,
-                    });
-                }
-                if slot < self.permits {
-                    taken.push(slot);
-                }
-            }
-            for slot in free_slots(self.permits, taken, TRIES_PER_READ) {
-                let row = Slot {
-                    permits: self.permits,
-                    slot,
-                }
-                .row(&self.key);
-                match self.take(&permits, row, &owner).await {
-                    Err(LockError::Busy { .. }) => continue,
-                    Err(e) if retryable(&e) => {
-                        tracing::debug!(error = %e, "permit attempt failed; trying again");
-                        failure = Some(e);
-                        break;
-                    }
-                    other => return other,
-                }
-            }
-            let busy = || LockError::Busy {
-                key: self.key.clone(),
-                waited: started.elapsed(),
+        let read = crate::backend::LiveRowsIn {
+            from: &self.from,
+            to: &self.to,
+        };
+        let backend = &self.backend;
+        let live = permits
+            .run_bounded("semaphore read", |limit| backend.run(&read, limit))
+            .await?;
+        // The slots live rows hold: never more than the live rows, whatever `permits` is.
+        let mut taken = Vec::with_capacity(live.len());
+        for row in &live {
+            let Some(Slot { permits: n, slot }) = Slot::of_row(&req.key, &row.key) else {
+                continue;
             };
-            if Instant::now() >= deadline {
-                return Err(failure.take().unwrap_or_else(busy));
+            if n != req.permits {
+                return Err(LockError::PermitsMismatch {
+                    key: req.key.clone(),
+                    asked: req.permits,
+                    in_use: n,
+                });
             }
-            if turn.is_none() {
-                match line.try_turn() {
-                    Some(head) => turn = Some(head),
-                    None => match tokio::time::timeout_at(deadline, line.turn()).await {
-                        Ok(head) => {
-                            // At the head after earlier waiters: ask at once.
-                            turn = Some(head);
-                            backoff.reset();
-                            continue;
-                        }
-                        Err(_) => return Err(busy()),
-                    },
-                }
+            if slot < req.permits {
+                taken.push(slot);
             }
-            // PostgreSQL: the head of the line listens for a release of any slot, and asks the
-            // live slots' holders to NOTIFY (again each round: a slot taken anew forgets it).
-            if wake.is_none() && (self.permits as usize) <= MAX_LISTENED_SLOTS {
-                let mut interests = Vec::new();
-                for slot in 0..self.permits {
-                    let key = Slot {
-                        permits: self.permits,
-                        slot,
-                    }
-                    .row(&self.key);
-                    match tokio::time::timeout_at(deadline, backend.interest(&key)).await {
-                        Ok(Some(i)) => interests.push(i),
-                        _ => break,
-                    }
-                }
-                // Not (yet) listening, e.g. while the LISTEN connection is being made: poll this
-                // round and look again the next.
-                if interests.len() == self.permits as usize {
-                    wake = Some(interests);
-                }
+        }
+        for slot in free_slots(req.permits, taken, TRIES_PER_READ) {
+            match req.take(permits, self.row(slot), &self.owner).await {
+                Err(LockError::Busy { .. }) => continue,
+                other => return other.map(Some),
             }
-            let listening = wake.is_some();
-            if listening {
-                let keys: Vec<String> = (0..self.permits)
-                    .map(|slot| {
-                        Slot {
-                            permits: self.permits,
-                            slot,
-                        }
-                        .row(&self.key)
-                    })
-                    .collect();
-                let limit = (Instant::now() + permits.statement_timeout).min(deadline);
-                let _ = backend.run(&FlagSlots { keys: &keys }, limit).await;
-            }
-            let until = Instant::now() + backoff.next(deadline, None);
-            let notified = async {
-                match wake.as_ref() {
-                    Some(interests) => {
-                        let mut waits: Vec<_> =
-                            interests.iter().map(|i| Box::pin(i.notified())).collect();
-                        std::future::poll_fn(|cx| {
-                            for w in &mut waits {
-                                if w.as_mut().poll(cx).is_ready() {
-                                    return std::task::Poll::Ready(());
-                                }
-                            }
-                            std::task::Poll::Pending
-                        })
-                        .await
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = tokio::time::sleep_until(until) => {}
-                () = line.freed() => backoff.reset(),
-                () = notified => backoff.reset(),
-            }
+        }
+        Ok(None)
+    }
+}
+
+impl Kind for PermitWait {
+    fn key(&self) -> &str {
+        &self.request.key
+    }
+
+    fn lines_up(&self) -> bool {
+        !self.reentry
+    }
+
+    async fn attempt(&mut self, _waiting: bool, _call_until: Instant) -> Try {
+        match self.take_some().await {
+            Ok(Some(guard)) => Try::Got(guard),
+            Ok(None) => Try::busy(None),
+            // The database unreachable for a moment: a later attempt may get past it. A grant
+            // such an attempt may have made is given back in the background (the lock's
+            // cancellation safety), never built upon.
+            Err(e @ LockError::Database(_)) => Try::Retry(e),
+            Err(e) => Try::Failed(e),
         }
     }
 
+    async fn busy(&mut self, busy: Busy) -> Result<(), LockError> {
+        // PostgreSQL: the head of the line listens for a release of any slot, and asks the live
+        // slots' holders to NOTIFY (again each round: a slot taken anew forgets it).
+        if busy.listening {
+            let keys = self.wake_keys();
+            let limit = (Instant::now() + self.permits.statement_timeout).min(busy.wait_until);
+            let _ = self.backend.run(&FlagSlots { keys: &keys }, limit).await;
+        }
+        Ok(())
+    }
+
+    fn wake_keys(&self) -> Vec<String> {
+        // Beyond this many permits a waiter polls: a semaphore that large frees one often.
+        if (self.request.permits as usize) <= MAX_LISTENED_SLOTS {
+            (0..self.request.permits)
+                .map(|slot| self.row(slot))
+                .collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn gave_up(&self, _: Seen, waited: Duration) -> LockError {
+        LockError::Busy {
+            key: self.request.key.clone(),
+            waited,
+        }
+    }
+}
+
+impl SemaphoreRequest {
     /// One attempt at slot row `row`, as `owner`: the lock's own acquire.
     async fn take(
         &self,

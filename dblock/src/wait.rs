@@ -1,649 +1,301 @@
-//! The wait loop of one `lock()` call: attempts, jittered backoff, the process's line, NOTIFY
-//! wake-ups, a fair caller's queue, a writer's intent behind readers, and the deadline
-//! ([`Request::acquire`]). Each attempt runs inline in the caller's task as a [`Detached`]
-//! future: dropped before it completes, it finishes in a task of its own and gives back a grant
-//! nobody received ([`Attempted`]), so a dropped `lock()` future never orphans a hold.
+//! The one wait loop of every kind of hold ([`wait_for`]): attempts until one is granted or the
+//! call's `wait` runs out, with the policies every kind shares — the process's line of waiters
+//! for a key (`line.rs`: only the head asks the database, a release by this process wakes it),
+//! NOTIFY wake-ups where the backend has them, jittered backoff capped by the deadline and the
+//! holder's lease (`timing.rs`), and one rule for a call whose time ran out. What an attempt is,
+//! and what a busy answer means, is the kind's ([`Kind`]): the exclusive lock (`exclusive.rs`,
+//! with a fair caller's queue and a writer's intent behind readers), a read (`read.rs`), a
+//! semaphore's permit (`semaphore.rs`).
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::read::{Intent, Withdraw, INTENT_LEASE};
-use crate::backend::{Acquire, Attempt, Interest};
-use crate::detach::{Detached, Unreceived};
+use crate::backend::Interest;
+use crate::detach::Unreceived;
 use crate::error::LockError;
-use crate::fair::{Fair, Place};
 use crate::guard::LockGuard;
-use crate::hold::{Caller, Hold, HoldKind};
-use crate::info::time_from_micros;
 use crate::line;
-use crate::meter;
-use crate::options::LockOptions;
-use crate::owner::Owner;
-use crate::registry::Serial;
-use crate::retry::{self, LastFailure, Policy};
 use crate::shared::Shared;
-use crate::timing::{self, Backoff, ANSWER_GRACE, INTENT_EVERY};
+use crate::timing::{self, Backoff, ANSWER_GRACE};
 
-/// A `lock()` call, resolved and validated: what every attempt of it sends.
-#[derive(Clone)]
-pub(crate) struct Request {
-    pub(crate) key: String,
-    pub(crate) ttl: Duration,
-    pub(crate) ttl_us: i64,
-    /// min_hold, once, and fair (wait in the key's queue across processes: `fair.rs`).
-    pub(crate) lock: LockOptions,
-    pub(crate) min_hold_us: i64,
-    /// The task (or `block_on` thread) that called `lock()`.
-    pub(crate) caller: Caller,
-    pub(crate) wait: Duration,
-    pub(crate) owner: Owner,
-    /// `host/pid[/label]`.
-    pub(crate) holder: Arc<str>,
-    pub(crate) meter: meter::Label,
-    pub(crate) record_call: bool,
-    /// The hold a grant makes: a lock, or a semaphore's permit.
-    pub(crate) hold_kind: HoldKind,
-}
-
-/// The outcome of one attempt, with the lock already inside a guard.
-enum Try {
+/// What one attempt came to, with a grant already inside a guard.
+pub(crate) enum Try {
     Got(LockGuard),
-    Busy(Option<Duration>),
-    /// Granted, but the reply came when the lease could have ended already: given back.
+    /// Taken by someone else. `retry_after`: what is left of the holder's lease, where the
+    /// backend says; `attempted`: `false` when the kind did not ask (a fair caller behind
+    /// others in its queue, `ahead` of them).
+    Busy {
+        retry_after: Option<Duration>,
+        behind: Option<u32>,
+    },
+    /// Granted, but the reply came when the lease could have ended: given back.
     Stale,
+    /// Failed in a way a later attempt may get past (the database unreachable for a moment):
+    /// tried again while the call's time lasts, and reported at its end unless a busy answer
+    /// came after it.
+    Retry(LockError),
     Failed(LockError),
 }
 
+/// An attempt nobody waits for any more gives back what it got (nothing ran under it).
+impl Unreceived for Try {
+    async fn unreceived(self) {
+        if let Try::Got(guard) = self {
+            tracing::debug!(key = %crate::Escaped(guard.key()), "granted to a call that is gone; given back");
+            let _ = guard.give_back_unused().await;
+        }
+    }
+}
+
+impl Try {
+    /// A busy answer to an attempt that was made.
+    pub(crate) fn busy(retry_after: Option<Duration>) -> Try {
+        Try::Busy {
+            retry_after,
+            behind: None,
+        }
+    }
+}
+
+/// A busy answer, as the kind's [`Kind::busy`] sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Busy {
+    /// The first busy answer of the call.
+    pub(crate) first: bool,
+    /// The kind asked the database (not a fair caller behind others).
+    pub(crate) attempted: bool,
+    /// The call listens for releases (NOTIFY).
+    pub(crate) listening: bool,
+    /// When the call gives up.
+    pub(crate) wait_until: Instant,
+}
+
 /// What the attempts answered so far, for the error when the call's time runs out.
-#[derive(Clone, Copy, PartialEq)]
-enum Seen {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Seen {
     Nothing,
     Busy,
     Stale,
 }
 
-impl Request {
-    /// The statement's binds, borrowed from the request (the tracked holds are filled in under
-    /// the owner's serialisation).
-    pub(crate) fn statement(&self, waiting: bool, attempt: i64) -> Acquire<'_> {
-        Acquire {
-            key: &self.key,
-            owner: self.owner.id(),
-            ttl_us: self.ttl_us,
-            holder: &self.holder,
-            attempt,
-            waiting,
-            tenure: None,
-            held: 0,
-            min_hold_us: self.min_hold_us,
-            once: self.lock.once,
+/// One kind of hold as the wait loop drives it.
+pub(crate) trait Kind: Send {
+    /// The key of the process's line of waiters and of NOTIFY wake-ups (a semaphore's own key,
+    /// for all its permits).
+    fn key(&self) -> &str;
+
+    /// Whether the call lines up in the process's line for [`key`](Kind::key): not a re-entry
+    /// (it would wait for a holder that waits for it), not a fair caller (it keeps to its
+    /// queue in the database instead).
+    fn lines_up(&self) -> bool {
+        true
+    }
+
+    /// Whether a release by this process wakes the call although it is not the head of a line
+    /// (a fair caller, which looks at its queue again).
+    fn woken_by_releases(&self) -> bool {
+        false
+    }
+
+    /// One attempt; `waiting`: the call listens for releases (PostgreSQL: the attempt asks the
+    /// holder's release to NOTIFY). It stops sending at `call_until`.
+    fn attempt(&mut self, waiting: bool, call_until: Instant) -> impl Future<Output = Try> + Send;
+
+    /// After a busy answer, before the call waits: a reason not to wait at all (the owner would
+    /// wait for itself), or a chore of the kind's while it waits (a writer records its intent;
+    /// a fair caller takes a ticket; a semaphore's waiter asks the holders to notify).
+    fn busy(&mut self, busy: Busy) -> impl Future<Output = Result<(), LockError>> + Send {
+        let _ = busy;
+        std::future::ready(Ok(()))
+    }
+
+    /// Whether the next pause starts again from the first step: something changed for the
+    /// kind (a fair caller just reached the head of its queue).
+    fn fresh(&mut self) -> bool {
+        false
+    }
+
+    /// The row keys whose releases wake the call (NOTIFY); none: it polls.
+    fn wake_keys(&self) -> Vec<String> {
+        vec![self.key().to_owned()]
+    }
+
+    /// The error for a call whose time ran out: busy if that is what the database last said,
+    /// the lease ended before the grant arrived, or no answer at all (the outcome unknown).
+    fn gave_up(&self, seen: Seen, waited: Duration) -> LockError;
+
+    /// As [`gave_up`](Kind::gave_up), for a call whose last attempt was still settling at the
+    /// deadline: the kind may name that attempt's latest failure.
+    fn unanswered(&self, seen: Seen, waited: Duration) -> LockError {
+        self.gave_up(seen, waited)
+    }
+}
+
+/// Takes a hold of `kind`: attempts until one is granted or `wait` (counted from `started`)
+/// runs out; the call returns by `max(wait, one attempt's floor)` whatever the database does.
+/// `first_busy` notes when the key was first found busy (the metrics' wait time).
+pub(crate) async fn wait_for<K: Kind>(
+    kind: &mut K,
+    shared: &Shared,
+    started: Instant,
+    wait: Duration,
+    first_busy: &mut Option<Instant>,
+) -> Result<LockGuard, LockError> {
+    let wait_until = timing::after(started, wait);
+    let call_until = timing::call_until(started, wait, shared.statement_timeout);
+    let mut backoff = Backoff::default();
+    let mut seen = Seen::Nothing;
+    let mut failure: Option<LockError> = None;
+    // Set once this call waits where the backend can wake it (PostgreSQL LISTEN/NOTIFY).
+    let mut wake: Option<Vec<Interest>> = None;
+    // This call's place at the head of the process's line for the key, taken once the key was
+    // found busy: only the head asks the database.
+    let mut turn: Option<line::Turn> = None;
+    // The process's line for the key: looked up only when the key is busy, or when others
+    // already wait in it (a lone caller never touches the lines' map).
+    let mut line = line::waiting(shared.space(), kind.key());
+    if let Some(l) = line.as_ref().filter(|_| kind.lines_up()) {
+        // Earlier waiters of this process are in line: a newcomer goes behind them rather
+        // than ahead with an attempt of its own (with no wait, the key is busy for it).
+        tracing::trace!("in line behind earlier waiters before the first attempt");
+        match tokio::time::timeout_at(wait_until, l.turn()).await {
+            Ok(head) => turn = Some(head),
+            Err(_) => return Err(kind.gave_up(Seen::Busy, started.elapsed())),
         }
     }
-
-    /// The lease a grant gets: the ttl, or min_hold if that is longer.
-    pub(crate) fn lease(&self) -> Duration {
-        self.lock.lease(self.ttl)
-    }
-
-    /// Takes the lock: attempts until granted or `wait` runs out. The call returns by
-    /// `max(wait, one attempt's floor)` whatever the database does; an attempt still in flight
-    /// then goes on in the background, and a lock it gets is given back at once.
-    pub(crate) async fn acquire(self, shared: Arc<Shared>) -> Result<LockGuard, LockError> {
-        let started = Instant::now();
-        let mut first_busy = None;
-        let (meter, record) = (self.meter.clone(), self.record_call);
-        let (key, owner) = (self.key.clone(), self.owner.clone());
-        let mut intent = false;
-        let result = self
-            .wait_for(shared.clone(), started, &mut first_busy, &mut intent)
-            .await;
-        if intent && result.is_err() {
-            // A writer that gives up withdraws its intent: readers need not wait it out.
-            if let Ok(backend) = shared.backend() {
-                let (backend, timeout) = (backend.clone(), shared.statement_timeout);
-                tokio::spawn(async move {
-                    let withdraw = Withdraw {
-                        key: &key,
-                        owner: owner.id(),
-                    };
-                    let _ = backend.run(&withdraw, Instant::now() + timeout).await;
-                });
+    loop {
+        // A locker shut down while this call waits: no further attempt.
+        shared.check_open()?;
+        // The attempt stops sending at `call_until`; a moment more lets it say why.
+        let attempt = kind.attempt(wake.is_some(), call_until);
+        let outcome = match tokio::time::timeout_at(call_until + ANSWER_GRACE, attempt).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                let waited = started.elapsed();
+                tracing::debug!(?waited, "no answer within the call's time");
+                return Err(failure
+                    .take()
+                    .unwrap_or_else(|| kind.unanswered(seen, waited)));
             }
-        }
-        if record {
-            meter::call_ended(
-                &meter,
-                meter::CallOutcome::of(&result),
-                started.elapsed(),
-                first_busy.map(|t: Instant| t.elapsed()),
-            );
-        }
-        result
-    }
-
-    /// The wait loop of [`acquire`](Self::acquire); notes when the key was first found busy.
-    async fn wait_for(
-        self,
-        shared: Arc<Shared>,
-        started: Instant,
-        first_busy: &mut Option<Instant>,
-        intent: &mut bool,
-    ) -> Result<LockGuard, LockError> {
-        // When this writer last recorded (or looked to record) its intent on a read-held key,
-        // and whether it holds it.
-        let mut intent_at: Option<Instant> = None;
-        let wait_until = crate::timing::after(started, self.wait);
-        let call_until = timing::call_until(started, self.wait, shared.statement_timeout);
-        let mut backoff = Backoff::default();
-        let mut attempts = 0u32;
-        let mut seen = Seen::Nothing;
-        // The latest failure of an attempt, for an error at the deadline that names the cause.
-        let report = LastFailure::default();
-        // Set once this call waits where the backend can wake it (PostgreSQL LISTEN/NOTIFY).
-        let mut interest: Option<Interest> = None;
-        // This call's place at the head of the process's line for the key (`line.rs`), taken
-        // once the key was found busy: only the head asks the database.
-        let mut turn: Option<line::Turn> = None;
-        // A fair call's place in the key's queue in the database (`fair.rs`); a re-entry never
-        // queues. Fair callers keep to the queue's order instead of the process's line.
-        let mut fair = (self.lock.fair && !shared.held_by_owner(&self.key, &self.owner))
-            .then(|| Fair::new(shared.clone(), &self.key, self.owner.id()));
-        // The process's line for the key: looked up only when the key is busy, or when others
-        // already wait in it (a lone caller never touches the lines' map).
-        let mut line = if fair.is_none() {
-            line::waiting(shared.space(), &self.key)
-        } else {
-            None
         };
-        let mut last_place = Place::Behind(1);
-        if let Some(l) = &line {
-            if !shared.held_by_owner(&self.key, &self.owner) {
-                // Earlier waiters of this process are in line: a newcomer goes behind them
-                // rather than ahead with an attempt of its own (with no wait, the key is busy
-                // for it).
-                tracing::trace!("in line behind earlier waiters before the first attempt");
-                match tokio::time::timeout_at(wait_until, l.turn()).await {
-                    Ok(head) => turn = Some(head),
-                    Err(_) => return Err(self.gave_up(Seen::Busy, started.elapsed())),
+        let (retry_after, behind) = match outcome {
+            Try::Got(guard) => return Ok(guard),
+            Try::Failed(e) => return Err(e),
+            Try::Stale => {
+                // Ask again at once: the key may well be free.
+                seen = Seen::Stale;
+                if Instant::now() >= wait_until {
+                    return Err(kind.gave_up(seen, started.elapsed()));
                 }
+                continue;
             }
+            Try::Retry(e) => {
+                tracing::debug!(error = %e, "attempt failed; trying again");
+                failure = Some(e);
+                (None, None)
+            }
+            Try::Busy {
+                retry_after,
+                behind,
+            } => {
+                let busy = Busy {
+                    first: first_busy.is_none(),
+                    attempted: behind.is_none(),
+                    listening: wake.is_some(),
+                    wait_until,
+                };
+                first_busy.get_or_insert_with(Instant::now);
+                kind.busy(busy).await?;
+                seen = Seen::Busy;
+                failure = None;
+                (retry_after, behind)
+            }
+        };
+        let now = Instant::now();
+        if now >= wait_until {
+            tracing::debug!(waited = ?now - started, "busy: giving up");
+            return Err(failure
+                .take()
+                .unwrap_or_else(|| kind.gave_up(seen, now - started)));
         }
-        loop {
-            // A locker shut down while this call waits: no further attempt.
-            shared.check_open()?;
-            // A fair caller attempts only when nobody live is queued ahead of it.
-            let place = match &mut fair {
-                None => Place::Head,
-                Some(f) => match tokio::time::timeout_at(call_until, Box::pin(f.place())).await {
-                    Ok(place) => place?,
-                    Err(_) => {
-                        return Err(self.gave_up_unanswered(seen, started.elapsed(), &report))
-                    }
-                },
-            };
-            match place {
-                // Behind others in a fair queue: the pause is set by the place (see `Place`).
-                Place::Behind(ahead) => backoff.behind(ahead),
-                // Just at the head of a fair queue: ask soon again from there.
-                Place::Head if fair.is_some() && last_place != Place::Head => backoff.reset(),
-                Place::Head => {}
-            }
-            last_place = place;
-            let may_try = place == Place::Head;
-            let outcome = if may_try {
-                attempts += 1;
-                let attempt = self.try_once(&shared, interest.is_some(), call_until, &report);
-                // The attempt stops sending at `call_until`; a moment more lets it say why.
-                match tokio::time::timeout_at(call_until + ANSWER_GRACE, attempt).await {
-                    Ok(attempted) => attempted.received(),
-                    Err(_) => {
-                        let waited = started.elapsed();
-                        tracing::debug!(?waited, attempts, "no answer within the call's time");
-                        return Err(self.gave_up_unanswered(seen, waited, &report));
-                    }
-                }
-            } else {
-                Try::Busy(None)
-            };
-            match outcome {
-                Try::Got(guard) => {
-                    if let Some(f) = fair.take() {
-                        // Out of the queue; the next fair waiters of this process look at once.
-                        Box::pin(f.leave()).await;
-                        line::freed(shared.space(), &self.key);
-                    }
-                    tracing::debug!(
-                        fencing_token = guard.fencing_token(),
-                        hold_count = guard.hold_count(),
-                        attempts,
-                        "acquired"
-                    );
-                    return Ok(guard);
-                }
-                Try::Failed(e) => {
-                    tracing::warn!(error = %e, "acquire failed");
-                    return Err(e);
-                }
-                Try::Stale => {
-                    seen = Seen::Stale;
-                    if Instant::now() >= wait_until {
-                        return Err(self.gave_up(seen, started.elapsed()));
-                    }
-                }
-                Try::Busy(retry_after) => {
-                    if seen == Seen::Nothing
-                        && self.wait > Duration::ZERO
-                        && shared.held_by_caller(&self.key, self.caller, &self.owner)
-                    {
-                        // Most likely a wait that can only end at its deadline: for itself. A
-                        // warning, not an error: a concurrent future of the same task (join!,
-                        // select!) may well release it, and a timeout stays `Busy`.
-                        tracing::warn!(
-                            key = %crate::Escaped(&self.key),
-                            "this task already holds the key through another owner and now waits for it: \
-                             unless another future of this task releases it, the wait ends only at its deadline; \
-                             to re-enter, take both under one owner (dblock::Owner::scope or .owner(&owner))"
-                        );
-                    }
-                    seen = Seen::Busy;
-                    let now = Instant::now();
-                    if first_busy.is_none() && shared.read_tenure(&self.key, &self.owner).is_some()
-                    {
-                        // The owner reads the key: the writer would wait for itself.
-                        return Err(LockError::WouldWaitForItself {
-                            key: self.key.clone(),
-                        });
-                    }
-                    first_busy.get_or_insert(now);
-                    if may_try
-                        && now < wait_until
-                        && intent_at.is_none_or(|at| now >= at + INTENT_EVERY)
-                    {
-                        // Held by readers? Then record this writer's intent (renewed while it
-                        // waits), so that readers who come later wait behind it.
-                        let statement = Intent {
-                            key: &self.key,
-                            owner: self.owner.id(),
-                            lease_us: INTENT_LEASE.as_micros() as i64,
-                        };
-                        let limit = (now + shared.statement_timeout).min(wait_until);
-                        // Boxed: a rare statement, kept out of every call's future.
-                        let recorded = Box::pin(shared.backend()?.run(&statement, limit)).await;
-                        *intent = matches!(recorded, Ok(true)) || *intent;
-                        intent_at = Some(now);
-                    }
-                    if now >= wait_until {
-                        let waited = now - started;
-                        tracing::debug!(?waited, attempts, "busy: giving up");
-                        return Err(self.gave_up(seen, waited));
-                    }
-                    let line = line
-                        .get_or_insert_with(|| line::of(shared.space(), &self.key))
-                        .clone();
-                    if let Some(f) = &mut fair {
-                        if may_try {
-                            // Busy on its own attempt: a ticket at the back of the queue.
-                            match tokio::time::timeout_at(wait_until, Box::pin(f.queue_up())).await
-                            {
-                                Ok(queued) => queued?,
-                                Err(_) => return Err(self.gave_up(seen, started.elapsed())),
-                            }
-                        }
-                    } else if turn.is_none() {
-                        if let Some(head) = line.try_turn() {
+        if kind.fresh() {
+            backoff.reset();
+        }
+        let l = line.get_or_insert_with(|| line::of(shared.space(), kind.key()));
+        match behind {
+            // Behind others in a fair queue: the pause is set by the place.
+            Some(ahead) => backoff.behind(ahead),
+            None if turn.is_none() && kind.lines_up() => {
+                if let Some(head) = l.try_turn() {
+                    turn = Some(head);
+                } else {
+                    // Earlier waiters of this process go first, in arrival order.
+                    tracing::trace!("busy: in line behind earlier waiters");
+                    match tokio::time::timeout_at(wait_until, l.turn()).await {
+                        Ok(head) => {
                             turn = Some(head);
-                        } else {
-                            // Earlier waiters of this process go first, in arrival order.
-                            tracing::trace!("busy: in line behind earlier waiters");
-                            match tokio::time::timeout_at(wait_until, line.turn()).await {
-                                Ok(head) => {
-                                    turn = Some(head);
-                                    backoff.reset();
-                                    continue; // at the head: ask at once
-                                }
-                                Err(_) => return Err(self.gave_up(seen, started.elapsed())),
-                            }
+                            backoff.reset();
+                            continue; // at the head: ask at once
                         }
-                    }
-                    if interest.is_none() {
-                        // Setting LISTEN up may take a connect: never past the call's deadline.
-                        interest = tokio::time::timeout_at(
-                            wait_until,
-                            shared.backend()?.interest(&self.key),
-                        )
-                        .await
-                        .ok()
-                        .flatten();
-                        if interest.is_some() {
-                            continue; // ask again, now asking the holder to notify
-                        }
-                    }
-                    let pause = backoff.next(wait_until, retry_after);
-                    tracing::trace!(?pause, "busy: waiting");
-                    // A release by this process wakes the head of its line (or every fair
-                    // waiter of the key, who look at the queue) at once.
-                    let freed = async {
-                        if turn.is_some() || fair.is_some() {
-                            line.freed().await
-                        } else {
-                            std::future::pending().await
-                        }
-                    };
-                    match &interest {
-                        // Polling stays the fallback: a lost notification costs one pause.
-                        Some(i) => {
-                            tokio::select! {
-                                () = i.notified() => tracing::trace!("woken by release"),
-                                () = freed => tracing::trace!("woken by a release of this process"),
-                                () = tokio::time::sleep(pause) => {}
-                            }
-                        }
-                        None => {
-                            tokio::select! {
-                                () = freed => tracing::trace!("woken by a release of this process"),
-                                () = tokio::time::sleep(pause) => {}
-                            }
-                        }
+                        Err(_) => return Err(kind.gave_up(seen, started.elapsed())),
                     }
                 }
             }
+            None => {}
         }
-    }
-
-    /// The error for a call whose time ran out while an attempt was still settling: as
-    /// [`gave_up`](Self::gave_up), naming the attempt's latest failure when nothing else was
-    /// heard (a refused or broken connection, not just "no answer").
-    fn gave_up_unanswered(&self, seen: Seen, waited: Duration, report: &LastFailure) -> LockError {
-        match (seen, report.get()) {
-            (Seen::Nothing, Some((kind, cause))) => LockError::database(
-                sqlx::Error::Io(std::io::Error::new(
-                    kind,
-                    format!("no answer from the database within {waited:?}; last failure: {cause}"),
-                )),
-                true,
-                &format!("acquire of `{}`", crate::Escaped(&self.key)),
-            ),
-            _ => self.gave_up(seen, waited),
-        }
-    }
-
-    /// The error for a call whose time ran out: busy if that is what the database last said, the
-    /// lease ended before its grant arrived, or no answer at all (outcome unknown).
-    fn gave_up(&self, seen: Seen, waited: Duration) -> LockError {
-        match seen {
-            Seen::Busy => LockError::Busy {
-                key: self.key.clone(),
-                waited,
-            },
-            Seen::Stale => LockError::Lost {
-                key: self.key.clone(),
-            },
-            Seen::Nothing => LockError::no_answer(
-                waited,
-                &format!("acquire of `{}`", crate::Escaped(&self.key)),
-            ),
-        }
-    }
-
-    /// One acquire attempt, polled by the caller and run to completion even if the caller goes
-    /// away ([`Detached`]).
-    ///
-    /// If the caller's future is dropped (or its time runs out) while the statement is in
-    /// flight, the statement still finishes (it is not left half-sent on a pooled connection,
-    /// to run whenever that connection is next used), an unknown outcome is still resolved, and
-    /// a lock it took is given back at once, under the owner's serialisation of the key (so a
-    /// new call of the same owner never builds on it). So a cancelled `lock()` never orphans a
-    /// hold.
-    fn try_once(
-        &self,
-        shared: &Arc<Shared>,
-        waiting: bool,
-        call_until: Instant,
-        report: &LastFailure,
-    ) -> Detached<impl Future<Output = Attempted> + Send + 'static> {
-        let (shared, req, report) = (shared.clone(), self.clone(), report.clone());
-        Detached::new(async move {
-            let sent = Instant::now();
-            // One id per attempt, the same in each of its resends: a resend after an unknown
-            // outcome recognises its own earlier success instead of counting the hold twice.
-            // A later attempt of the call is a new statement with a new id, so it can never
-            // be mistaken for a grant this attempt gave back.
-            let attempt = fastrand::i64(1..i64::MAX);
-            let policy = Policy {
-                rolled_back: retry::ROLLBACK_RESENDS,
-                per_send: shared.statement_timeout,
-                // Nothing in doubt: worth trying while the caller waits.
-                send_until: call_until,
-                // An unknown outcome: resolved until the lease it may have written has
-                // surely ended (the process no longer counts it by then either).
-                resolve_until: sent + req.lease() + shared.statement_timeout,
-                report: Some(report),
-            };
-            let (tried, serial) = shared
-                .acquire(&req.owner, req.statement(waiting, attempt), policy)
-                .await;
-            let lease = req.lease();
-            let outcome = match tried.result {
-                Ok(Attempt::Acquired(grant)) => {
-                    let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter)
-                        .of_kind(req.hold_kind);
-                    hold.caller = req.caller;
-                    if timing::live(hold.deadline(), lease) {
-                        let mut serial = serial;
-                        match LockGuard::new(hold, shared) {
-                            // Handed over with the owner's serialisation still held: see
-                            // `Attempted`.
-                            Ok(guard) => return Attempted::got(guard, serial),
-                            // Shut down meanwhile: given back before the caller hears it.
-                            Err(refused) => {
-                                Try::Failed(Box::pin(refused.give_back(serial.as_mut())).await)
-                            }
-                        }
-                    } else {
-                        // Its lease could be over by the time the caller used it: given back
-                        // under the owner's serialisation, before any next attempt can reach
-                        // the row (the caller hears at once; see `Attempted`).
-                        tracing::warn!(key = %crate::Escaped(&hold.key), "grant arrived when its lease could have ended; given back");
-                        return Attempted {
-                            outcome: Try::Stale,
-                            serial,
-                            stale: Some((hold, shared)),
-                        };
-                    }
+        if wake.is_none() {
+            // Setting LISTEN up may take a connect: never past the call's deadline.
+            let keys = kind.wake_keys();
+            let mut interests = Vec::with_capacity(keys.len());
+            for key in &keys {
+                let interest = tokio::time::timeout_at(wait_until, shared.backend()?.interest(key));
+                match interest.await {
+                    Ok(Some(i)) => interests.push(i),
+                    _ => break,
                 }
-                Ok(Attempt::Busy { retry_after }) => Try::Busy(retry_after),
-                Ok(Attempt::Done { finished_at_us }) => Try::Failed(LockError::AlreadyDone {
-                    key: req.key.clone(),
-                    finished_at: finished_at_us.map(time_from_micros),
-                }),
-                Err(failed) => Try::Failed(LockError::database(
-                    failed.error,
-                    tried.after_unknown,
-                    &format!("acquire of `{}`", crate::Escaped(&req.key)),
-                )),
-            };
-            Attempted {
-                outcome,
-                serial: None,
-                stale: None,
             }
-        })
-    }
-}
-
-/// What one attempt came to. A grant comes with the owner's serialisation of the key, which the
-/// receiver drops at once; if nobody receives it (the call was dropped, or gave up while the
-/// attempt settled an unknown outcome), the grant is given back under it, before any other
-/// statement of the owner on the key, so a new call of the same owner never builds on it.
-/// A grant that came too late to be used ([`Try::Stale`]) is given back the same way.
-struct Attempted {
-    outcome: Try,
-    serial: Option<Serial>,
-    /// A stale grant, to give back under `serial`.
-    stale: Option<(Hold, Arc<Shared>)>,
-}
-
-impl Attempted {
-    fn got(guard: LockGuard, serial: Option<Serial>) -> Self {
-        Attempted {
-            outcome: Try::Got(guard),
-            serial,
-            stale: None,
-        }
-    }
-
-    /// The outcome for the caller, who received it: a grant's serialisation is no longer
-    /// needed; a stale grant is given back in a task of its own under it, so the caller hears
-    /// at once (and its next attempt, serialised behind it, reaches the row after it).
-    fn received(self) -> Try {
-        if let Some((hold, shared)) = self.stale {
-            if let Some(serial) = self.serial {
-                tokio::spawn(give_back_stale(hold, shared, serial));
+            // Not (yet) listening, e.g. while the LISTEN connection is being made: poll this
+            // round and look again the next.
+            if !keys.is_empty() && interests.len() == keys.len() {
+                wake = Some(interests);
+                continue; // ask again, now asking the holders to notify
             }
         }
-        self.outcome
-    }
-}
-
-impl Unreceived for Attempted {
-    async fn unreceived(self) {
-        if let Some((hold, shared)) = self.stale {
-            if let Some(serial) = self.serial {
-                give_back_stale(hold, shared, serial).await;
+        let pause = backoff.next(wait_until, retry_after);
+        tracing::trace!(?pause, "busy: waiting");
+        // A release by this process wakes the head of its line (or a fair waiter, who looks at
+        // its queue) at once.
+        let freed = async {
+            match &line {
+                Some(l) if turn.is_some() || kind.woken_by_releases() => l.freed().await,
+                _ => std::future::pending().await,
             }
-        } else if let Try::Got(guard) = self.outcome {
-            tracing::debug!(key = %crate::Escaped(guard.key()), "granted to a call that is gone; given back");
-            match self.serial {
-                Some(mut serial) => guard.give_back_unreceived(&mut serial).await,
-                None => drop(guard),
-            }
-        }
-    }
-}
-
-/// Gives back a grant that arrived when its lease could have ended, under the owner's
-/// serialisation of the key (no outcome: nothing ran under it).
-async fn give_back_stale(hold: Hold, shared: Arc<Shared>, mut serial: Serial) {
-    let until = hold.deadline().max(Instant::now()) + shared.statement_timeout;
-    let _ = shared
-        .release_serialised(&hold, &mut serial, None, until)
-        .await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::request::LockRequest;
-
-    /// The statement futures (sqlx's, several KB) live in boxes of their own (`exec::run`), so
-    /// that what is moved into a task per attempt or release stays small: before, every
-    /// spawned attempt copied about 10 KB several times (75 % of the client's instructions per
-    /// lock cycle on PostgreSQL, by callgrind).
-    #[tokio::test]
-    async fn lock_call_futures_stay_small() {
-        let locker = crate::Locker::connect("sqlite::memory:").await.unwrap();
-        let shared = locker.shared().clone();
-        let (shared, req) = LockRequest::new(shared, "k".into())
-            .resolve(Owner::new())
-            .unwrap();
-        let backend = shared.backend().unwrap();
-        let a = req.statement(false, 1);
-        let hold = Hold::new(
-            "k".into(),
-            Owner::new(),
-            crate::backend::Grant {
-                hold_count: 1,
-                fencing_token: 1,
-                expires_at_us: 0,
-            },
-            Duration::from_secs(1),
-            Instant::now(),
-            req.meter.clone(),
-        );
-        let sizes = [
-            (
-                "Backend::acquire",
-                std::mem::size_of_val(&backend.run(&a, Instant::now())),
-            ),
-            (
-                "Backend::release",
-                std::mem::size_of_val(&backend.run(
-                    &crate::backend::Release {
-                        hold: hold.as_ref(),
-                        remaining: 0,
-                        outcome: None,
-                        release_id: 1,
-                    },
-                    Instant::now(),
-                )),
-            ),
-            (
-                "Shared::release",
-                std::mem::size_of_val(&shared.release(&hold, None, Instant::now())),
-            ),
-            (
-                "Request::acquire",
-                std::mem::size_of_val(&req.clone().acquire(shared.clone())),
-            ),
-        ];
-        for (what, size) in sizes {
-            assert!(size <= 2048, "{what}: {size} bytes");
-        }
-    }
-
-    /// A grant that arrives after `shutdown` collected the locker's holds is not handed out as
-    /// a guard: the call fails with `ShutDown` and the hold is given back at once (failed).
-    #[tokio::test]
-    async fn a_grant_arriving_after_shutdown_is_given_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}?mode=rwc", dir.path().join("l.db").display());
-        let locker = crate::Locker::connect(&url).await.unwrap();
-        locker.migrate().await.unwrap();
-        let (shared, req) = LockRequest::new(locker.shared().clone(), "k".into())
-            .resolve(Owner::new())
-            .unwrap();
-        // The statement of an attempt in flight...
-        let sent = Instant::now();
-        let (tried, serial) = shared
-            .acquire(
-                &req.owner,
-                req.statement(false, 7),
-                Policy::within(Duration::from_secs(5)),
-            )
-            .await;
-        drop(serial);
-        let Ok(Attempt::Acquired(grant)) = tried.result else {
-            panic!("not granted: {:?}", tried.result.map(|_| ()))
         };
-        // ...whose grant arrives once the locker is shut down.
-        locker.shutdown().await;
-        let hold = Hold::new(
-            req.key.clone(),
-            req.owner.clone(),
-            grant,
-            req.lease(),
-            sent,
-            req.meter.clone(),
-        );
-        let Err(refused) = LockGuard::new(hold, shared) else {
-            panic!("a grant after shutdown was handed out")
-        };
-        assert!(matches!(refused.give_back(None).await, LockError::ShutDown));
-        let other = crate::Locker::connect(&url).await.unwrap();
-        let free = tokio::time::timeout(Duration::from_secs(2), async {
-            loop {
-                let info = other.inspect("k").await.unwrap().unwrap();
-                if !info.held {
-                    return info;
+        // Polling stays the fallback: a lost notification costs one pause.
+        let notified = async {
+            match &wake {
+                Some(interests) => {
+                    let mut waits: Vec<_> =
+                        interests.iter().map(|i| Box::pin(i.notified())).collect();
+                    std::future::poll_fn(|cx| {
+                        for w in &mut waits {
+                            if w.as_mut().poll(cx).is_ready() {
+                                return std::task::Poll::Ready(());
+                            }
+                        }
+                        std::task::Poll::Pending
+                    })
+                    .await
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                None => std::future::pending().await,
             }
-        })
-        .await
-        .expect("the late grant was never given back");
-        assert_eq!(free.last_outcome, Some(crate::Outcome::Failed));
+        };
+        tokio::select! {
+            () = notified => tracing::trace!("woken by release"),
+            () = freed => tracing::trace!("woken by a release of this process"),
+            () = tokio::time::sleep(pause) => {}
+        }
     }
 }
