@@ -144,3 +144,40 @@ async fn enter<D: Dialect>(
         None => Ok(None),
     }
 }
+
+/// Declares a backend's trait for sending statements (`$trait`, its method `$method`).
+macro_rules! backend_trait {
+    ($trait:ident, $method:ident, $ty:ty, $conn:ty) => {
+        /// A statement as this backend sends it and reads its answer: implemented for each
+        /// statement value of the contract (`backend/contract.rs`) in this backend's file for
+        /// its kind.
+        pub(crate) trait $trait: $crate::backend::Statement {
+            fn $method(
+                &self,
+                backend: &$ty,
+                conn: &mut $conn,
+            ) -> impl std::future::Future<Output = Result<Self::Output, sqlx::Error>> + Send;
+        }
+    };
+}
+pub(crate) use backend_trait;
+
+/// Implements a backend's trait (`$trait`, its method `$method`, for backend `$ty` on
+/// connection `$conn`) for statement values by functions of the backend: `Stmt<'_> => f`, with
+/// `f(&$ty, &mut $conn, &Stmt) -> Result<Output, sqlx::Error>`.
+macro_rules! runs {
+    ($trait:path, $method:ident, $ty:ty, $conn:ty; $($stmt:ty => $f:path),+ $(,)?) => {
+        $(
+            impl $trait for $stmt {
+                async fn $method(
+                    &self,
+                    backend: &$ty,
+                    conn: &mut $conn,
+                ) -> Result<<$stmt as $crate::backend::Statement>::Output, sqlx::Error> {
+                    $f(backend, conn, self).await
+                }
+            }
+        )+
+    };
+}
+pub(crate) use runs;

@@ -145,34 +145,7 @@ impl My {
     }
 }
 
-/// A statement as this backend sends it and reads its answer: implemented for each statement
-/// value of the contract (`backend/contract.rs`) in this backend's file for its kind.
-pub(crate) trait OnMySql: super::Statement {
-    fn mysql(
-        &self,
-        my: &My,
-        conn: &mut sqlx::MySqlConnection,
-    ) -> impl std::future::Future<Output = Result<Self::Output, sqlx::Error>> + Send;
-}
-
-/// `impl OnMySql` for statement values by functions of this backend: `$ty => f` with
-/// `f(&My, &mut sqlx::MySqlConnection, &$ty) -> Result<Output, sqlx::Error>`.
-macro_rules! mysql_runs {
-    ($($ty:ty => $f:path),+ $(,)?) => {
-        $(
-            impl $crate::backend::mysql::OnMySql for $ty {
-                async fn mysql(
-                    &self,
-                    my: &$crate::backend::mysql::My,
-                    conn: &mut sqlx::MySqlConnection,
-                ) -> Result<<$ty as $crate::backend::Statement>::Output, sqlx::Error> {
-                    $f(my, conn, self).await
-                }
-            }
-        )+
-    };
-}
-pub(crate) use mysql_runs;
+super::backend_trait!(OnMySql, mysql, My, sqlx::MySqlConnection);
 
 impl Dialect for My {
     const NAME: &'static str = "mysql";

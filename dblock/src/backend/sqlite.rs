@@ -421,34 +421,7 @@ impl Lite {
     }
 }
 
-/// A statement as this backend sends it and reads its answer: implemented for each statement
-/// value of the contract (`backend/contract.rs`) in this backend's file for its kind.
-pub(crate) trait OnSqlite: super::Statement {
-    fn sqlite(
-        &self,
-        lite: &Lite,
-        conn: &mut sqlx::SqliteConnection,
-    ) -> impl std::future::Future<Output = Result<Self::Output, sqlx::Error>> + Send;
-}
-
-/// `impl OnSqlite` for statement values by functions of this backend: `$ty => f` with
-/// `f(&Lite, &mut sqlx::SqliteConnection, &$ty) -> Result<Output, sqlx::Error>`.
-macro_rules! sqlite_runs {
-    ($($ty:ty => $f:path),+ $(,)?) => {
-        $(
-            impl $crate::backend::sqlite::OnSqlite for $ty {
-                async fn sqlite(
-                    &self,
-                    lite: &$crate::backend::sqlite::Lite,
-                    conn: &mut sqlx::SqliteConnection,
-                ) -> Result<<$ty as $crate::backend::Statement>::Output, sqlx::Error> {
-                    $f(lite, conn, self).await
-                }
-            }
-        )+
-    };
-}
-pub(crate) use sqlite_runs;
+super::backend_trait!(OnSqlite, sqlite, Lite, sqlx::SqliteConnection);
 
 impl Dialect for Lite {
     const NAME: &'static str = "sqlite";

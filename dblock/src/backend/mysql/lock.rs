@@ -118,10 +118,12 @@ RETURNING CONVERT(lock_key USING utf8mb4), owner <=> :owner, hold_count, fencing
 
 impl OnMySql for Release<'_> {
     async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Released, sqlx::Error> {
-        let h = &self.hold;
-        let remaining = self.remaining;
-        let outcome = self.outcome;
-        let release_id = self.release_id;
+        let &Release {
+            hold: ref h,
+            remaining,
+            outcome,
+            release_id,
+        } = self;
         let code = outcome.map(Outcome::code);
         let done = sqlx::query(my.sql.release.clone())
             .bind(i64::from(remaining))
@@ -144,8 +146,10 @@ impl OnMySql for Release<'_> {
 
 impl OnMySql for Extend<'_> {
     async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Option<i64>, sqlx::Error> {
-        let h = &self.hold;
-        let ttl_us = self.ttl_us;
+        let &Extend {
+            hold: ref h,
+            ttl_us,
+        } = self;
         let done = sqlx::query(my.sql.extend.clone())
             .bind(ttl_us)
             .bind(h.key)

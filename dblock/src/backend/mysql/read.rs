@@ -297,7 +297,8 @@ pub(crate) async fn withdraw(
     Ok(())
 }
 
-super::mysql_runs! {
+crate::backend::runs! {
+    super::OnMySql, mysql, super::My, sqlx::MySqlConnection;
     ReadAcquire<'_> => acquire,
     ReadRelease<'_> => release,
     Intent<'_> => intent,

@@ -61,8 +61,7 @@ impl OnPostgres for LiveRowsIn<'_> {
         pg: &Pg,
         conn: &mut PgConnection,
     ) -> Result<Vec<LockInfo>, sqlx::Error> {
-        let from = self.from;
-        let to = self.to;
+        let &LiveRowsIn { from, to } = self;
         let rows = pg
             .fetch_all(conn, &pg.sql.held_in, &[Arg::Text(from), Arg::Text(to)])
             .await?;

@@ -100,10 +100,12 @@ impl OnPostgres for AcquireMany<'_> {
 
 impl OnPostgres for Release<'_> {
     async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Released, sqlx::Error> {
-        let h = &self.hold;
-        let remaining = self.remaining;
-        let outcome = self.outcome;
-        let release_id = self.release_id;
+        let &Release {
+            hold: ref h,
+            remaining,
+            outcome,
+            release_id,
+        } = self;
         let row = pg
             .fetch_optional(
                 conn,
@@ -131,8 +133,10 @@ impl OnPostgres for Release<'_> {
 
 impl OnPostgres for Extend<'_> {
     async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Option<i64>, sqlx::Error> {
-        let h = &self.hold;
-        let ttl_us = self.ttl_us;
+        let &Extend {
+            hold: ref h,
+            ttl_us,
+        } = self;
         let row = pg
             .fetch_optional(
                 conn,

@@ -326,34 +326,7 @@ impl Pg {
     }
 }
 
-/// A statement as this backend sends it and reads its answer: implemented for each statement
-/// value of the contract (`backend/contract.rs`) in this backend's file for its kind.
-pub(crate) trait OnPostgres: super::Statement {
-    fn postgres(
-        &self,
-        pg: &Pg,
-        conn: &mut sqlx::PgConnection,
-    ) -> impl std::future::Future<Output = Result<Self::Output, sqlx::Error>> + Send;
-}
-
-/// `impl OnPostgres` for statement values by functions of this backend: `$ty => f` with
-/// `f(&Pg, &mut sqlx::PgConnection, &$ty) -> Result<Output, sqlx::Error>`.
-macro_rules! postgres_runs {
-    ($($ty:ty => $f:path),+ $(,)?) => {
-        $(
-            impl $crate::backend::postgres::OnPostgres for $ty {
-                async fn postgres(
-                    &self,
-                    pg: &$crate::backend::postgres::Pg,
-                    conn: &mut sqlx::PgConnection,
-                ) -> Result<<$ty as $crate::backend::Statement>::Output, sqlx::Error> {
-                    $f(pg, conn, self).await
-                }
-            }
-        )+
-    };
-}
-pub(crate) use postgres_runs;
+super::backend_trait!(OnPostgres, postgres, Pg, sqlx::PgConnection);
 
 impl Dialect for Pg {
     const NAME: &'static str = "postgres";

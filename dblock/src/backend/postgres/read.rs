@@ -258,7 +258,8 @@ pub(crate) async fn withdraw(
     Ok(())
 }
 
-super::postgres_runs! {
+crate::backend::runs! {
+    super::OnPostgres, postgres, super::Pg, sqlx::PgConnection;
     ReadAcquire<'_> => acquire,
     ReadRelease<'_> => release,
     Intent<'_> => intent,

@@ -26,6 +26,7 @@ pub(crate) async fn flag_slots(
     Ok(())
 }
 
-super::postgres_runs! {
+crate::backend::runs! {
+    super::OnPostgres, postgres, super::Pg, sqlx::PgConnection;
     FlagSlots<'_> => flag_slots,
 }

@@ -105,10 +105,12 @@ impl OnSqlite for Release<'_> {
         lite: &Lite,
         conn: &mut SqliteConnection,
     ) -> Result<Released, sqlx::Error> {
-        let h = &self.hold;
-        let remaining = self.remaining;
-        let outcome = self.outcome;
-        let release_id = self.release_id;
+        let &Release {
+            hold: ref h,
+            remaining,
+            outcome,
+            release_id,
+        } = self;
         let left: Option<i64> = sqlx::query_scalar(lite.sql.release.clone())
             .bind(h.key)
             .bind(h.owner)
@@ -132,8 +134,10 @@ impl OnSqlite for Extend<'_> {
         lite: &Lite,
         conn: &mut SqliteConnection,
     ) -> Result<Option<i64>, sqlx::Error> {
-        let h = &self.hold;
-        let ttl_us = self.ttl_us;
+        let &Extend {
+            hold: ref h,
+            ttl_us,
+        } = self;
         sqlx::query_scalar(lite.sql.extend.clone())
             .bind(h.key)
             .bind(h.owner)

@@ -186,7 +186,8 @@ pub(crate) async fn withdraw(
     Ok(())
 }
 
-super::sqlite_runs! {
+crate::backend::runs! {
+    super::OnSqlite, sqlite, super::Lite, sqlx::SqliteConnection;
     ReadAcquire<'_> => acquire,
     ReadRelease<'_> => release,
     Intent<'_> => intent,
