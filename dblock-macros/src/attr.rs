@@ -1,5 +1,5 @@
 //! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ...,
-//! min_hold = ..., once = ..., fair = ..., permits = ..., shared = ..., crate = ...`.
+//! min_hold = ..., once = ..., fair = ..., permits = ..., shared = ..., proof = ..., crate = ...`.
 
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use crate::duration;
 use crate::errors::Errors;
 
 const VALID: &str =
-    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `fair`, `permits`, `shared`, `crate`";
+    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `fair`, `permits`, `shared`, `proof`, `crate`";
 
 pub(crate) enum Key {
     /// A string literal: a template checked against the parameters.
@@ -77,13 +77,23 @@ pub(crate) struct Args {
     pub once: Option<Expr>,
     pub fair: Option<Expr>,
     pub kind: Kind,
+    pub proof: Option<Proof>,
     pub krate: Option<Path>,
+}
+
+/// `proof = held` or `proof = held: AccountLock`: the name the body's proof of holding
+/// (`dblock::Held`) goes by, and the marker of a typed proof.
+pub(crate) struct Proof {
+    pub name: Ident,
+    pub marker: Option<Path>,
 }
 
 /// One `name = value` pair, before it is checked.
 struct Pair {
     name: Ident,
     value: Expr,
+    /// `proof = held: Marker`: the marker after the name.
+    marker: Option<Path>,
 }
 
 impl Parse for Pair {
@@ -102,7 +112,17 @@ fn pair(input: ParseStream<'_>) -> syn::Result<Pair> {
     }
     input.parse::<Token![=]>()?;
     let value = input.parse()?;
-    Ok(Pair { name, value })
+    let marker = if name == "proof" && input.peek(Token![:]) {
+        input.parse::<Token![:]>()?;
+        Some(input.parse()?)
+    } else {
+        None
+    };
+    Ok(Pair {
+        name,
+        value,
+        marker,
+    })
 }
 
 /// Parses every argument, recording every problem in `errors` (all are reported together).
@@ -117,7 +137,12 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             return args;
         }
     };
-    for Pair { name, value } in pairs {
+    for Pair {
+        name,
+        value,
+        marker,
+    } in pairs
+    {
         let label = name.unraw().to_string();
         match label.as_str() {
             "key" => set(&mut args.key, key(value), &name, errors),
@@ -139,6 +164,10 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             "fair" => set(&mut args.fair, Some(value), &name, errors),
             "permits" => set(&mut permits, Some(value), &name, errors),
             "shared" => set(&mut shared, Some(value), &name, errors),
+            "proof" => {
+                let p = proof(value, marker, errors);
+                set(&mut args.proof, p, &name, errors)
+            }
             "crate" => {
                 let p = crate_path(value, errors);
                 set(&mut args.krate, p, &name, errors)
@@ -275,6 +304,31 @@ fn duration_arg(value: Expr, which: &str, errors: &mut Errors) -> Option<Dur> {
             None
         }
         other => Some(Dur::Expr(other)),
+    }
+}
+
+fn proof(value: Expr, marker: Option<Path>, errors: &mut Errors) -> Option<Proof> {
+    match value {
+        Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => match p.path.get_ident() {
+            Some(name) if name != "self" => Some(Proof {
+                name: name.clone(),
+                marker,
+            }),
+            _ => {
+                errors.push(syn::Error::new_spanned(
+                    p,
+                    "`proof` names a variable for the body's proof of holding: write `proof = held`, or `proof = held: AccountLock` for a typed proof",
+                ));
+                None
+            }
+        },
+        other => {
+            errors.push(syn::Error::new_spanned(
+                other,
+                "`proof` names a variable for the body's proof of holding: write `proof = held`, or `proof = held: AccountLock` for a typed proof",
+            ));
+            None
+        }
     }
 }
 

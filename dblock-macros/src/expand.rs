@@ -48,6 +48,18 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
 
     check_signature(&func, &mut errors);
     let params = parameter_names(&func);
+    if let Some(proof) = &args.proof {
+        let name = proof.name.unraw_string();
+        if params.contains(&name) {
+            errors.push(syn::Error::new(
+                proof.name.span(),
+                format!(
+                    "`proof = {name}` cannot apply: `{name}` is already a parameter of `{}`, and the proof would hide it; name the proof something else, like `proof = {name}_held`",
+                    func.sig.ident
+                ),
+            ));
+        }
+    }
     let key = match &args.key {
         None => {
             errors.push(syn::Error::new(
@@ -380,12 +392,46 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
             }}
         }
     };
+    // `proof = held`: a local the proof borrows, so it cannot leave this function.
+    let (proof_scope, proof_arg, proof_binding) = match &args.proof {
+        None => (
+            TokenStream::new(),
+            quote!(::core::option::Option::None),
+            TokenStream::new(),
+        ),
+        Some(attr::Proof { name, marker }) => {
+            let scope = Ident::new("__dblock_proof_scope", Span::mixed_site());
+            // The body's own local, named as the proof: a proof that escapes the body is
+            // reported as borrowing it.
+            let local = Ident::new(
+                &name.unraw_string(),
+                Span::mixed_site().located_at(name.span()),
+            );
+            let marker = marker
+                .as_ref()
+                .map_or_else(|| quote!(#krate::AnyLock), ToTokens::to_token_stream);
+            let mode = match &args.kind {
+                Kind::Lock => quote!(#krate::mode::Exclusive),
+                Kind::Read(_) => quote!(#krate::mode::Shared),
+                Kind::Permit(_) => quote!(#krate::mode::Permit),
+            };
+            (
+                quote! { let #scope = #krate::__private::ProofScope::new(); },
+                quote!(::core::option::Option::Some(::core::clone::Clone::clone(&#scope))),
+                quote_spanned! {name.span()=>
+                    let #local = #scope;
+                    let #name: #krate::Held<'_, #marker, #mode> = #local.held();
+                },
+            )
+        }
+    };
     let request_var = Ident::new("__dblock_request", Span::mixed_site());
     quote! {
         #(#attrs)*
         #vis #sig {
             #(#inner_attrs)*
             #return_check
+            #proof_scope
             let #key_var: ::std::vec::Vec<::std::string::String> = #key;
             let #locker_var = #locker;
             let #request_var = #take(
@@ -407,9 +453,11 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 #renew,
                 ::core::concat!(::core::module_path!(), "::", #function),
                 #on_error,
+                #proof_arg,
                 // The body's own tokens, not wrapped in a block of their own: `{ Ok(x) }` must
                 // not become `{ { Ok(x) } }` (rustc's `unused_braces`, with a fix that breaks).
                 async move {
+                    #proof_binding
                     #return_edge
                     #body
                 },

@@ -170,6 +170,7 @@ impl Hold {
             table: table.into(),
             owner: self.owner.shared_id(),
             simple,
+            exclusive: matches!(self.kind, HoldKind::Lock),
         }
     }
 

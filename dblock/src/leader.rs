@@ -279,6 +279,29 @@ impl Leadership {
         self.hold.fencing_token
     }
 
+    /// A proof that this instance leads ([`Held`](crate::Held), an exclusive hold), borrowing
+    /// the leadership: pass it to what only the leader may do.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// fn schedule(held: dblock::Held<'_>) -> u64 { held.fencing_token() }
+    /// let leadership = locker.leader("scheduler").campaign().await?;
+    /// assert_eq!(schedule(leadership.held()), leadership.fencing_token());
+    /// leadership.resign().await
+    /// # }
+    /// ```
+    pub fn held(&self) -> crate::Held<'_> {
+        self.held_as()
+    }
+
+    /// [`held`](Self::held) as a typed proof (`Held<'_, K>`).
+    pub fn held_as<K: crate::LockMarker>(&self) -> crate::Held<'_, K> {
+        match &self.guard {
+            Some(guard) => guard.held_as(),
+            None => crate::Held::new(&[]),
+        }
+    }
+
     /// When the lease ends unless renewed (the database's clock, as of the last renewal).
     ///
     /// ```

@@ -73,6 +73,7 @@ mod multi;
 mod operator;
 mod options;
 mod owner;
+mod proof;
 mod read;
 mod redact;
 mod registry;
@@ -109,6 +110,8 @@ mod doc_snippets {
     struct Once;
     #[doc = include_str!("../../docs/transactions.md")]
     struct Transactions;
+    #[doc = include_str!("../../docs/proofs.md")]
+    struct Proofs;
     #[doc = include_str!("../../docs/semaphores.md")]
     struct Semaphores;
     #[doc = include_str!("../../docs/shared-locks.md")]
@@ -140,6 +143,7 @@ pub use multi::{LockAllRequest, MAX_LOCK_ALL_KEYS};
 pub use operator::{MigrationStatus, Waiter};
 pub use options::DEFAULT_TTL;
 pub use owner::{current, current_all, fence, succeed_in, HeldLock, Owner};
+pub use proof::{mode, AnyLock, Held, LockMarker};
 pub use read::ReadRequest;
 pub use request::LockRequest;
 pub use semaphore::{SemaphoreRequest, MAX_PERMITS, MAX_SEMAPHORE_KEY_LEN};

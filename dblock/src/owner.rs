@@ -178,6 +178,8 @@ pub struct HeldLock {
     pub(crate) owner: Arc<str>,
     /// The fence goes as a simple query with inlined values (PostgreSQL behind a pooler).
     pub(crate) simple: bool,
+    /// An exclusive lock (a lock, one key of `lock_all`, a leadership), not a read or a permit.
+    pub(crate) exclusive: bool,
 }
 
 /// The innermost lock held by this task's locked body (`#[distributed_lock]`), or `None`.
@@ -293,7 +295,17 @@ async fn fence_all<C: FenceConnection>(
              (for a lock taken with Locker::lock, use {instead})"
         )));
     }
-    for lock in held {
+    fence_locks(conn, &held, succeed).await
+}
+
+/// Fences (with `succeed`, records the success of) each of `locks` in the caller's transaction:
+/// `Err(Lost)` at the first whose lease is not ours and live.
+pub(crate) async fn fence_locks<C: FenceConnection>(
+    conn: &mut C,
+    locks: &[HeldLock],
+    succeed: bool,
+) -> Result<(), crate::LockError> {
+    for lock in locks {
         let matched = conn
             .fence_row(
                 &lock.table,
@@ -305,7 +317,9 @@ async fn fence_all<C: FenceConnection>(
             )
             .await?;
         if matched == 0 {
-            return Err(crate::LockError::Lost { key: lock.key });
+            return Err(crate::LockError::Lost {
+                key: lock.key.clone(),
+            });
         }
     }
     Ok(())

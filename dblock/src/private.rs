@@ -11,7 +11,8 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::locker::Locker;
 use crate::multi::LockAllRequest;
-use crate::owner::{Context, Owner};
+use crate::owner::{Context, HeldLock, Owner};
+use crate::proof::{mode::Mode, Held, LockMarker};
 use crate::read::ReadRequest;
 use crate::semaphore::SemaphoreRequest;
 
@@ -185,6 +186,26 @@ pub const fn must_return_result<R: LockResult>() -> ReturnType<R> {
     }
 }
 
+/// The locks of one locked body, for its proof (`proof = held`). The generated body owns one
+/// handle and lends the proof from a local of its own, so the proof cannot leave the body;
+/// `locked` fills the other handle once the locks are taken, before the body first runs.
+#[derive(Clone, Default)]
+pub struct ProofScope {
+    locks: std::sync::Arc<std::sync::OnceLock<Box<[HeldLock]>>>,
+}
+
+impl ProofScope {
+    /// An empty scope.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The body's proof: `Held<'_, K, M>` of the locks `locked` took.
+    pub fn held<K: LockMarker, M: Mode>(&self) -> Held<'_, K, M> {
+        Held::new(self.locks.get().map_or(&[], |l| &l[..]))
+    }
+}
+
 /// Takes the lock, runs `body` as the lock's owner, releases: the whole attribute.
 ///
 /// - The owner is the enclosing scope's (nested locked calls in one task are reentrant) or a
@@ -199,6 +220,7 @@ pub async fn locked<Q: Take, R, F>(
     renew: bool,
     function: &'static str,
     returns: ReturnType<R>,
+    proof: Option<ProofScope>,
     body: F,
 ) -> R
 where
@@ -217,6 +239,11 @@ where
     };
     // From here a guard dropped with this future means the body was cancelled (or panicked).
     guards.iter_mut().for_each(LockGuard::fail_on_drop);
+    if let Some(proof) = proof {
+        let _ = proof
+            .locks
+            .set(guards.iter().map(LockGuard::held_lock).collect());
+    }
     let mut held = outer.map(|c| c.held.to_vec()).unwrap_or_default();
     held.extend(guards.iter().map(LockGuard::held_lock));
     let context = Context {
