@@ -1,5 +1,6 @@
 //! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ...,
-//! min_hold = ..., once = ..., fair = ..., permits = ..., shared = ..., proof = ..., crate = ...`.
+//! min_hold = ..., max_hold = ..., once = ..., fair = ..., permits = ..., shared = ..., proof = ...,
+//! crate = ...`.
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use crate::duration;
 use crate::errors::Errors;
 
 const VALID: &str =
-    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `once`, `fair`, `permits`, `shared`, `proof`, `crate`";
+    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `max_hold`, `once`, `fair`, `permits`, `shared`, `proof`, `crate`";
 
 pub(crate) enum Key {
     /// A string literal: a template checked against the parameters.
@@ -74,6 +75,7 @@ pub(crate) struct Args {
     pub locker: Option<Expr>,
     pub renew: Option<Expr>,
     pub min_hold: Option<Dur>,
+    pub max_hold: Option<Dur>,
     pub once: Option<Expr>,
     pub fair: Option<Expr>,
     pub kind: Kind,
@@ -160,6 +162,10 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
                 let d = duration_arg(value, "min_hold", errors);
                 set(&mut args.min_hold, d, &name, errors)
             }
+            "max_hold" => {
+                let d = duration_arg(value, "max_hold", errors);
+                set(&mut args.max_hold, d, &name, errors)
+            }
             "once" => set(&mut args.once, Some(value), &name, errors),
             "fair" => set(&mut args.fair, Some(value), &name, errors),
             "permits" => set(&mut permits, Some(value), &name, errors),
@@ -180,7 +186,26 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
     }
     args.kind = kind(permits, shared, errors);
     check_kind(&args, errors);
+    check_max_hold(&args, errors);
     args
+}
+
+/// A literal `max_hold` shorter than a literal ttl (or min_hold): the first lease would
+/// already outlive the cap. (Against the default ttl, or expressions, the runtime checks it.)
+fn check_max_hold(args: &Args, errors: &mut Errors) {
+    let Some(Dur::Lit(max_hold, at)) = &args.max_hold else {
+        return;
+    };
+    for (name, given) in [("ttl", &args.ttl), ("min_hold", &args.min_hold)] {
+        if let Some(Dur::Lit(d, _)) = given {
+            if d > max_hold {
+                errors.push(syn::Error::new(
+                    *at,
+                    format!("max_hold ({max_hold:?}) is shorter than {name} ({d:?}): the first lease would already outlive the cap; make max_hold at least the {name}"),
+                ));
+            }
+        }
+    }
 }
 
 /// The kind `permits = ..` and `shared = ..` ask for. `shared` is a literal `true` or `false`
@@ -284,8 +309,11 @@ fn duration_arg(value: Expr, which: &str, errors: &mut Errors) -> Option<Dur> {
         Expr::Lit(ExprLit {
             lit: Lit::Str(s), ..
         }) => match duration::parse(&s.value()) {
-            Ok(d) if d.is_zero() && which == "ttl" => {
-                errors.push(syn::Error::new(s.span(), "ttl must be greater than zero"));
+            Ok(d) if d.is_zero() && (which == "ttl" || which == "max_hold") => {
+                errors.push(syn::Error::new(
+                    s.span(),
+                    format!("{which} must be greater than zero"),
+                ));
                 None
             }
             Ok(d) => Some(Dur::Lit(d, s.span())),

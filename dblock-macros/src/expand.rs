@@ -329,6 +329,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
     let ttl = duration_option(args.ttl.as_ref(), "ttl");
     let wait = duration_option(args.wait.as_ref(), "wait");
     let min_hold = duration_option(args.min_hold.as_ref(), "min_hold");
+    let max_hold = duration_option(args.max_hold.as_ref(), "max_hold");
     let once = args.once.as_ref().map(|e| {
         let o = Ident::new("__dblock_once", Span::mixed_site());
         quote_spanned! {e.span()=>
@@ -444,6 +445,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 #ttl
                 #wait
                 #min_hold
+                #max_hold
                 #once
                 #fair
                 #builder

@@ -47,6 +47,8 @@ pub(crate) struct Request {
     pub(crate) record_call: bool,
     /// The hold a grant makes: a lock, or a semaphore's permit.
     pub(crate) hold_kind: HoldKind,
+    /// `max_hold`, for the hold a grant makes ([`Hold::cap`]).
+    pub(crate) max_hold: Option<Duration>,
 }
 
 impl Request {
@@ -183,6 +185,7 @@ impl Request {
                 Ok(Attempt::Acquired(grant)) => {
                     let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter)
                         .of_kind(req.hold_kind);
+                    hold.cap(req.max_hold);
                     hold.caller = req.caller;
                     if timing::live(hold.deadline(), lease) {
                         let mut serial = serial;

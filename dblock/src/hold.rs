@@ -45,6 +45,8 @@ pub(crate) struct Hold {
     pub(crate) meter: meter::Label,
     /// When the grant arrived (for the hold time).
     pub(crate) granted: Instant,
+    /// When its acquire statement was sent: no later than the database's `acquired_at`.
+    sent: Instant,
 }
 
 /// What kind of hold a [`Hold`] is.
@@ -96,6 +98,10 @@ struct Lease {
     due: Instant,
     /// Renewal: statements in a row that failed for it.
     failures: u32,
+    /// `max_hold`, and the local instant it ends at (the acquire's send time plus `max_hold`,
+    /// never later than `acquired_at + max_hold` on the database clock): renewal stops there,
+    /// and every extension statement caps the lease at `acquired_at + max_hold` itself.
+    cap: Option<(Duration, Instant)>,
 }
 
 impl Hold {
@@ -120,6 +126,7 @@ impl Hold {
                 deadline: sent + ttl,
                 due: sent + ttl / 3,
                 failures: 0,
+                cap: None,
             }),
             lost: AtomicBool::new(false),
             lost_signal: Notify::new(),
@@ -128,7 +135,44 @@ impl Hold {
             caller: Caller::current(),
             meter,
             granted: Instant::now(),
+            sent,
         }
+    }
+
+    /// Caps the hold at `max_hold` after its acquisition: renewal and `extend` never make its
+    /// lease outlive that.
+    pub(crate) fn cap(&self, max_hold: Option<Duration>) {
+        if let Some(max_hold) = max_hold {
+            self.lease().cap = Some((max_hold, crate::timing::after(self.sent, max_hold)));
+        }
+    }
+
+    /// The hold's `max_hold` in µs for an extension statement ([`NO_CAP_US`] for none).
+    ///
+    /// [`NO_CAP_US`]: crate::backend::NO_CAP_US
+    pub(crate) fn max_hold_us(&self) -> i64 {
+        self.lease()
+            .cap
+            .map_or(crate::backend::NO_CAP_US, |(d, _)| {
+                d.as_micros().min(crate::backend::NO_CAP_US as u128) as i64
+            })
+    }
+
+    /// The longest extension sent at `now` may ask for, up to `ttl`: what is left before the
+    /// cap, or `None` once nothing is (the lease then simply ends, and the hold is lost).
+    pub(crate) fn extension(&self, now: Instant, ttl: Duration) -> Option<Duration> {
+        match self.lease().cap {
+            None => Some(ttl),
+            Some((_, cap)) => {
+                let left = cap.saturating_duration_since(now);
+                (left >= Duration::from_millis(1)).then(|| ttl.min(left))
+            }
+        }
+    }
+
+    /// Renewal reached the cap: nothing more to extend; the lease ends at its deadline.
+    pub(crate) fn capped_out(&self) {
+        self.lease().due = Instant::now() + Duration::from_secs(3600);
     }
 
     /// The same grant as a hold of another kind.

@@ -24,6 +24,9 @@ pub(crate) struct Options {
     pub(crate) owner: Option<Owner>,
     pub(crate) label: Option<String>,
     pub(crate) metrics_key: Option<Cow<'static, str>>,
+    /// A hard cap on holding: renewal and `extend` never carry a lease past this long after
+    /// its acquisition.
+    pub(crate) max_hold: Option<Duration>,
 }
 
 impl Default for Options {
@@ -34,6 +37,7 @@ impl Default for Options {
             owner: None,
             label: None,
             metrics_key: None,
+            max_hold: None,
         }
     }
 }
@@ -55,6 +59,21 @@ impl Options {
             validate::text("metrics key", key)?;
         }
         shared.holder_for(self.label.as_deref())
+    }
+}
+
+impl Options {
+    /// Refuses a `max_hold` shorter than the lease a grant gets (`lease`: the ttl, or min_hold
+    /// if longer): the first lease would already outlive the cap.
+    pub(crate) fn check_max_hold(&self, lease: Duration) -> Result<(), LockError> {
+        match self.max_hold {
+            Some(max_hold) if max_hold < lease => Err(LockError::Config(format!(
+                "max_hold {max_hold:?} is shorter than the lease {lease:?} (the ttl, or min_hold if \
+                 longer), which the first acquisition already grants: set a ttl (and min_hold) \
+                 of at most max_hold"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -134,6 +153,28 @@ macro_rules! setters {
         #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet request = ", $call, ".metrics_key(\"exports:{tenant}\");\n# Ok(()) }\n```")]
         pub fn metrics_key(mut self, template: impl Into<::std::borrow::Cow<'static, str>>) -> Self {
             self.options.metrics_key = Some(template.into());
+            self
+        }
+    };
+    (@ max_hold, $call:literal) => {
+        /// A hard cap on holding (ShedLock's "lock at most for", enforced): renewal and
+        /// [`extend`](crate::LockGuard::extend) never carry the lease past this long after the
+        /// acquisition (measured from when the acquire was sent, so never past
+        /// `acquired_at + max_hold` on the database clock). At the cap renewal stops, the lease
+        /// ends, [`lost`](crate::LockGuard::lost) resolves, and a locked body ends with
+        /// `Err(Lost)` (its hold recording `Failed`); `extend` then returns `Lost`. It must be
+        /// at least the lease the acquisition grants (the ttl, or `min_hold` if longer), else
+        /// `LockError::Config`. Default: none (a renewed lease lives as long as its guard).
+        ///
+        #[doc = concat!("```
+# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+use std::time::Duration;
+// Renewed while the work runs, but never held for more than ten minutes.
+let request = ", $call, ".ttl(Duration::from_secs(30)).max_hold(Duration::from_secs(600));
+# Ok(()) }
+```")]
+        pub fn max_hold(mut self, max_hold: ::std::time::Duration) -> Self {
+            self.options.max_hold = Some(max_hold);
             self
         }
     };

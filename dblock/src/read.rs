@@ -64,7 +64,7 @@ impl ReadRequest {
     }
 }
 
-crate::options::setters!(ReadRequest, "locker.read(\"config\")": ttl, wait, owner, holder, metrics_key);
+crate::options::setters!(ReadRequest, "locker.read(\"config\")": ttl, wait, owner, holder, metrics_key, max_hold);
 
 impl IntoFuture for ReadRequest {
     type Output = Result<LockGuard, LockError>;
@@ -114,6 +114,7 @@ impl ReadRequest {
         self.shared.check_open()?;
         validate::key(&self.key)?;
         let ttl_us = validate::ttl_micros(self.options.ttl)?;
+        self.options.check_max_hold(self.options.ttl)?;
         let shared = self.shared.clone();
         let mut kind = ReadWait {
             backend: shared.backend()?.clone(),
@@ -125,6 +126,7 @@ impl ReadRequest {
             meter,
             ttl: self.options.ttl,
             ttl_us,
+            max_hold: self.options.max_hold,
             // This call's id: kept among the row's readers, the same in every resend.
             id: fastrand::i64(1..i64::MAX),
         };
@@ -149,6 +151,7 @@ struct ReadWait {
     meter: meter::Label,
     ttl: Duration,
     ttl_us: i64,
+    max_hold: Option<Duration>,
     id: i64,
     /// The read tenure this owner already reads in (as this process tracks it): a re-entry,
     /// which never waits in the process's line (it would wait for a writer that waits for it).
@@ -175,6 +178,7 @@ impl Kind for ReadWait {
             self.meter.clone(),
         );
         let (ttl, ttl_us, id, reentry) = (self.ttl, self.ttl_us, self.id, self.reentry);
+        let max_hold = self.max_hold;
         Detached::new(async move {
             let sent = Instant::now();
             let statement = ReadAcquire {
@@ -202,6 +206,7 @@ impl Kind for ReadWait {
                 Ok(ReadAttempt::Granted(grant)) => {
                     let hold = Hold::new(key, Owner::readers(), grant, ttl, sent, meter)
                         .of_kind(HoldKind::Read(Reader { id, owner }));
+                    hold.cap(max_hold);
                     let live = timing::live(hold.deadline(), ttl);
                     match LockGuard::new(hold, shared) {
                         Ok(guard) if live => Try::Got(guard),

@@ -160,42 +160,69 @@ async fn run(renewer: Weak<Renewer>, wake: Arc<Notify>, backend: Backend) {
 }
 
 async fn renew_batch(backend: &Backend, batch: &[Arc<Hold>]) {
+    let sent = Instant::now();
+    // What each hold may still be extended by (`max_hold`); a hold at its cap is left to end.
+    let extensions: Vec<Option<Duration>> =
+        batch.iter().map(|h| h.extension(sent, h.ttl)).collect();
+    let batch: Vec<(&Arc<Hold>, Duration)> = batch
+        .iter()
+        .zip(extensions)
+        .filter_map(|(h, ext)| match ext {
+            Some(ext) => Some((h, ext)),
+            None => {
+                tracing::debug!(key = %crate::Escaped(h.name()), "max_hold reached: renewal stops, the lease ends");
+                h.capped_out();
+                None
+            }
+        })
+        .collect();
+    if batch.is_empty() {
+        return;
+    }
     // One row per distinct hold (re-entrant calls register the same tenure twice).
     let mut items: Vec<RenewItem<'_>> = Vec::with_capacity(batch.len());
-    for h in batch {
-        let ttl_us = h.ttl.as_micros().min(i64::MAX as u128) as i64;
+    for &(h, ext) in &batch {
+        let ttl_us = ext.as_micros().min(i64::MAX as u128) as i64;
+        let max_hold_us = h.max_hold_us();
         let owner = h.owner.id();
         match items
             .iter_mut()
             .find(|i| i.key == h.key && i.owner == owner && i.fencing_token == h.fencing_token)
         {
-            Some(i) => i.ttl_us = i.ttl_us.max(ttl_us),
+            Some(i) => {
+                i.ttl_us = i.ttl_us.max(ttl_us);
+                i.max_hold_us = i.max_hold_us.max(max_hold_us);
+            }
             None => items.push(RenewItem {
                 key: &h.key,
                 owner,
                 fencing_token: h.fencing_token,
                 ttl_us,
+                max_hold_us,
             }),
         }
     }
-    let sent = Instant::now();
     // Never wait on the statement past the point where a lease could have ended: a hung
     // statement must not keep a lost lease looking alive.
     let limit = batch
         .iter()
-        .map(|h| h.deadline())
+        .map(|(h, _)| h.deadline())
         .min()
         .unwrap_or(sent)
         .max(sent + Duration::from_millis(100));
     match backend.extend_many(&items, limit).await {
         Ok(extended) => {
-            for h in batch {
+            for &(h, ext) in &batch {
                 let owner = h.owner.id();
                 let ok = extended
                     .iter()
                     .any(|(k, o, t)| *k == h.key && o == owner && *t == h.fencing_token);
                 if ok {
-                    h.extended(sent, h.ttl, None);
+                    h.extended(sent, ext, None);
+                    if ext < h.ttl {
+                        // The last extension before the cap.
+                        h.capped_out();
+                    }
                 } else {
                     // A definite answer: the row is no longer this tenure's.
                     h.renewal_refused(sent);
@@ -208,7 +235,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Hold>]) {
             tracing::warn!(error = %failed.error, transient, "lease renewal failed; retrying while the leases last");
             crate::meter::renewal_failed(backend.name());
             let now = Instant::now();
-            for h in batch {
+            for (h, _) in &batch {
                 h.renewal_failed(now);
             }
         }

@@ -99,7 +99,7 @@ impl LockRequest {
     }
 }
 
-crate::options::setters!(LockRequest, "locker.lock(\"k\")": ttl, wait, owner, holder, metrics_key, min_hold, once, fair);
+crate::options::setters!(LockRequest, "locker.lock(\"k\")": ttl, wait, owner, holder, metrics_key, max_hold, min_hold, once, fair);
 
 impl IntoFuture for LockRequest {
     type Output = Result<LockGuard, LockError>;
@@ -144,6 +144,11 @@ impl LockRequest {
             record_call: self.record_call,
             ttl_us: validate::ttl_micros(self.options.ttl)?,
             min_hold_us: validate::min_hold_micros(self.lock.min_hold)?,
+            max_hold: {
+                self.options
+                    .check_max_hold(self.lock.lease(self.options.ttl))?;
+                self.options.max_hold
+            },
             lock: self.lock,
             caller: Caller::current(),
             holder,
@@ -250,6 +255,7 @@ pub(crate) async fn try_all(
                 };
                 let lease = req.lease();
                 let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter);
+                hold.cap(req.max_hold);
                 hold.caller = req.caller;
                 if !gap && crate::timing::live(hold.deadline(), lease) {
                     kept.push((hold, serial));

@@ -85,57 +85,13 @@ where
     })
 }
 
+/// Runs one of the operator's reads (`sql`, with `texts` bound in order) and decodes every row
+/// it returns.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn inspect<DB>(
+pub(crate) async fn infos<DB>(
     conn: &mut DB::Connection,
-    sql: &AdminSql,
-    key: &str,
-) -> Result<Option<LockInfo>, sqlx::Error>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB>,
-    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
-    for<'r> bool: Decode<'r, DB> + Type<DB>,
-{
-    let row = sqlx::query(sql.inspect.clone())
-        .bind(key.to_owned())
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.map(|r| decode(&r).map(LockInfo::from)).transpose()
-}
-
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn held<DB>(
-    conn: &mut DB::Connection,
-    sql: &AdminSql,
-) -> Result<Vec<LockInfo>, sqlx::Error>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
-    for<'r> bool: Decode<'r, DB> + Type<DB>,
-{
-    let rows = sqlx::query(sql.held.clone()).fetch_all(&mut *conn).await?;
-    rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
-}
-
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn held_in<DB>(
-    conn: &mut DB::Connection,
-    sql: &AdminSql,
-    from: &str,
-    to: &str,
+    sql: &SqlStr,
+    texts: &[&str],
 ) -> Result<Vec<LockInfo>, sqlx::Error>
 where
     DB: Database,
@@ -149,79 +105,34 @@ where
     for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
     for<'r> bool: Decode<'r, DB> + Type<DB>,
 {
-    let rows = sqlx::query(sql.held_in.clone())
-        .bind(from.to_owned())
-        .bind(to.to_owned())
-        .fetch_all(&mut *conn)
-        .await?;
+    let mut query = sqlx::query(sql.clone());
+    for text in texts {
+        query = query.bind((*text).to_owned());
+    }
+    let rows = query.fetch_all(&mut *conn).await?;
     rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
 }
 
+/// Runs one of the operator's writes (`sql`, with `value` bound) and says how many rows it
+/// changed.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn force_release<DB>(
+pub(crate) async fn affected<DB, T>(
     conn: &mut DB::Connection,
-    sql: &AdminSql,
-    key: &str,
-) -> Result<bool, sqlx::Error>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    DB::QueryResult: RowsAffected,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-{
-    let done = sqlx::query(sql.force_release.clone())
-        .bind(key.to_owned())
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows() > 0)
-}
-
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn reset<DB>(
-    conn: &mut DB::Connection,
-    sql: &AdminSql,
-    key: &str,
-) -> Result<bool, sqlx::Error>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    DB::QueryResult: RowsAffected,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-{
-    let done = sqlx::query(sql.reset.clone())
-        .bind(key.to_owned())
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows() > 0)
-}
-
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn purge<DB>(
-    conn: &mut DB::Connection,
-    sql: &AdminSql,
-    older_than_us: i64,
+    sql: &SqlStr,
+    value: T,
 ) -> Result<u64, sqlx::Error>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     DB::QueryResult: RowsAffected,
-    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    T: for<'q> Encode<'q, DB> + Type<DB> + Send + 'static,
 {
-    let mut total = 0;
-    loop {
-        let done = sqlx::query(sql.purge.clone())
-            .bind(older_than_us)
-            .execute(&mut *conn)
-            .await?;
-        let n = done.rows();
-        total += n;
-        if n < PURGE_BATCH {
-            return Ok(total);
-        }
-    }
+    let done = sqlx::query(sql.clone())
+        .bind(value)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows())
 }
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
@@ -269,37 +180,46 @@ macro_rules! shared_admin {
 
         impl $trait for $crate::backend::Inspect<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Option<$crate::info::LockInfo>, sqlx::Error> {
-                $crate::backend::admin::inspect::<$db>(conn, &b.$($field).+, self.0).await
+                let rows = $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.inspect, &[self.0]).await?;
+                Ok(rows.into_iter().next())
             }
         }
 
         impl $trait for $crate::backend::LiveRows {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
-                $crate::backend::admin::held::<$db>(conn, &b.$($field).+).await
+                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held, &[]).await
             }
         }
 
         impl $trait for $crate::backend::LiveRowsIn<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
-                $crate::backend::admin::held_in::<$db>(conn, &b.$($field).+, self.from, self.to).await
+                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held_in, &[self.from, self.to]).await
             }
         }
 
         impl $trait for $crate::backend::ForceRelease<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<bool, sqlx::Error> {
-                $crate::backend::admin::force_release::<$db>(conn, &b.$($field).+, self.0).await
+                Ok($crate::backend::admin::affected::<$db, String>(conn, &b.$($field).+.force_release, self.0.to_owned()).await? > 0)
             }
         }
 
         impl $trait for $crate::backend::Reset<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<bool, sqlx::Error> {
-                $crate::backend::admin::reset::<$db>(conn, &b.$($field).+, self.0).await
+                Ok($crate::backend::admin::affected::<$db, String>(conn, &b.$($field).+.reset, self.0.to_owned()).await? > 0)
             }
         }
 
         impl $trait for $crate::backend::Purge {
+            /// In batches of at most [`PURGE_BATCH`] rows, until a batch comes back short.
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<u64, sqlx::Error> {
-                $crate::backend::admin::purge::<$db>(conn, &b.$($field).+, self.older_than_us).await
+                let mut total = 0;
+                loop {
+                    let n = $crate::backend::admin::affected::<$db, i64>(conn, &b.$($field).+.purge, self.older_than_us).await?;
+                    total += n;
+                    if n < $crate::backend::admin::PURGE_BATCH {
+                        return Ok(total);
+                    }
+                }
             }
         }
     };

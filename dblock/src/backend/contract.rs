@@ -92,7 +92,13 @@ pub(crate) struct RenewItem<'a> {
     pub owner: &'a str,
     pub fencing_token: u64,
     pub ttl_us: i64,
+    /// `max_hold` in µs ([`NO_CAP_US`] for none): the lease never ends past
+    /// `acquired_at + max_hold` (database clock).
+    pub max_hold_us: i64,
 }
+
+/// The `max_hold` of a hold without one: a thousand years, never reached.
+pub(crate) const NO_CAP_US: i64 = 1000 * 365 * 24 * 3600 * 1_000_000;
 
 /// What the row of a key says about its last writers (see `Dialect::last_write`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +162,27 @@ pub(crate) fn per_key(
         .collect()
 }
 
+/// One granted row of a statement over several keys: its key in column 0, then the hold count,
+/// the fencing token and the lease end (µs since the epoch) from column `from` on. Every
+/// dialect's text returns them with these types.
+pub(crate) fn keyed_grant<R>(row: &R, from: usize) -> Result<(String, Grant), sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok((
+        row.try_get(0)?,
+        Grant {
+            hold_count: row.try_get::<i32, _>(from)?.max(0) as u32,
+            fencing_token: row.try_get::<i64, _>(from + 1)? as u64,
+            expires_at_us: row.try_get(from + 2)?,
+        },
+    ))
+}
+
 // The statements of the lock table, as values (what each backend runs is in its files:
 // `lock.rs` the lock's own statements, `admin.rs` the operator's and the last-writer read,
 // `queue.rs` the fair queue's, `migrate.rs` the schema; the coalesced batch forms are the
@@ -201,10 +228,13 @@ impl Statement for Release<'_> {
     const ON_RELEASE_POOL: bool = true;
 }
 
-/// Pushes the lease end to at least `now + ttl`; `None` if `hold` is not the live tenure.
+/// Pushes the lease end to at least `now + ttl` (but never past `acquired_at + max_hold`);
+/// `None` if `hold` is not the live tenure.
 pub(crate) struct Extend<'a> {
     pub hold: HoldRef<'a>,
     pub ttl_us: i64,
+    /// As [`RenewItem::max_hold_us`].
+    pub max_hold_us: i64,
 }
 
 impl Statement for Extend<'_> {

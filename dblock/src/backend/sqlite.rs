@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::query::Query;
 use sqlx::sqlite::{
     Sqlite, SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode,
-    SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+    SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 
@@ -25,7 +25,7 @@ mod queue;
 
 pub(crate) use batch::{one_command, write as write_batch, write_whole};
 pub(crate) mod read;
-use super::{quote_ident, Acquire, Attempt, Dialect, Grant};
+use super::{quote_ident, Acquire, Attempt, Dialect};
 use crate::backend::Conns;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -313,7 +313,7 @@ RETURNING hold_count",
                 &t,
             ),
             extend: sql(
-                "UPDATE {table} SET expires_at = max(expires_at, {now} + $4)
+                "UPDATE {table} SET expires_at = max(expires_at, min({now} + $4, acquired_at + $5))
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > {now}
 RETURNING expires_at * 1000",
                 &t,
@@ -386,19 +386,6 @@ fn bind_acquire<'q>(
         .bind(i64::from(p.held))
         .bind(ms_ceil(p.min_hold_us))
         .bind(p.once)
-}
-
-/// A grant of a statement over several keys: `RETURNING lock_key, hold_count, fencing_token,
-/// expires_at * 1000`.
-fn keyed_grant(row: &SqliteRow) -> Result<(String, Grant), sqlx::Error> {
-    Ok((
-        row.try_get(0)?,
-        Grant {
-            hold_count: row.try_get::<i64, _>(1)?.max(0) as u32,
-            fencing_token: row.try_get::<i64, _>(2)? as u64,
-            expires_at_us: row.try_get(3)?,
-        },
-    ))
 }
 
 impl Lite {

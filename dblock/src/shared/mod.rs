@@ -423,12 +423,20 @@ impl Shared {
     /// Makes the lease end no earlier than `ttl` from now (database clock); `NotHeld` when it
     /// is no longer this tenure's. An extension only moves the end, so any resend is harmless.
     pub(crate) async fn extend(&self, hold: &Hold, ttl: Duration) -> Result<(), LockError> {
-        let ttl_us = validate::ttl_micros(ttl)?;
+        validate::ttl_micros(ttl)?;
         let backend = self.backend()?;
         let sent = Instant::now();
+        // Never past the hold's `max_hold`: at the cap there is nothing left to extend.
+        let Some(ttl) = hold.extension(sent, ttl) else {
+            return Err(LockError::Lost {
+                key: hold.name().to_owned(),
+            });
+        };
+        let ttl_us = validate::ttl_micros(ttl)?;
         let statement = crate::backend::Extend {
             hold: hold.as_ref(),
             ttl_us,
+            max_hold_us: hold.max_hold_us(),
         };
         let extended = self
             .run_bounded("extend", |limit| {

@@ -200,7 +200,7 @@ impl Coalescer {
         e: &Extend<'_>,
         deadline: Instant,
     ) -> Result<Option<Option<i64>>, Failed> {
-        let row = || ExtendRow::new(&e.hold, e.ttl_us);
+        let row = || ExtendRow::new(e);
         let alone = async || Ok(backend.run(e, deadline).await?.map(Some));
         match &self.write {
             Some(write) => {

@@ -3,7 +3,7 @@
 
 use tokio::time::Instant;
 
-use super::{Acquire, Attempt, Backend, Extended, HoldRef, Released, RenewItem};
+use super::{Acquire, Attempt, Backend, Extend, Extended, HoldRef, Released, RenewItem};
 use crate::info::Outcome;
 use crate::retry::Failed;
 
@@ -179,15 +179,17 @@ pub(crate) struct ExtendRow {
     texts: Texts<2>,
     pub(crate) fencing_token: u64,
     pub(crate) ttl_us: i64,
+    pub(crate) max_hold_us: i64,
 }
 
 impl ExtendRow {
-    /// The extension of `h`'s lease to `ttl_us` from now.
-    pub(crate) fn new(h: &HoldRef<'_>, ttl_us: i64) -> Self {
+    /// The extension `e`, owned.
+    pub(crate) fn new(e: &Extend<'_>) -> Self {
         ExtendRow {
-            texts: Texts::new([h.key, h.owner]),
-            fencing_token: h.fencing_token,
-            ttl_us,
+            texts: Texts::new([e.hold.key, e.hold.owner]),
+            fencing_token: e.hold.fencing_token,
+            ttl_us: e.ttl_us,
+            max_hold_us: e.max_hold_us,
         }
     }
 
@@ -221,9 +223,10 @@ impl Row for ExtendRow {
                 owner: one.owner(),
                 fencing_token: one.fencing_token,
             };
-            let one = crate::backend::Extend {
+            let one = Extend {
                 hold: h,
                 ttl_us: one.ttl_us,
+                max_hold_us: one.max_hold_us,
             };
             return Ok(vec![backend.run(&one, deadline).await?.map(Some)]);
         }
@@ -240,6 +243,7 @@ impl ExtendRow {
             owner: self.owner(),
             fencing_token: self.fencing_token,
             ttl_us: self.ttl_us,
+            max_hold_us: self.max_hold_us,
         }
     }
 

@@ -102,14 +102,7 @@ RETURNING CONVERT(lock_key USING utf8mb4), owner <=> :owner, hold_count, fencing
             // (On Galera with its autocommit retry on, a stale row can come first: the last
             // row of a key wins, as in `acquire`.)
             if row.try_get::<bool, _>(1)? {
-                grants.push((
-                    row.try_get::<String, _>(0)?,
-                    Grant {
-                        hold_count: row.try_get::<i32, _>(2)?.max(0) as u32,
-                        fencing_token: row.try_get::<i64, _>(3)? as u64,
-                        expires_at_us: row.try_get(4)?,
-                    },
-                ));
+                grants.push(crate::backend::keyed_grant(&row, 2)?);
             }
         }
         Ok(Some(crate::backend::per_key(all, grants)))
@@ -149,9 +142,11 @@ impl OnMySql for Extend<'_> {
         let &Extend {
             hold: ref h,
             ttl_us,
+            max_hold_us,
         } = self;
         let done = sqlx::query(my.sql.extend.clone())
             .bind(ttl_us)
+            .bind(max_hold_us)
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
@@ -169,12 +164,13 @@ impl OnMySql for ExtendMany<'_> {
     /// cannot be live again: its token would have changed).
     async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Extended, sqlx::Error> {
         let items = self.0;
-        let mut rows = vec!["SELECT ? AS k, ? AS o, ? AS tok, ? AS ttl"; 1];
-        rows.extend(std::iter::repeat_n("SELECT ?, ?, ?, ?", items.len() - 1));
+        let mut rows = vec!["SELECT ? AS k, ? AS o, ? AS tok, ? AS ttl, ? AS cap"; 1];
+        rows.extend(std::iter::repeat_n("SELECT ?, ?, ?, ?, ?", items.len() - 1));
         let text = format!(
             "UPDATE {table} AS l JOIN ({rows}) AS r
   ON l.lock_key = r.k AND l.owner = r.o AND l.fencing_token = r.tok
-SET l.expires_at = GREATEST(l.expires_at, UTC_TIMESTAMP(6) + INTERVAL r.ttl MICROSECOND)
+SET l.expires_at = GREATEST(l.expires_at, LEAST(UTC_TIMESTAMP(6) + INTERVAL r.ttl MICROSECOND,
+                                                l.acquired_at + INTERVAL r.cap MICROSECOND))
 WHERE l.expires_at > UTC_TIMESTAMP(6)",
             table = my.table,
             rows = rows.join(" UNION ALL "),
@@ -185,7 +181,8 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)",
                 .bind(i.key)
                 .bind(i.owner)
                 .bind(i.fencing_token as i64)
-                .bind(i.ttl_us);
+                .bind(i.ttl_us)
+                .bind(i.max_hold_us);
         }
         let matched = q.execute(&mut *conn).await?.rows_affected();
         let all = || {

@@ -373,7 +373,8 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND NOT (attempt_id <=> ?
             // assigned) comes back as last_insert_id. Never shortens a lease.
             extend: sql(
                 "UPDATE {table} SET
-    expires_at    = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND),
+    expires_at    = GREATEST(expires_at, LEAST(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
+                                           acquired_at + INTERVAL ? MICROSECOND)),
     fencing_token = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)) > 0,
                        fencing_token, fencing_token)
 WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIMESTAMP(6)",

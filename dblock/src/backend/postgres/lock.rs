@@ -83,17 +83,10 @@ impl OnPostgres for AcquireMany<'_> {
                 ],
             )
             .await?;
-        let mut grants = Vec::with_capacity(rows.len());
-        for row in rows {
-            grants.push((
-                row.try_get::<String, _>(0)?,
-                Grant {
-                    hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
-                    fencing_token: row.try_get::<i64, _>(2)? as u64,
-                    expires_at_us: row.try_get(3)?,
-                },
-            ));
-        }
+        let grants = rows
+            .iter()
+            .map(|row| crate::backend::keyed_grant(row, 1))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(crate::backend::per_key(all, grants)))
     }
 }
@@ -136,6 +129,7 @@ impl OnPostgres for Extend<'_> {
         let &Extend {
             hold: ref h,
             ttl_us,
+            max_hold_us,
         } = self;
         let row = pg
             .fetch_optional(
@@ -146,6 +140,7 @@ impl OnPostgres for Extend<'_> {
                     Arg::Text(h.owner),
                     Arg::Int8(h.fencing_token as i64),
                     Arg::Float8(ttl_us as f64),
+                    Arg::Float8(max_hold_us as f64),
                 ],
             )
             .await?;
@@ -160,6 +155,7 @@ impl OnPostgres for ExtendMany<'_> {
         let owners: Vec<&str> = items.iter().map(|i| i.owner).collect();
         let tokens: Vec<i64> = items.iter().map(|i| i.fencing_token as i64).collect();
         let ttls: Vec<f64> = items.iter().map(|i| i.ttl_us as f64).collect();
+        let caps: Vec<f64> = items.iter().map(|i| i.max_hold_us as f64).collect();
         let rows = pg
             .fetch_all(
                 conn,
@@ -169,6 +165,7 @@ impl OnPostgres for ExtendMany<'_> {
                     Arg::TextArray(&owners),
                     Arg::Int8Array(&tokens),
                     Arg::Float8Array(&ttls),
+                    Arg::Float8Array(&caps),
                 ],
             )
             .await?;

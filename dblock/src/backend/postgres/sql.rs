@@ -339,7 +339,9 @@ FROM r",
             // Single-row UPDATE, owner- and tenure-checked in its WHERE; never shortens a lease.
             extend: stmt(
                 "UPDATE {table}
-SET expires_at = greatest(expires_at, statement_timestamp() + $4::float8 * interval '1 microsecond')
+SET expires_at = greatest(expires_at, least(
+        statement_timestamp() + $4::float8 * interval '1 microsecond',
+        acquired_at + $5::float8 * interval '1 microsecond'))
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > statement_timestamp()
 RETURNING {us_expires}",
                 &t,
@@ -350,8 +352,11 @@ RETURNING {us_expires}",
             // `extend`; RETURNING names exactly the holds that were extended.
             extend_many: stmt(
                 "UPDATE {table} AS l
-SET expires_at = greatest(l.expires_at, statement_timestamp() + r.ttl_us * interval '1 microsecond')
-FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[]) AS r(k, o, tok, ttl_us)
+SET expires_at = greatest(l.expires_at, least(
+        statement_timestamp() + r.ttl_us * interval '1 microsecond',
+        l.acquired_at + r.cap_us * interval '1 microsecond'))
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[], $5::float8[])
+    AS r(k, o, tok, ttl_us, cap_us)
 WHERE l.lock_key = r.k AND l.owner = r.o AND l.fencing_token = r.tok
   AND l.expires_at > statement_timestamp()
 RETURNING l.lock_key, l.owner, l.fencing_token",

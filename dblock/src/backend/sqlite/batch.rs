@@ -20,7 +20,7 @@ use sqlx::query::Query;
 use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
-use super::{bind_acquire, keyed_grant, ran_out, sql, Lite, SAME, TAKE_OVER};
+use super::{bind_acquire, ran_out, sql, Lite, SAME, TAKE_OVER};
 use crate::backend::batch::{listed, pad};
 use crate::backend::coalesce::{ReleaseRow, MAX_ROWS as MAX};
 use crate::backend::{per_key, Acquire, Attempt, Extended, Outcome, Released, RenewItem};
@@ -144,7 +144,7 @@ async fn attempts(
 ) -> Result<Vec<Attempt>, sqlx::Error> {
     let grants = granted
         .iter()
-        .map(keyed_grant)
+        .map(|row| crate::backend::keyed_grant(row, 1))
         .collect::<Result<Vec<_>, _>>()?;
     let mut out = per_key(all, grants);
     for (a, attempt) in all.iter().zip(&mut out) {

@@ -93,7 +93,7 @@ RETURNING lock_key, hold_count, fencing_token, expires_at * 1000",
         let rows = q.fetch_all(&mut *conn).await?;
         let grants = rows
             .iter()
-            .map(keyed_grant)
+            .map(|row| crate::backend::keyed_grant(row, 1))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(crate::backend::per_key(all, grants)))
     }
@@ -137,12 +137,14 @@ impl OnSqlite for Extend<'_> {
         let &Extend {
             hold: ref h,
             ttl_us,
+            max_hold_us,
         } = self;
         sqlx::query_scalar(lite.sql.extend.clone())
             .bind(h.key)
             .bind(h.owner)
             .bind(h.fencing_token as i64)
             .bind(ms_ceil(ttl_us))
+            .bind(max_hold_us / 1000)
             .fetch_optional(&mut *conn)
             .await
     }
@@ -157,9 +159,10 @@ impl OnSqlite for ExtendMany<'_> {
         conn: &mut SqliteConnection,
     ) -> Result<Extended, sqlx::Error> {
         let items = self.0;
-        let rows = vec!["(?, ?, ?, ?)"; items.len()].join(", ");
+        let rows = vec!["(?, ?, ?, ?, ?)"; items.len()].join(", ");
         let text = format!(
-            "UPDATE {table} AS l SET expires_at = max(l.expires_at, {now} + r.column4)
+            "UPDATE {table} AS l
+SET expires_at = max(l.expires_at, min({now} + r.column4, l.acquired_at + r.column5))
 FROM (VALUES {rows}) AS r
 WHERE l.lock_key = r.column1 AND l.owner = r.column2 AND l.fencing_token = r.column3
   AND l.expires_at > {now}
@@ -173,7 +176,8 @@ RETURNING lock_key, owner, fencing_token",
                 .bind(i.key)
                 .bind(i.owner)
                 .bind(i.fencing_token as i64)
-                .bind(ms_ceil(i.ttl_us));
+                .bind(ms_ceil(i.ttl_us))
+                .bind(i.max_hold_us / 1000);
         }
         let rows = q.fetch_all(&mut *conn).await?;
         Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
