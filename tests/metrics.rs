@@ -136,6 +136,20 @@ mod measured {
         drop(g);
         tokio::time::sleep(Duration::from_millis(200)).await;
 
+        // A hold renewed up to its max_hold: counted once, and lost at the cap.
+        let capped = locker
+            .lock("capped:1")
+            .metrics_key("capped:{n}")
+            .ttl(Duration::from_millis(300))
+            .max_hold(Duration::from_millis(500))
+            .await
+            .unwrap()
+            .auto_renew();
+        tokio::time::timeout(Duration::from_secs(30), capped.lost())
+            .await
+            .expect("lost at the cap");
+        drop(capped);
+
         // A semaphore's permit: labelled `kind = permit`.
         let permit = locker
             .semaphore("exports:7", 2)
@@ -176,6 +190,11 @@ mod measured {
         );
         assert_eq!(samples(&seen, "dblock_hold_seconds", both, ""), 2);
         assert_eq!(samples(&seen, "dblock_lost_total", "job:{n}", ""), 1);
+        assert_eq!(
+            samples(&seen, "dblock_max_hold_reached_total", "capped:{n}", ""),
+            1,
+            "{seen:#?}"
+        );
         assert_eq!(
             samples(&seen, "dblock_acquire_seconds", "(handle)", "acquired"),
             2

@@ -78,6 +78,19 @@ enum Command {
         /// The key.
         key: String,
     },
+    /// Take a key from whoever holds it, with a new fencing token, and keep it for --ttl.
+    ///
+    /// The old holder's renewal, extend and fenced writes fail from then on (Locker::steal);
+    /// its hold is recorded as failed. The key stays taken after this command exits, until
+    /// --ttl runs out or `dblock release KEY` frees it: a runaway job is stopped and nobody
+    /// else starts it meanwhile.
+    Steal {
+        /// The key.
+        key: String,
+        /// How long the stolen lease lasts: like 30s, 5m, 1h.
+        #[arg(long, value_name = "TTL", default_value = "5m", value_parser = time::parse_duration)]
+        ttl: Duration,
+    },
     /// Forget how a key's last hold ended, so that a `once` key runs again, and end a min_hold
     /// wait.
     ///
@@ -283,6 +296,21 @@ async fn command(command: &Command, locker: &Locker) -> Result<(), Failure> {
                     quoted(key)
                 )));
             }
+        }
+        Command::Steal { key, ttl } => {
+            let guard = locker
+                .steal(key.as_str())
+                .ttl(*ttl)
+                .holder("dblock steal")
+                .await?;
+            emit(&format!(
+                "stole {}: fencing token {}, held for {}\n",
+                quoted(key),
+                guard.fencing_token(),
+                time::span(*ttl),
+            ));
+            // The lease outlives this process: no release on the way out.
+            std::mem::forget(guard);
         }
         Command::Reset { key } => {
             if locker.reset(key).await? {

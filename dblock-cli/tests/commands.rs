@@ -720,3 +720,41 @@ fn configuration_errors_exit_1() {
         stderr(&out)
     );
 }
+
+/// `steal KEY` takes a held key with a larger fencing token and keeps it after the command
+/// exits (for --ttl); the old holder has lost it; `release` frees it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steal_takes_a_held_key_and_keeps_it() {
+    let (dbs, _dir) = common::all("steal").await;
+    for db in &dbs {
+        let g = db.locker.lock("runaway").ttl(LONG).await.unwrap();
+        let out = expect(db, &["steal", "runaway", "--ttl", "10m"], 0);
+        assert!(out.contains("stole \"runaway\""), "{}: {out}", db.name);
+        assert!(out.contains("held for 10m"), "{}: {out}", db.name);
+        let info = db.locker.inspect("runaway").await.unwrap().unwrap();
+        assert!(info.held, "{}: released when the command exited", db.name);
+        assert!(info.fencing_token > g.fencing_token(), "{}", db.name);
+        assert!(
+            info.holder
+                .as_deref()
+                .is_some_and(|h| h.ends_with("dblock steal")),
+            "{}: {:?}",
+            db.name,
+            info.holder
+        );
+        assert!(
+            info.time_left > Duration::from_secs(9 * 60),
+            "{}: {:?}",
+            db.name,
+            info.time_left
+        );
+        let e = g.extend(LONG).await.unwrap_err();
+        assert!(e.is_lost(), "{}: {e:?}", db.name);
+        drop(g);
+        expect(db, &["release", "runaway"], 0);
+        // A free key is simply taken.
+        expect(db, &["steal", "free-key", "--ttl", "1m"], 0);
+        assert!(db.locker.inspect("free-key").await.unwrap().unwrap().held);
+        expect(db, &["release", "free-key"], 0);
+    }
+}

@@ -78,6 +78,18 @@ impl Request {
     /// returns by `max(wait, one attempt's floor)` whatever the database does; an attempt still
     /// in flight then goes on in the background, and a lock it gets is given back at once.
     pub(crate) async fn acquire(self, shared: Arc<Shared>) -> Result<LockGuard, LockError> {
+        self.acquire_within(shared, None).await
+    }
+
+    /// [`acquire`](Self::acquire) with `wait` overridden.
+    async fn acquire_within(
+        mut self,
+        shared: Arc<Shared>,
+        wait: Option<Duration>,
+    ) -> Result<LockGuard, LockError> {
+        if let Some(wait) = wait {
+            self.wait = wait;
+        }
         let started = Instant::now();
         let mut first_busy = None;
         let (meter, record) = (self.meter.clone(), self.record_call);
@@ -453,6 +465,39 @@ impl Kind for LockWait {
     fn unanswered(&self, seen: Seen, waited: Duration) -> LockError {
         self.req.gave_up_unanswered(seen, waited, &self.report)
     }
+}
+
+/// Rounds of "free the key, take it" a steal tries while other owners race it to the key.
+const STEAL_ROUNDS: u32 = 5;
+
+/// `Locker::steal`: takes the key now whoever holds it. One attempt first (a free key, or a
+/// re-entry, needs nothing more); then the holder's lease is ended (`force_release`: its outcome
+/// `Failed`, its fencing token kept) and the key taken with the next token, repeated while other
+/// owners race in between. The old holder's renewal, `fence`, `succeed_in` and `extend` find
+/// the row no longer theirs: `Lost`.
+pub(crate) async fn steal(shared: Arc<Shared>, request: Request) -> Result<LockGuard, LockError> {
+    let mut last = match request
+        .clone()
+        .acquire_within(shared.clone(), Some(Duration::ZERO))
+        .await
+    {
+        Err(e) if e.is_busy() => e,
+        done => return done,
+    };
+    let locker = crate::Locker::from_shared(shared.clone());
+    for _ in 0..STEAL_ROUNDS {
+        let freed = locker.force_release(&request.key).await?;
+        tracing::info!(key = %crate::Escaped(&request.key), freed, "steal: holder's lease ended");
+        match request
+            .clone()
+            .acquire_within(shared.clone(), Some(Duration::ZERO))
+            .await
+        {
+            Err(e) if e.is_busy() => last = e,
+            done => return done,
+        }
+    }
+    Err(last)
 }
 
 #[cfg(test)]

@@ -173,6 +173,7 @@ impl Hold {
     /// Renewal reached the cap: nothing more to extend; the lease ends at its deadline.
     pub(crate) fn capped_out(&self) {
         self.lease().due = Instant::now() + Duration::from_secs(3600);
+        meter::max_hold_reached(&self.meter);
     }
 
     /// The same grant as a hold of another kind.

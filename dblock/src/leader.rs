@@ -152,6 +152,45 @@ impl LeaderRequest {
         .await
     }
 
+    /// Takes the leadership now, from whoever leads (preemption: a leader that is stuck, or one
+    /// a newer deployment supersedes), as [`Locker::steal`](crate::Locker::steal) does for a
+    /// lock: the old leader's lease ends at once, this instance leads with the next fencing
+    /// token, and the old leader's [`lost`](Leadership::lost) resolves at its next renewal (its
+    /// `fence` and `succeed_in` fail with `Lost` at once). Then as [`campaign`](Self::campaign).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let stuck = locker.leader("scheduler").campaign().await?;
+    /// let newer = locker.leader("scheduler").steal().await?;
+    /// assert!(newer.fencing_token() > stuck.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    pub async fn steal(&self) -> Result<Leadership, LockError> {
+        LockError::require_runtime()?;
+        validate::key(&self.key)?;
+        validate::ttl_micros(self.options.ttl)?;
+        let options = Options {
+            owner: Some(Owner::new()),
+            ..self.options.clone()
+        };
+        let guard = LockRequest::with(
+            self.shared.clone(),
+            self.key.clone(),
+            options,
+            Default::default(),
+        )
+        .leader()
+        .stealing()
+        .await?;
+        let leadership = Leadership::new(guard.auto_renew(), self.options.ttl);
+        tracing::info!(
+            key = %crate::Escaped(&self.key),
+            fencing_token = leadership.fencing_token(),
+            "leading (stolen)"
+        );
+        Ok(leadership)
+    }
+
     /// Who leads now: the key's row while its lease is live (its
     /// [`holder`](LockInfo::holder) names the leader, its fencing token the term), `None` when
     /// nobody leads. One read.
@@ -292,6 +331,31 @@ impl Leadership {
     /// ```
     pub fn held(&self) -> crate::Held<'_> {
         self.held_as()
+    }
+
+    /// Fences a write with the leadership, as [`LockGuard::fence`](crate::LockGuard::fence):
+    /// in the caller's transaction on the lock's database, checks this term is still the
+    /// leader's and keeps it so until the commit; `Err(Lost)` once another leads.
+    ///
+    /// ```
+    /// # async fn demo<C: dblock::FenceConnection>(locker: dblock::Locker, tx: &mut C) -> Result<(), dblock::LockError> {
+    /// let leadership = locker.leader("scheduler").campaign().await?;
+    /// // ... the leader's writes in `tx` ...
+    /// leadership.fence(&mut *tx).await?; // still the leader until the commit
+    /// # Ok(()) }
+    /// ```
+    pub async fn fence<C: crate::FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
+        self.held().fence(conn).await
+    }
+
+    /// Records the term's success in the caller's transaction, as
+    /// [`LockGuard::succeed_in`](crate::LockGuard::succeed_in): everything
+    /// [`fence`](Self::fence) does, and the outcome `Succeeded`.
+    pub async fn succeed_in<C: crate::FenceConnection>(
+        &self,
+        conn: &mut C,
+    ) -> Result<(), LockError> {
+        self.held().succeed_in(conn).await
     }
 
     /// [`held`](Self::held) as a typed proof (`Held<'_, K>`).

@@ -47,7 +47,7 @@
 //! renewal failures and held locks through the [`metrics`](https://docs.rs/metrics) facade,
 //! labelled by key template (see [`LockRequest::metrics_key`]): `dblock_acquire_seconds`,
 //! `dblock_wait_seconds`, `dblock_hold_seconds`, `dblock_busy_total`, `dblock_lost_total`,
-//! `dblock_renewal_failures_total`, `dblock_held`.
+//! `dblock_max_hold_reached_total`, `dblock_renewal_failures_total`, `dblock_held`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

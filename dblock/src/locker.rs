@@ -62,7 +62,7 @@ impl Locker {
         &self.shared
     }
 
-    #[cfg(feature = "_test-util")]
+    /// A handle on the core (the test hooks, `steal`'s operator step).
     pub(crate) fn from_shared(shared: Arc<Shared>) -> Locker {
         Locker { shared }
     }
@@ -329,6 +329,31 @@ impl Locker {
     /// ```
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
         LockRequest::new(self.shared.clone(), key.into())
+    }
+
+    /// Takes the exclusive lock on `key` now, from whoever holds it (the Web Locks API's
+    /// `steal`): a stuck holder, or a run superseded by a newer one. The old holder's lease ends
+    /// at once (recorded `Failed`) and the key is taken with a new, larger fencing token; the
+    /// old holder's next renewal finds it gone (its [`lost`](crate::LockGuard::lost) resolves,
+    /// a locked body is cancelled with `Err(Lost)`), and its `extend`, `fence` and `succeed_in`
+    /// fail with `Lost`, so none of its fenced writes can commit after the steal. Safe because
+    /// of fencing: writes that are not fenced, or that do not check the token, are not stopped.
+    ///
+    /// Configure it as a [`lock`](Self::lock) (`ttl`, `holder`, `owner`, `max_hold`, ...);
+    /// `wait` does not apply: a free key, or one this owner holds, is simply taken; a held one
+    /// is freed and taken, a few times over if other owners race for it in between (then
+    /// `Busy`). A key held by readers, or a semaphore's permits, are freed the same way.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let stuck = locker.lock("nightly-import").await?;
+    /// let newer = locker.steal("nightly-import").await?;
+    /// assert!(newer.fencing_token() > stuck.fencing_token());
+    /// assert!(stuck.extend(std::time::Duration::from_secs(30)).await.unwrap_err().is_lost());
+    /// # Ok(()) }
+    /// ```
+    pub fn steal(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(self.shared.clone(), key.into()).stealing()
     }
 
     /// A shared (read) hold of `key`: any number of readers at once; [`lock`](Locker::lock) of

@@ -9,6 +9,7 @@
 //! | `dblock_hold_seconds` | histogram | from the grant until the guard gave the lock back (or was dropped) |
 //! | `dblock_held` | gauge | locks held by this process's guards now |
 //! | `dblock_lost_total` | counter | holds found lost while held (renewal found them gone, the lease ran out, a shutdown) |
+//! | `dblock_max_hold_reached_total` | counter | holds whose renewal stopped at their `max_hold` (the lease then ends, and the hold is lost) |
 //! | `dblock_renewal_failures_total` | counter | renewal statements that failed (retried while the leases last) |
 //!
 //! Every metric has the labels `key` — the key **template** (`order:{order_id}`, as the
@@ -172,6 +173,14 @@ pub(crate) fn released(label: &Label, held_for: Duration) {
 pub(crate) fn lost(label: &Label) {
     #[cfg(feature = "metrics")]
     metrics::counter!("dblock_lost_total", label.labels()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = label;
+}
+
+/// A hold's renewal reached its `max_hold`.
+pub(crate) fn max_hold_reached(label: &Label) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("dblock_max_hold_reached_total", label.labels()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = label;
 }

@@ -134,8 +134,10 @@ impl Locker {
 
     /// Frees `key` whoever holds it (operator action): the lock of that key, and every permit
     /// of the semaphore of that key. Returns `true` if anything live was freed.
-    /// The old holder's release and extend then fail with [`LockError::NotHeld`]; the fencing
-    /// token is kept, so the next owner still gets a larger one.
+    /// The old holder's release then fails with [`LockError::NotHeld`], its `extend`, `fence`
+    /// and renewal with [`LockError::Lost`] (the lease was taken while it ran); the fencing
+    /// token is kept, so the next owner still gets a larger one. To take the key for yourself
+    /// in the same breath, [`steal`](Locker::steal) it.
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {

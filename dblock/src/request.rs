@@ -52,6 +52,8 @@ pub struct LockRequest {
     kind: meter::Kind,
     /// The hold it makes: a lock, or one permit of a semaphore.
     hold_kind: HoldKind,
+    /// `Locker::steal`: take the key from whoever holds it.
+    steal: bool,
 }
 
 impl LockRequest {
@@ -74,7 +76,14 @@ impl LockRequest {
             record_call: true,
             kind: meter::Kind::Lock,
             hold_kind: HoldKind::Lock,
+            steal: false,
         }
+    }
+
+    /// `Locker::steal`: the key is taken from whoever holds it.
+    pub(crate) fn stealing(mut self) -> Self {
+        self.steal = true;
+        self
     }
 
     /// A leadership: the lock under another metrics kind.
@@ -118,7 +127,11 @@ impl IntoFuture for LockRequest {
                 wait_ms = self.options.wait.as_millis() as u64,
             );
             async move {
+                let steal = self.steal;
                 let (shared, request) = self.resolve(owner)?;
+                if steal {
+                    return crate::exclusive::steal(shared, request).await;
+                }
                 request.acquire(shared).await
             }
             .instrument(span)

@@ -449,6 +449,14 @@ impl Shared {
                 tracing::trace!(key = %crate::Escaped(&hold.key), "lease extended");
                 Ok(())
             }
+            None if hold.deadline() > sent => {
+                // The lease was still running: it was taken (stolen, force-released).
+                tracing::debug!(key = %crate::Escaped(&hold.key), "extend refused: lease taken");
+                hold.renewal_refused(Instant::now());
+                Err(LockError::Lost {
+                    key: hold.name().to_owned(),
+                })
+            }
             None => {
                 tracing::debug!(key = %crate::Escaped(&hold.key), "extend refused: lease no longer ours");
                 Err(LockError::NotHeld {
