@@ -475,7 +475,12 @@ const STEAL_ROUNDS: u32 = 5;
 /// `Failed`, its fencing token kept) and the key taken with the next token, repeated while other
 /// owners race in between. The old holder's renewal, `fence`, `succeed_in` and `extend` find
 /// the row no longer theirs: `Lost`.
-pub(crate) async fn steal(shared: Arc<Shared>, request: Request) -> Result<LockGuard, LockError> {
+pub(crate) async fn steal(
+    shared: Arc<Shared>,
+    mut request: Request,
+) -> Result<LockGuard, LockError> {
+    // No queue to wait in: the key is taken now.
+    request.lock.fair = false;
     let mut last = match request
         .clone()
         .acquire_within(shared.clone(), Some(Duration::ZERO))
