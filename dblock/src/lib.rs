@@ -88,6 +88,7 @@ pub mod test_util;
 mod timing;
 mod validate;
 mod wait;
+mod watch;
 
 /// The Rust snippets of the README and of `docs/`, compiled (and, unless marked `no_run`, run)
 /// as doctests by `cargo test --all-features`, so that none of them can drift from the API.
@@ -148,6 +149,7 @@ pub use read::ReadRequest;
 pub use request::LockRequest;
 pub use semaphore::{SemaphoreRequest, MAX_PERMITS, MAX_SEMAPHORE_KEY_LEN};
 pub use validate::MAX_KEY_LEN;
+pub use watch::{KeyEvent, LockEvent, Watch};
 
 /// The [sqlx](https://docs.rs/sqlx) this crate is built on, with the features the enabled
 /// backends need: its pools ([`Locker::postgres`], [`Locker::mysql`], [`Locker::sqlite`]), its

@@ -1,0 +1,411 @@
+//! Lock events: [`Locker::watch`] reads the live rows of a key prefix at an interval and
+//! reports what changed between two reads, as a bounded [`Stream`](futures_core::Stream).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::mpsc;
+
+use crate::backend::{Inspect, LastWriteOf, LiveRows, LiveRowsIn};
+use crate::error::LockError;
+use crate::info::{LockInfo, Outcome};
+use crate::locker::Locker;
+use crate::shared::Shared;
+
+/// How often a [`Watch`] reads the rows unless told otherwise.
+const DEFAULT_EVERY: Duration = Duration::from_millis(250);
+/// How many events a [`Watch`] keeps for a consumer that has not read them yet.
+const DEFAULT_CAPACITY: usize = 1024;
+
+/// A key's hold as an event names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyEvent {
+    /// The key.
+    pub key: String,
+    /// The owner of the hold (`None` for a row without one).
+    pub owner: Option<String>,
+    /// Its holder label (`host/pid[/label]`).
+    pub holder: Option<String>,
+    /// Its fencing token.
+    pub fencing_token: u64,
+    /// When it happened, on the database clock (for an expiry: the lease end last seen).
+    pub at: SystemTime,
+}
+
+/// What happened to a key, as [`Locker::watch`] saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockEvent {
+    /// A new tenure began: the key was taken (`event` is the new holder).
+    Acquired(KeyEvent),
+    /// The holder gave the key back (`outcome` as recorded), or an operator force-released it
+    /// (`Failed`).
+    Released {
+        /// The hold that ended.
+        event: KeyEvent,
+        /// How it ended, as the row records it.
+        outcome: Option<Outcome>,
+    },
+    /// The lease ran out without a release (a crashed or stalled holder, or a `max_hold`).
+    Expired(KeyEvent),
+    /// Another owner took the key while the old lease was live and its holder had not released
+    /// it ([`Locker::steal`], or an operator's release followed by a take).
+    Stolen {
+        /// The new holder.
+        event: KeyEvent,
+        /// The fencing token of the tenure it ended.
+        from_token: u64,
+    },
+    /// The consumer did not keep up: this many events were dropped before the next one.
+    Lagged {
+        /// How many.
+        skipped: u64,
+    },
+}
+
+/// A stream of [`LockEvent`]s of the keys under a prefix, made by [`Locker::watch`].
+///
+/// It is advisory: it reads the live rows every interval (`every`, 250 ms by default) and
+/// reports the differences, so a hold that begins and ends between two reads is not seen,
+/// and the order is that of the reads. Never use it to decide who holds a lock: take the lock.
+/// Memory stays bounded: at most `capacity` (1,024 by default) events wait for the consumer;
+/// beyond that they are dropped and counted, and the next item is [`LockEvent::Lagged`]. A
+/// database failure is an `Err` item, and the stream goes on; it ends after
+/// [`Locker::shutdown`]. Semaphore permits (their own table) are not watched.
+#[must_use = "streams do nothing unless polled"]
+pub struct Watch {
+    shared: Arc<Shared>,
+    prefix: String,
+    every: Duration,
+    capacity: usize,
+    events: Option<mpsc::Receiver<Result<LockEvent, LockError>>>,
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watch")
+            .field("prefix", &crate::Escaped(&self.prefix).to_string())
+            .field("every", &self.every)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+impl Locker {
+    /// Watches the keys that start with `prefix` (`""`: every key): a [`Stream`] of
+    /// [`LockEvent`]s — acquired, released with its outcome, expired, stolen — for cache
+    /// invalidation, dashboards and tests. Advisory (see [`Watch`]).
+    ///
+    /// [`Stream`]: futures_core::Stream
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) {
+    /// use futures::StreamExt;
+    /// let mut events = locker.watch("order:").every(std::time::Duration::from_millis(100));
+    /// tokio::spawn(async move {
+    ///     while let Some(event) = events.next().await {
+    ///         match event {
+    ///             Ok(dblock::LockEvent::Acquired(e)) => {
+    ///                 println!("{} taken by {:?}", dblock::Escaped(&e.key), e.holder)
+    ///             }
+    ///             Ok(other) => println!("{other:?}"),
+    ///             Err(e) => eprintln!("watch: {e}"), // it goes on reading
+    ///         }
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn watch(&self, prefix: impl Into<String>) -> Watch {
+        Watch {
+            shared: self.shared().clone(),
+            prefix: prefix.into(),
+            every: DEFAULT_EVERY,
+            capacity: DEFAULT_CAPACITY,
+            events: None,
+        }
+    }
+}
+
+impl Watch {
+    /// How often the rows are read (default 250 ms; at least 10 ms).
+    ///
+    /// ```
+    /// # fn demo(locker: dblock::Locker) {
+    /// let events = locker.watch("jobs:").every(std::time::Duration::from_secs(1));
+    /// # }
+    /// ```
+    pub fn every(mut self, every: Duration) -> Self {
+        self.every = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How many events wait for a slow consumer before they are dropped and counted (default
+    /// 1,024; at least 1).
+    ///
+    /// ```
+    /// # fn demo(locker: dblock::Locker) {
+    /// let events = locker.watch("jobs:").capacity(64);
+    /// # }
+    /// ```
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity.max(1);
+        self
+    }
+}
+
+impl futures_core::Stream for Watch {
+    type Item = Result<LockEvent, LockError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.events.is_none() {
+            // Started on the first poll, in the polling task's runtime.
+            if let Err(e) = LockError::require_runtime() {
+                return Poll::Ready(Some(Err(e)));
+            }
+            let (tx, rx) = mpsc::channel(this.capacity);
+            let reader = Reader {
+                locker: Locker::from_shared(this.shared.clone()),
+                prefix: this.prefix.clone(),
+            };
+            tokio::spawn(run(reader, this.every, Out { tx, skipped: 0 }));
+            this.events = Some(rx);
+        }
+        match this.events.as_mut() {
+            Some(events) => events.poll_recv(cx),
+            None => Poll::Ready(None),
+        }
+    }
+}
+
+/// The consumer's end of the channel, and what it missed.
+struct Out {
+    tx: mpsc::Sender<Result<LockEvent, LockError>>,
+    skipped: u64,
+}
+
+impl Out {
+    /// Tells the consumer how many items it missed, once there is room; `false` while there
+    /// is none (or the consumer is gone).
+    fn flush(&mut self) -> bool {
+        if self.skipped == 0 {
+            return true;
+        }
+        let lagged = LockEvent::Lagged {
+            skipped: self.skipped,
+        };
+        let sent = self.tx.try_send(Ok(lagged)).is_ok();
+        if sent {
+            self.skipped = 0;
+        }
+        sent
+    }
+
+    /// Hands an item over, or counts it dropped; `false` once the consumer is gone.
+    fn send(&mut self, item: Result<LockEvent, LockError>) -> bool {
+        if !self.flush() {
+            if self.tx.is_closed() {
+                return false;
+            }
+            self.skipped += 1;
+            return true;
+        }
+        match self.tx.try_send(item) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.skipped += 1;
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
+/// Reads the watched rows.
+struct Reader {
+    locker: Locker,
+    prefix: String,
+}
+
+/// The watch's task: a read every `every`, the differences to `out`, until the consumer is
+/// gone or the locker shut down.
+async fn run(reader: Reader, every: Duration, mut out: Out) {
+    let mut last: Option<BTreeMap<String, LockInfo>> = None;
+    loop {
+        if out.tx.is_closed() {
+            return;
+        }
+        out.flush();
+        match reader.live().await {
+            Err(LockError::ShutDown) => return,
+            Err(e) => {
+                if !out.send(Err(e)) {
+                    return;
+                }
+            }
+            Ok(mut now) => {
+                if let Some(before) = &last {
+                    match reader.changes(before, &mut now).await {
+                        Ok(events) => {
+                            for e in events {
+                                if !out.send(Ok(e)) {
+                                    return;
+                                }
+                            }
+                        }
+                        Err(LockError::ShutDown) => return,
+                        Err(e) => {
+                            if !out.send(Err(e)) {
+                                return;
+                            }
+                        }
+                    }
+                }
+                last = Some(now);
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+impl Reader {
+    /// The live rows under the prefix, by key.
+    async fn live(&self) -> Result<BTreeMap<String, LockInfo>, LockError> {
+        let shared = self.locker.shared();
+        shared.check_open()?;
+        let backend = shared.backend()?;
+        let rows = if self.prefix.is_empty() {
+            shared
+                .run_bounded("watch", |limit| backend.run(&LiveRows, limit))
+                .await?
+        } else {
+            let to = format!("{}\u{10FFFF}", self.prefix);
+            let read = LiveRowsIn {
+                from: &self.prefix,
+                to: &to,
+            };
+            shared
+                .run_bounded("watch", |limit| backend.run(&read, limit))
+                .await?
+        };
+        Ok(rows
+            .into_iter()
+            .filter(|r| r.key.starts_with(self.prefix.as_str()))
+            .map(|r| (r.key.clone(), r))
+            .collect())
+    }
+
+    async fn row(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let shared = self.locker.shared();
+        let backend = shared.backend()?;
+        shared
+            .run_bounded("watch", |limit| async move {
+                backend.run(&Inspect(key), limit).await
+            })
+            .await
+    }
+
+    /// Whether the holder of tenure `token` gave the key back itself (its release wrote the
+    /// row's `release_token`; an operator's release and an expiry do not).
+    async fn released_by_holder(&self, key: &str, token: u64) -> Result<bool, LockError> {
+        let shared = self.locker.shared();
+        let backend = shared.backend()?;
+        let last = shared
+            .run_bounded("watch", |limit| async move {
+                backend.run(&LastWriteOf(key), limit).await
+            })
+            .await?;
+        Ok(last.and_then(|l| l.release_token) == Some(token as i64))
+    }
+
+    /// What happened between the reads `before` and `now`. A key taken again after the read
+    /// of `now` is added to it, so the next read does not report it a second time.
+    async fn changes(
+        &self,
+        before: &BTreeMap<String, LockInfo>,
+        now: &mut BTreeMap<String, LockInfo>,
+    ) -> Result<Vec<LockEvent>, LockError> {
+        let mut events = Vec::new();
+        for (key, n) in now.iter() {
+            match before.get(key) {
+                None => events.push(LockEvent::Acquired(event(n, n.acquired_at))),
+                Some(p) if p.fencing_token == n.fencing_token => {}
+                Some(p) => events.extend(self.ended(p, n, Some(n)).await?),
+            }
+        }
+        let gone: Vec<&LockInfo> = before
+            .iter()
+            .filter(|(k, _)| !now.contains_key(*k))
+            .map(|(_, p)| p)
+            .collect();
+        for p in gone {
+            match self.row(&p.key).await? {
+                Some(r) if r.held && r.fencing_token == p.fencing_token => {}
+                Some(r) if r.held => {
+                    events.extend(self.ended(p, &r, Some(&r)).await?);
+                    now.insert(r.key.clone(), r);
+                }
+                Some(r) => events.extend(self.ended(p, &r, None).await?),
+                None => events.push(LockEvent::Expired(event(p, p.expires_at))),
+            }
+        }
+        Ok(events)
+    }
+
+    /// How tenure `p` ended, given the key's row now (`row`) and the tenure that followed it,
+    /// if any (`next`, then reported too).
+    async fn ended(
+        &self,
+        p: &LockInfo,
+        row: &LockInfo,
+        next: Option<&LockInfo>,
+    ) -> Result<Vec<LockEvent>, LockError> {
+        let by_holder = self.released_by_holder(&p.key, p.fencing_token).await?;
+        let early = |at: SystemTime| at < p.expires_at;
+        Ok(match next {
+            Some(n) if !by_holder && early(n.acquired_at) => vec![LockEvent::Stolen {
+                event: event(n, n.acquired_at),
+                from_token: p.fencing_token,
+            }],
+            Some(n) => vec![
+                end(p, row, by_holder),
+                LockEvent::Acquired(event(n, n.acquired_at)),
+            ],
+            None if !by_holder && row.finished_at.is_some_and(early) => {
+                // An operator's release: recorded as a failure, before the lease's end.
+                vec![LockEvent::Released {
+                    event: event(p, row.finished_at.unwrap_or(p.expires_at)),
+                    outcome: row.last_outcome,
+                }]
+            }
+            None => vec![end(p, row, by_holder)],
+        })
+    }
+}
+
+/// The end of tenure `p`: a release by its holder (with the row's outcome), else an expiry.
+fn end(p: &LockInfo, row: &LockInfo, by_holder: bool) -> LockEvent {
+    if by_holder {
+        LockEvent::Released {
+            event: event(p, row.finished_at.unwrap_or(p.expires_at)),
+            outcome: row.last_outcome,
+        }
+    } else {
+        LockEvent::Expired(event(p, p.expires_at))
+    }
+}
+
+fn event(row: &LockInfo, at: SystemTime) -> KeyEvent {
+    KeyEvent {
+        key: row.key.clone(),
+        owner: row.owner.clone(),
+        holder: row.holder.clone(),
+        fencing_token: row.fencing_token,
+        at,
+    }
+}

@@ -1,0 +1,166 @@
+//! `Locker::watch` on every backend: acquired, released (with its outcome), expired, stolen
+//! and an operator's release are reported for the keys under the prefix and only those, and a
+//! consumer that does not keep up gets a `Lagged` item instead of unbounded memory.
+
+mod common;
+
+use std::time::Duration;
+
+use dblock::{LockError, LockEvent, Outcome, Watch};
+use futures::StreamExt;
+
+const EVERY: Duration = Duration::from_millis(50);
+const LIMIT: Duration = Duration::from_secs(20);
+
+async fn next(events: &mut Watch, name: &str) -> LockEvent {
+    match tokio::time::timeout(LIMIT, events.next()).await {
+        Ok(Some(Ok(e))) => e,
+        other => panic!("{name}: no event: {other:?}"),
+    }
+}
+
+/// Starts the watch and waits until its first read (the starting point) is behind it: a
+/// sentinel key taken after that read is reported. Then the sentinel is gone again, and so are
+/// the events of the sentinels before it.
+async fn started(events: &mut Watch, l: &dblock::Locker, prefix: &str) {
+    let sentinel = |e: &LockEvent, key: &str, acquired: bool| match e {
+        LockEvent::Acquired(e) => acquired && e.key == key,
+        LockEvent::Released { event, .. } => !acquired && event.key == key,
+        _ => false,
+    };
+    for round in 0..50 {
+        let key = format!("{prefix}sentinel:{round}");
+        let g = l.lock(key.as_str()).await.unwrap();
+        let seen = tokio::time::timeout(EVERY * 6, async {
+            while let Some(Ok(e)) = events.next().await {
+                if sentinel(&e, &key, true) {
+                    return;
+                }
+            }
+        })
+        .await;
+        g.release().await.unwrap();
+        if seen.is_ok() {
+            let gone = tokio::time::timeout(LIMIT, async {
+                while let Some(Ok(e)) = events.next().await {
+                    if sentinel(&e, &key, false) {
+                        return;
+                    }
+                }
+            })
+            .await;
+            assert!(gone.is_ok(), "the sentinel's release was not reported");
+            return;
+        }
+    }
+    panic!("the watch never started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_reports_what_happens_to_keys() {
+    let (dbs, _dir) = common::all("watch").await;
+    for db in &dbs {
+        let name = db.name;
+        let l = common::own_table(db, "watch").await;
+        let already = l.lock("w:already").await.unwrap();
+        let mut events = l.watch("w:").every(EVERY);
+        started(&mut events, &l, "w:").await;
+
+        // Taken and released: with the owner, holder, token and outcome.
+        let g = l.lock("w:a").holder("job-a").await.unwrap();
+        let _outside = l.lock("x:not-watched").await.unwrap();
+        match next(&mut events, name).await {
+            LockEvent::Acquired(e) => {
+                assert_eq!(e.key, "w:a", "{name}");
+                assert_eq!(e.fencing_token, g.fencing_token(), "{name}");
+                assert_eq!(e.owner.as_deref(), Some(g.owner().id()), "{name}");
+                assert!(e.holder.unwrap().ends_with("job-a"), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        match next(&mut events, name).await {
+            LockEvent::Released { event, outcome } => {
+                assert_eq!((event.key.as_str(), event.fencing_token), ("w:a", token));
+                assert_eq!(outcome, Some(Outcome::Succeeded), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+
+        // A lease that runs out.
+        let short = l.lock("w:b").ttl(Duration::from_millis(300)).await.unwrap();
+        assert!(matches!(next(&mut events, name).await, LockEvent::Acquired(e) if e.key == "w:b"));
+        match next(&mut events, name).await {
+            LockEvent::Expired(e) => assert_eq!(e.fencing_token, short.fencing_token()),
+            other => panic!("{name}: {other:?}"),
+        }
+        drop(short);
+
+        // Stolen.
+        let victim = l.lock("w:c").await.unwrap();
+        assert!(matches!(next(&mut events, name).await, LockEvent::Acquired(e) if e.key == "w:c"));
+        let thief = l.clone();
+        let newer = tokio::spawn(async move { thief.steal("w:c").await })
+            .await
+            .unwrap()
+            .unwrap();
+        match next(&mut events, name).await {
+            LockEvent::Stolen { event, from_token } => {
+                assert_eq!(from_token, victim.fencing_token(), "{name}");
+                assert_eq!(event.fencing_token, newer.fencing_token(), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        drop(victim);
+        newer.release().await.unwrap();
+        assert!(matches!(
+            next(&mut events, name).await,
+            LockEvent::Released { event, outcome: Some(Outcome::Succeeded) } if event.key == "w:c"
+        ));
+
+        // An operator's release: a failure.
+        let stuck = l.lock("w:d").await.unwrap();
+        assert!(matches!(next(&mut events, name).await, LockEvent::Acquired(e) if e.key == "w:d"));
+        assert!(l.force_release("w:d").await.unwrap());
+        assert!(matches!(
+            next(&mut events, name).await,
+            LockEvent::Released { event, outcome: Some(Outcome::Failed) } if event.key == "w:d"
+        ));
+        drop(stuck);
+        already.release().await.unwrap();
+        assert!(matches!(
+            next(&mut events, name).await,
+            LockEvent::Released { event, .. } if event.key == "w:already"
+        ));
+
+        // A consumer that does not read: bounded, and told how much it missed.
+        let mut slow = l.watch("w:lag:").every(EVERY).capacity(2);
+        started(&mut slow, &l, "w:lag:").await;
+        let mut held = Vec::new();
+        for i in 0..8 {
+            held.push(l.lock(format!("w:lag:{i}")).await.unwrap());
+            tokio::time::sleep(EVERY * 2).await;
+        }
+        let mut lagged = 0;
+        for _ in 0..3 {
+            if let LockEvent::Lagged { skipped } = next(&mut slow, name).await {
+                lagged += skipped;
+            }
+        }
+        assert!(lagged > 0, "{name}: nothing reported skipped");
+        drop(held);
+
+        // The stream ends with the locker.
+        l.shutdown().await;
+        let end = tokio::time::timeout(LIMIT, async {
+            while let Some(item) = events.next().await {
+                if let Err(e) = item {
+                    assert!(matches!(e, LockError::ShutDown), "{name}: {e:?}");
+                }
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "{name}: the stream did not end after shutdown");
+    }
+}
