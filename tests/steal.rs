@@ -122,6 +122,18 @@ async fn steal_takes_the_key_now_and_the_old_holder_cannot_commit() {
         let info = l.inspect("k").await.unwrap().unwrap();
         assert!(!info.held, "{name}");
 
+        // A semaphore of the same name is another lock: its permits stay.
+        let permit = l.semaphore("named", 2).await.unwrap();
+        let holder = l.lock("named").await.unwrap();
+        let thief = l.steal("named").await.unwrap();
+        assert_eq!(l.permits("named").await.unwrap().len(), 1, "{name}");
+        assert!(
+            permit.release().await.is_ok(),
+            "{name}: the permit was freed"
+        );
+        drop(holder);
+        thief.release().await.unwrap();
+
         // A free key is simply taken; stealing from oneself is a re-entry.
         let g = l.steal("free").await.unwrap();
         let me = g.owner().clone();

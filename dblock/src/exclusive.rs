@@ -489,9 +489,15 @@ pub(crate) async fn steal(
         Err(e) if e.is_busy() => e,
         done => return done,
     };
-    let locker = crate::Locker::from_shared(shared.clone());
+    let backend = shared.backend()?.clone();
     for _ in 0..STEAL_ROUNDS {
-        let freed = locker.force_release(&request.key).await?;
+        // The lock's row only (`Locker::force_release` also frees a semaphore of the same key).
+        let (backend, key) = (&backend, request.key.as_str());
+        let freed = shared
+            .run_bounded("steal", |limit| async move {
+                backend.run(&crate::backend::ForceRelease(key), limit).await
+            })
+            .await?;
         tracing::info!(key = %crate::Escaped(&request.key), freed, "steal: holder's lease ended");
         match request
             .clone()

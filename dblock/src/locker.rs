@@ -62,7 +62,7 @@ impl Locker {
         &self.shared
     }
 
-    /// A handle on the core (the test hooks, `steal`'s operator step).
+    /// A handle on the core (the test hooks, `watch`'s task).
     pub(crate) fn from_shared(shared: Arc<Shared>) -> Locker {
         Locker { shared }
     }
@@ -342,7 +342,8 @@ impl Locker {
     /// Configure it as a [`lock`](Self::lock) (`ttl`, `holder`, `owner`, `max_hold`, ...);
     /// `wait` does not apply: a free key, or one this owner holds, is simply taken; a held one
     /// is freed and taken, a few times over if other owners race for it in between (then
-    /// `Busy`). A key held by readers, or a semaphore's permits, are freed the same way.
+    /// `Busy`). A key held by readers is freed the same way; a semaphore of the same name is
+    /// another lock and is left alone.
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
