@@ -1,6 +1,6 @@
 //! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ...,
-//! min_hold = ..., max_hold = ..., once = ..., fair = ..., permits = ..., shared = ..., proof = ...,
-//! crate = ...`.
+//! min_hold = ..., max_hold = ..., lock_delay = ..., once = ..., fair = ..., permits = ...,
+//! shared = ..., proof = ..., crate = ...`.
 
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use crate::duration;
 use crate::errors::Errors;
 
 const VALID: &str =
-    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `max_hold`, `once`, `fair`, `permits`, `shared`, `proof`, `crate`";
+    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `max_hold`, `lock_delay`, `once`, `fair`, `permits`, `shared`, `proof`, `crate`";
 
 pub(crate) enum Key {
     /// A string literal: a template checked against the parameters.
@@ -76,6 +76,7 @@ pub(crate) struct Args {
     pub renew: Option<Expr>,
     pub min_hold: Option<Dur>,
     pub max_hold: Option<Dur>,
+    pub lock_delay: Option<Dur>,
     pub once: Option<Expr>,
     pub fair: Option<Expr>,
     pub kind: Kind,
@@ -165,6 +166,10 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             "max_hold" => {
                 let d = duration_arg(value, "max_hold", errors);
                 set(&mut args.max_hold, d, &name, errors)
+            }
+            "lock_delay" => {
+                let d = duration_arg(value, "lock_delay", errors);
+                set(&mut args.lock_delay, d, &name, errors)
             }
             "once" => set(&mut args.once, Some(value), &name, errors),
             "fair" => set(&mut args.fair, Some(value), &name, errors),

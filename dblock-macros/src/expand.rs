@@ -330,6 +330,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
     let wait = duration_option(args.wait.as_ref(), "wait");
     let min_hold = duration_option(args.min_hold.as_ref(), "min_hold");
     let max_hold = duration_option(args.max_hold.as_ref(), "max_hold");
+    let lock_delay = duration_option(args.lock_delay.as_ref(), "lock_delay");
     let once = args.once.as_ref().map(|e| {
         let o = Ident::new("__dblock_once", Span::mixed_site());
         quote_spanned! {e.span()=>
@@ -446,6 +447,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 #wait
                 #min_hold
                 #max_hold
+                #lock_delay
                 #once
                 #fair
                 #builder

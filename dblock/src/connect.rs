@@ -16,6 +16,7 @@ use std::time::Duration;
 /// | [`durable_release`](Self::durable_release) | `false` | PostgreSQL and SQLite: whether a release waits for its own disk flush (see there) |
 /// | [`pooler`](Self::pooler) | found out | PostgreSQL: the URL is a transaction pooler such as PgBouncer (no prepared statements, no session settings, no LISTEN through it); `Locker::connect` finds out by itself, this forces either way |
 /// | [`coalesce`](Self::coalesce) | `true` | concurrent acquires, releases and extends on distinct keys share one statement and round trip |
+/// | [`lock_delay`](Self::lock_delay) | zero | how long a key stays unavailable after a lease that ends without a release (a request's own `.lock_delay(d)` wins) |
 /// | [`listen_url`](Self::listen_url) | none | PostgreSQL: a URL of its own for the LISTEN connection, e.g. straight to the server past the pooler |
 ///
 /// Whatever the options, a `lock()` call returns by its `wait` (an attempt that `wait` cannot
@@ -48,6 +49,7 @@ pub struct ConnectOptions {
     pub(crate) pooler: Option<bool>,
     pub(crate) listen_url: Option<String>,
     pub(crate) coalesce: bool,
+    pub(crate) lock_delay: Duration,
 }
 
 /// Every setting, with `listen_url` shown without its password.
@@ -65,6 +67,7 @@ impl std::fmt::Debug for ConnectOptions {
                 &self.listen_url.as_deref().map(crate::redact::Redacted),
             )
             .field("coalesce", &self.coalesce)
+            .field("lock_delay", &self.lock_delay)
             .finish()
     }
 }
@@ -80,6 +83,7 @@ impl Default for ConnectOptions {
             pooler: None,
             listen_url: None,
             coalesce: true,
+            lock_delay: Duration::ZERO,
         }
     }
 }
@@ -278,6 +282,21 @@ impl ConnectOptions {
     /// ```
     pub fn coalesce(mut self, on: bool) -> Self {
         self.coalesce = on;
+        self
+    }
+
+    /// The locker's default lock-delay (Chubby's and Consul's): after a lease ends without a
+    /// release (a holder that crashed, stalled or was cut off), its key stays unavailable to
+    /// every owner for this long more, on the database clock, so the vanished holder's writes
+    /// in flight land before anyone else starts (for resources that cannot check a fencing
+    /// token). A release, `force_release` or `steal` ends it at once. Default zero; a request
+    /// overrides it with `.lock_delay(d)`.
+    ///
+    /// ```
+    /// let options = dblock::ConnectOptions::new().lock_delay(std::time::Duration::from_secs(15));
+    /// ```
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.lock_delay = delay;
         self
     }
 }

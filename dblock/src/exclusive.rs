@@ -49,6 +49,8 @@ pub(crate) struct Request {
     pub(crate) hold_kind: HoldKind,
     /// `max_hold`, for the hold a grant makes ([`Hold::cap`]).
     pub(crate) max_hold: Option<Duration>,
+    /// The lock-delay, included in `ttl_us` (and in every extension of the hold).
+    pub(crate) lock_delay: Duration,
 }
 
 impl Request {
@@ -198,6 +200,7 @@ impl Request {
                     let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter)
                         .of_kind(req.hold_kind);
                     hold.cap(req.max_hold);
+                    hold.delay(req.lock_delay);
                     hold.caller = req.caller;
                     if timing::live(hold.deadline(), lease) {
                         let mut serial = serial;

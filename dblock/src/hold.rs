@@ -47,6 +47,9 @@ pub(crate) struct Hold {
     pub(crate) granted: Instant,
     /// When its acquire statement was sent: no later than the database's `acquired_at`.
     sent: Instant,
+    /// Lock-delay: every extension asks the database for this much more than the lease, so the
+    /// key stays unavailable that long after a lease that ends without a release.
+    lock_delay: std::sync::atomic::AtomicU64,
 }
 
 /// What kind of hold a [`Hold`] is.
@@ -136,7 +139,19 @@ impl Hold {
             meter,
             granted: Instant::now(),
             sent,
+            lock_delay: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Sets the hold's lock-delay (see [`lock_delay`](Self::lock_delay)).
+    pub(crate) fn delay(&self, lock_delay: Duration) {
+        let us = lock_delay.as_micros().min(u64::MAX as u128) as u64;
+        self.lock_delay.store(us, Ordering::Relaxed);
+    }
+
+    /// What every extension of the hold adds to the lease it asks the database for.
+    pub(crate) fn lock_delay(&self) -> Duration {
+        Duration::from_micros(self.lock_delay.load(Ordering::Relaxed))
     }
 
     /// Caps the hold at `max_hold` after its acquisition: renewal and `extend` never make its
@@ -151,11 +166,13 @@ impl Hold {
     ///
     /// [`NO_CAP_US`]: crate::backend::NO_CAP_US
     pub(crate) fn max_hold_us(&self) -> i64 {
-        self.lease()
-            .cap
-            .map_or(crate::backend::NO_CAP_US, |(d, _)| {
-                d.as_micros().min(crate::backend::NO_CAP_US as u128) as i64
-            })
+        // The key stays unavailable `lock_delay` past the cap too.
+        let cap = self.lease().cap;
+        cap.map_or(crate::backend::NO_CAP_US, |(d, _)| {
+            d.saturating_add(self.lock_delay())
+                .as_micros()
+                .min(crate::backend::NO_CAP_US as u128) as i64
+        })
     }
 
     /// The longest extension sent at `now` may ask for, up to `ttl`: what is left before the

@@ -72,7 +72,7 @@ impl LockAllRequest {
     }
 }
 
-crate::options::setters!(LockAllRequest, "locker.lock_all([\"a\", \"b\"])": ttl, wait, owner, holder, metrics_key, max_hold, min_hold, once, fair);
+crate::options::setters!(LockAllRequest, "locker.lock_all([\"a\", \"b\"])": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay, min_hold, once, fair);
 
 impl IntoFuture for LockAllRequest {
     /// The guards, in canonical key order.

@@ -27,6 +27,9 @@ pub(crate) struct Options {
     /// A hard cap on holding: renewal and `extend` never carry a lease past this long after
     /// its acquisition.
     pub(crate) max_hold: Option<Duration>,
+    /// After a lease that ends without a release, how long its key stays unavailable (`None`:
+    /// the locker's default).
+    pub(crate) lock_delay: Option<Duration>,
 }
 
 impl Default for Options {
@@ -38,6 +41,7 @@ impl Default for Options {
             label: None,
             metrics_key: None,
             max_hold: None,
+            lock_delay: None,
         }
     }
 }
@@ -63,6 +67,11 @@ impl Options {
 }
 
 impl Options {
+    /// The lock-delay of the request: its own, else the locker's default.
+    pub(crate) fn lock_delay(&self, shared: &Shared) -> Duration {
+        self.lock_delay.unwrap_or(shared.lock_delay)
+    }
+
     /// Refuses a `max_hold` shorter than the lease a grant gets (`lease`: the ttl, or min_hold
     /// if longer): the first lease would already outlive the cap.
     pub(crate) fn check_max_hold(&self, lease: Duration) -> Result<(), LockError> {
@@ -175,6 +184,27 @@ let request = ", $call, ".ttl(Duration::from_secs(30)).max_hold(Duration::from_s
 ```")]
         pub fn max_hold(mut self, max_hold: ::std::time::Duration) -> Self {
             self.options.max_hold = Some(max_hold);
+            self
+        }
+    };
+    (@ lock_delay, $call:literal) => {
+        /// Lock-delay (Chubby's and Consul's): if this hold's lease ends without a release (its
+        /// holder crashed, stalled or was cut off), the key stays unavailable to every owner for
+        /// this long more, on the database clock, so the vanished holder's writes in flight land
+        /// before anyone else starts — for resources that cannot check a fencing token. A
+        /// release, `force_release` or `steal` ends it at once. The row's lease end
+        /// ([`LockInfo::expires_at`](crate::LockInfo::expires_at), the guard's
+        /// [`expires_at`](crate::LockGuard::expires_at)) includes it; the holder's own view of
+        /// its lease ([`is_lost`](crate::LockGuard::is_lost), renewal) does not. Default: the
+        /// locker's ([`ConnectOptions::lock_delay`](crate::ConnectOptions::lock_delay), zero).
+        ///
+        #[doc = concat!("```
+# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+let request = ", $call, ".lock_delay(std::time::Duration::from_secs(15));
+# Ok(()) }
+```")]
+        pub fn lock_delay(mut self, delay: ::std::time::Duration) -> Self {
+            self.options.lock_delay = Some(delay);
             self
         }
     };

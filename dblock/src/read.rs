@@ -64,7 +64,7 @@ impl ReadRequest {
     }
 }
 
-crate::options::setters!(ReadRequest, "locker.read(\"config\")": ttl, wait, owner, holder, metrics_key, max_hold);
+crate::options::setters!(ReadRequest, "locker.read(\"config\")": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay);
 
 impl IntoFuture for ReadRequest {
     type Output = Result<LockGuard, LockError>;
@@ -113,7 +113,8 @@ impl ReadRequest {
         LockError::require_runtime()?;
         self.shared.check_open()?;
         validate::key(&self.key)?;
-        let ttl_us = validate::ttl_micros(self.options.ttl)?;
+        let lock_delay = self.options.lock_delay(&self.shared);
+        let ttl_us = validate::lease_micros(self.options.ttl, lock_delay)?;
         self.options.check_max_hold(self.options.ttl)?;
         let shared = self.shared.clone();
         let mut kind = ReadWait {
@@ -127,6 +128,7 @@ impl ReadRequest {
             ttl: self.options.ttl,
             ttl_us,
             max_hold: self.options.max_hold,
+            lock_delay,
             // This call's id: kept among the row's readers, the same in every resend.
             id: fastrand::i64(1..i64::MAX),
         };
@@ -152,6 +154,7 @@ struct ReadWait {
     ttl: Duration,
     ttl_us: i64,
     max_hold: Option<Duration>,
+    lock_delay: Duration,
     id: i64,
     /// The read tenure this owner already reads in (as this process tracks it): a re-entry,
     /// which never waits in the process's line (it would wait for a writer that waits for it).
@@ -178,7 +181,7 @@ impl Kind for ReadWait {
             self.meter.clone(),
         );
         let (ttl, ttl_us, id, reentry) = (self.ttl, self.ttl_us, self.id, self.reentry);
-        let max_hold = self.max_hold;
+        let (max_hold, lock_delay) = (self.max_hold, self.lock_delay);
         Detached::new(async move {
             let sent = Instant::now();
             let statement = ReadAcquire {
@@ -207,6 +210,7 @@ impl Kind for ReadWait {
                     let hold = Hold::new(key, Owner::readers(), grant, ttl, sent, meter)
                         .of_kind(HoldKind::Read(Reader { id, owner }));
                     hold.cap(max_hold);
+                    hold.delay(lock_delay);
                     let live = timing::live(hold.deadline(), ttl);
                     match LockGuard::new(hold, shared) {
                         Ok(guard) if live => Try::Got(guard),

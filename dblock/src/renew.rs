@@ -182,7 +182,10 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Hold>]) {
     // One row per distinct hold (re-entrant calls register the same tenure twice).
     let mut items: Vec<RenewItem<'_>> = Vec::with_capacity(batch.len());
     for &(h, ext) in &batch {
-        let ttl_us = ext.as_micros().min(i64::MAX as u128) as i64;
+        let ttl_us = ext
+            .saturating_add(h.lock_delay())
+            .as_micros()
+            .min(i64::MAX as u128) as i64;
         let max_hold_us = h.max_hold_us();
         let owner = h.owner.id();
         match items

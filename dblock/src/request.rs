@@ -108,7 +108,7 @@ impl LockRequest {
     }
 }
 
-crate::options::setters!(LockRequest, "locker.lock(\"k\")": ttl, wait, owner, holder, metrics_key, max_hold, min_hold, once, fair);
+crate::options::setters!(LockRequest, "locker.lock(\"k\")": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay, min_hold, once, fair);
 
 impl IntoFuture for LockRequest {
     type Output = Result<LockGuard, LockError>;
@@ -155,7 +155,11 @@ impl LockRequest {
                 self.kind,
             ),
             record_call: self.record_call,
-            ttl_us: validate::ttl_micros(self.options.ttl)?,
+            ttl_us: validate::lease_micros(
+                self.options.ttl,
+                self.options.lock_delay(&self.shared),
+            )?,
+            lock_delay: self.options.lock_delay(&self.shared),
             min_hold_us: validate::min_hold_micros(self.lock.min_hold)?,
             max_hold: {
                 self.options
@@ -269,6 +273,7 @@ pub(crate) async fn try_all(
                 let lease = req.lease();
                 let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter);
                 hold.cap(req.max_hold);
+                hold.delay(req.lock_delay);
                 hold.caller = req.caller;
                 if !gap && crate::timing::live(hold.deadline(), lease) {
                     kept.push((hold, serial));

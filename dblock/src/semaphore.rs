@@ -97,7 +97,7 @@ impl SemaphoreRequest {
     }
 }
 
-crate::options::setters!(SemaphoreRequest, "locker.semaphore(\"exports\", 3)": ttl, wait, owner, holder, metrics_key, max_hold);
+crate::options::setters!(SemaphoreRequest, "locker.semaphore(\"exports\", 3)": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay);
 
 impl IntoFuture for SemaphoreRequest {
     type Output = Result<LockGuard, LockError>;

@@ -51,6 +51,19 @@ pub(crate) fn ttl_micros(ttl: Duration) -> Result<i64, LockError> {
     Ok((ttl.as_micros() as i64).max(1))
 }
 
+/// The lease a statement asks the database for: the ttl, plus the lock-delay that keeps the
+/// key unavailable after a lease that ends without a release (the holder's own view of its
+/// lease stays the ttl).
+pub(crate) fn lease_micros(ttl: Duration, lock_delay: Duration) -> Result<i64, LockError> {
+    ttl_micros(ttl)?;
+    if lock_delay > MAX_TTL {
+        return Err(LockError::Config(format!(
+            "lock_delay {lock_delay:?} is longer than 100 years"
+        )));
+    }
+    ttl_micros(ttl.saturating_add(lock_delay))
+}
+
 /// A table name is an identifier, optionally `schema.table`, at most 63 bytes a part.
 pub(crate) fn table(name: &str) -> Result<(), String> {
     let parts: Vec<&str> = name.split('.').collect();

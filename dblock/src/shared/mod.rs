@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) holder: Arc<str>,
     /// Longest time one statement may take (`ConnectOptions::statement_timeout`).
     pub(crate) statement_timeout: Duration,
+    /// The default lock-delay of its requests (`ConnectOptions::lock_delay`).
+    pub(crate) lock_delay: Duration,
     /// Whether concurrent statements share a round trip (`ConnectOptions::coalesce`).
     coalesce: bool,
     /// Where they do (`backend/coalesce/`): one per table copy, since a statement writes one
@@ -56,6 +58,7 @@ pub(crate) struct Shared {
 struct Tuning {
     statement_timeout: Duration,
     coalesce: bool,
+    lock_delay: Duration,
 }
 
 /// What a locker and all its `table()` copies share: whether `shutdown` ran, every copy (to stop
@@ -86,6 +89,7 @@ impl Shared {
         let tuning = Tuning {
             statement_timeout: options.statement_timeout,
             coalesce: options.coalesce,
+            lock_delay: options.lock_delay,
         };
         Self::in_lifecycle(backend, table, holder, tuning, Arc::default())
     }
@@ -100,6 +104,7 @@ impl Shared {
         let Tuning {
             statement_timeout,
             coalesce,
+            lock_delay,
         } = tuning;
         let coalescer = Coalescer::new(backend.as_ref().ok().cloned(), coalesce);
         let space = match &backend {
@@ -113,6 +118,7 @@ impl Shared {
             space: space.into(),
             holder: holder.into(),
             statement_timeout,
+            lock_delay,
             coalesce,
             coalescer,
             lifecycle,
@@ -249,6 +255,7 @@ impl Shared {
         let tuning = Tuning {
             statement_timeout: self.statement_timeout,
             coalesce: self.coalesce,
+            lock_delay: self.lock_delay,
         };
         Self::in_lifecycle(
             Ok(backend),
@@ -269,6 +276,7 @@ impl Shared {
         let tuning = Tuning {
             statement_timeout: self.statement_timeout,
             coalesce: self.coalesce,
+            lock_delay: self.lock_delay,
         };
         Self::in_lifecycle(
             backend,
@@ -432,7 +440,7 @@ impl Shared {
                 key: hold.name().to_owned(),
             });
         };
-        let ttl_us = validate::ttl_micros(ttl)?;
+        let ttl_us = validate::lease_micros(ttl, hold.lock_delay())?;
         let statement = crate::backend::Extend {
             hold: hold.as_ref(),
             ttl_us,
