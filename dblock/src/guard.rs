@@ -12,7 +12,6 @@ use crate::hold::Hold;
 use crate::info::time_from_micros;
 use crate::meter;
 use crate::owner::{HeldLock, Owner};
-use crate::proof::{Held, LockMarker};
 use crate::registry::Serial;
 use crate::renew::Registration;
 use crate::shared::Shared;
@@ -51,8 +50,8 @@ pub struct LockGuard {
     /// under yet (one key of a multi-key call still being taken). A drop while the thread
     /// panics records `Failed` whatever this says.
     drop_outcome: Option<Outcome>,
-    /// What [`held`](Self::held) lends, made on its first call.
-    proof: OnceLock<Box<HeldLock>>,
+    /// What [`held`](Self::held) lends, made on its first call (`proof.rs`).
+    pub(crate) proof: OnceLock<Box<HeldLock>>,
 }
 
 impl LockGuard {
@@ -107,47 +106,6 @@ impl LockGuard {
     pub(crate) fn held_lock(&self) -> HeldLock {
         self.hold
             .held_lock(&self.shared.table, self.shared.simple_statements())
-    }
-
-    /// A proof that this guard's lock is held, borrowing the guard: pass it to functions that
-    /// must only run under the lock ([`Held`]). It cannot outlive the guard, so it is never a
-    /// proof of a released lock's tenure.
-    ///
-    /// The guard of a read or a semaphore permit gives a proof too (a guard's kind is not known
-    /// at compile time), but its [`fence`](Held::fence) and [`succeed_in`](Held::succeed_in)
-    /// refuse with [`LockError::Config`]: those holds do not exclude. With the attribute,
-    /// `shared = true` and `permits` give proofs of their own kind ([`crate::mode`]).
-    ///
-    /// ```
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// fn audit(held: dblock::Held<'_>) -> String {
-    ///     format!("{} under token {}", held.key(), held.fencing_token())
-    /// }
-    /// let guard = locker.lock("report:7").await?;
-    /// assert_eq!(audit(guard.held()), format!("report:7 under token {}", guard.fencing_token()));
-    /// guard.release().await
-    /// # }
-    /// ```
-    pub fn held(&self) -> Held<'_> {
-        self.held_as()
-    }
-
-    /// [`held`](Self::held) as a typed proof, `Held<'_, K>`, for functions that ask for the lock
-    /// its marker names ([`lock_kind!`](crate::lock_kind)). Naming the marker is this call's
-    /// claim: the code that took the lock says which lock it is.
-    ///
-    /// ```
-    /// dblock::lock_kind!(pub AccountLock);
-    /// fn post(held: dblock::Held<'_, AccountLock>) -> u64 { held.fencing_token() }
-    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
-    /// let guard = locker.lock("acct:7").await?;
-    /// post(guard.held_as::<AccountLock>());
-    /// guard.release().await
-    /// # }
-    /// ```
-    pub fn held_as<K: LockMarker>(&self) -> Held<'_, K> {
-        let lock: &HeldLock = self.proof.get_or_init(|| Box::new(self.held_lock()));
-        Held::new(std::slice::from_ref(lock))
     }
 
     /// Keeps the lease alive while this guard lives: the locker's one renewal task extends it

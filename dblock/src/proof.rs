@@ -258,3 +258,47 @@ impl<'a, K: LockMarker> Held<'a, K, Exclusive> {
         }
     }
 }
+
+/// The proofs a guard lends.
+impl crate::LockGuard {
+    /// A proof that this guard's lock is held, borrowing the guard: pass it to functions that
+    /// must only run under the lock ([`Held`]). It cannot outlive the guard, so it is never a
+    /// proof of a released lock's tenure.
+    ///
+    /// The guard of a read or a semaphore permit gives a proof too (a guard's kind is not known
+    /// at compile time), but its [`fence`](Held::fence) and [`succeed_in`](Held::succeed_in)
+    /// refuse with [`LockError::Config`]: those holds do not exclude. With the attribute,
+    /// `shared = true` and `permits` give proofs of their own kind ([`crate::mode`]).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// fn audit(held: dblock::Held<'_>) -> String {
+    ///     format!("{} under token {}", held.key(), held.fencing_token())
+    /// }
+    /// let guard = locker.lock("report:7").await?;
+    /// assert_eq!(audit(guard.held()), format!("report:7 under token {}", guard.fencing_token()));
+    /// guard.release().await
+    /// # }
+    /// ```
+    pub fn held(&self) -> Held<'_> {
+        self.held_as()
+    }
+
+    /// [`held`](Self::held) as a typed proof, `Held<'_, K>`, for functions that ask for the lock
+    /// its marker names ([`lock_kind!`](crate::lock_kind)). Naming the marker is this call's
+    /// claim: the code that took the lock says which lock it is.
+    ///
+    /// ```
+    /// dblock::lock_kind!(pub AccountLock);
+    /// fn post(held: dblock::Held<'_, AccountLock>) -> u64 { held.fencing_token() }
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let guard = locker.lock("acct:7").await?;
+    /// post(guard.held_as::<AccountLock>());
+    /// guard.release().await
+    /// # }
+    /// ```
+    pub fn held_as<K: LockMarker>(&self) -> Held<'_, K> {
+        let lock: &HeldLock = self.proof.get_or_init(|| Box::new(self.held_lock()));
+        Held::new(std::slice::from_ref(lock))
+    }
+}
