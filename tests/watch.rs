@@ -164,3 +164,55 @@ async fn watch_reports_what_happens_to_keys() {
         assert!(end.is_ok(), "{name}: the stream did not end after shutdown");
     }
 }
+
+/// How many events a watch keeps up with: `KEYS` keys taken and released in waves, every
+/// change reported? Prints events/s per backend (`cargo test --test watch -- --ignored
+/// --nocapture`); a measurement, not a check of speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run it by name"]
+async fn watch_throughput() {
+    const KEYS: usize = 500;
+    const WAVES: usize = 4;
+    let (dbs, _dir) = common::all("watch_rate").await;
+    for db in &dbs {
+        let name = db.name;
+        let l = common::own_table(db, "watch_rate").await;
+        let mut events = l
+            .watch("t:")
+            .every(Duration::from_millis(250))
+            .capacity(100_000);
+        started(&mut events, &l, "t:").await;
+        let counted = tokio::spawn(async move {
+            let mut n = 0usize;
+            let until = std::time::Instant::now() + Duration::from_secs(120);
+            while n < KEYS * WAVES * 2 && std::time::Instant::now() < until {
+                match tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+                    Ok(Some(Ok(LockEvent::Lagged { .. }))) | Err(_) | Ok(None) => break,
+                    Ok(Some(_)) => n += 1,
+                }
+            }
+            n
+        });
+        let start = std::time::Instant::now();
+        for _ in 0..WAVES {
+            let guards = futures::future::join_all((0..KEYS).map(|i| {
+                std::future::IntoFuture::into_future(
+                    l.lock(format!("t:{i}")).ttl(Duration::from_secs(60)),
+                )
+            }))
+            .await;
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            for g in guards {
+                g.unwrap().release().await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+        let n = counted.await.unwrap();
+        let took = start.elapsed();
+        eprintln!(
+            "{name}: {n} of {} events in {took:?}: {:.0} events/s",
+            KEYS * WAVES * 2,
+            n as f64 / took.as_secs_f64()
+        );
+    }
+}
