@@ -80,18 +80,6 @@ impl Request {
     /// returns by `max(wait, one attempt's floor)` whatever the database does; an attempt still
     /// in flight then goes on in the background, and a lock it gets is given back at once.
     pub(crate) async fn acquire(self, shared: Arc<Shared>) -> Result<LockGuard, LockError> {
-        self.acquire_within(shared, None).await
-    }
-
-    /// [`acquire`](Self::acquire) with `wait` overridden.
-    async fn acquire_within(
-        mut self,
-        shared: Arc<Shared>,
-        wait: Option<Duration>,
-    ) -> Result<LockGuard, LockError> {
-        if let Some(wait) = wait {
-            self.wait = wait;
-        }
         let started = Instant::now();
         let mut first_busy = None;
         let (meter, record) = (self.meter.clone(), self.record_call);
@@ -482,13 +470,10 @@ pub(crate) async fn steal(
     shared: Arc<Shared>,
     mut request: Request,
 ) -> Result<LockGuard, LockError> {
-    // No queue to wait in: the key is taken now.
+    // No queue to wait in, no waiting: the key is taken now.
     request.lock.fair = false;
-    let mut last = match request
-        .clone()
-        .acquire_within(shared.clone(), Some(Duration::ZERO))
-        .await
-    {
+    request.wait = Duration::ZERO;
+    let mut last = match request.clone().acquire(shared.clone()).await {
         Err(e) if e.is_busy() => e,
         done => return done,
     };
@@ -502,11 +487,7 @@ pub(crate) async fn steal(
             })
             .await?;
         tracing::info!(key = %crate::Escaped(&request.key), freed, "steal: holder's lease ended");
-        match request
-            .clone()
-            .acquire_within(shared.clone(), Some(Duration::ZERO))
-            .await
-        {
+        match request.clone().acquire(shared.clone()).await {
             Err(e) if e.is_busy() => last = e,
             done => return done,
         }
