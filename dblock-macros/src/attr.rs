@@ -1,6 +1,6 @@
 //! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ...,
 //! min_hold = ..., max_hold = ..., lock_delay = ..., once = ..., fair = ..., permits = ...,
-//! shared = ..., proof = ..., crate = ...`.
+//! shared = ..., tx = ..., proof = ..., crate = ...`.
 
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use crate::duration;
 use crate::errors::Errors;
 
 const VALID: &str =
-    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `max_hold`, `lock_delay`, `once`, `fair`, `permits`, `shared`, `proof`, `crate`";
+    "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `max_hold`, `lock_delay`, `once`, `fair`, `permits`, `shared`, `tx`, `proof`, `crate`";
 
 pub(crate) enum Key {
     /// A string literal: a template checked against the parameters.
@@ -42,13 +42,16 @@ pub(crate) enum Kind {
     Read(Span),
     /// `permits = N`: one permit of the key's counting semaphore of `N`.
     Permit(Expr),
+    /// `tx = tx`: the key (or every key of a list) taken inside the body's transaction, the
+    /// parameter named.
+    InTx(Ident),
 }
 
 impl Kind {
     /// How the kind is named in messages, where they point, and why it takes one key.
     fn named(&self) -> Option<(&'static str, Span, &'static str)> {
         match self {
-            Kind::Lock => None,
+            Kind::Lock | Kind::InTx(_) => None,
             Kind::Read(span) => Some((
                 "`shared = true`",
                 *span,
@@ -66,6 +69,19 @@ impl Kind {
 /// The options that only the exclusive lock takes: every other kind refuses them. The one
 /// exclusion table of the attribute.
 const LOCK_ONLY: [&str; 3] = ["min_hold", "once", "fair"];
+
+/// The options of a lease, which a lock inside the body's transaction (`tx = ..`) has not: its
+/// row lock lasts as long as the transaction, and the commit ends it.
+const LEASE_ONLY: [&str; 8] = [
+    "ttl",
+    "renew",
+    "min_hold",
+    "max_hold",
+    "lock_delay",
+    "once",
+    "fair",
+    "permits` or `shared",
+];
 
 #[derive(Default)]
 pub(crate) struct Args {
@@ -133,6 +149,7 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
     let mut args = Args::default();
     // `permits = N` and `shared = ..`, before they decide the kind.
     let (mut permits, mut shared): (Option<Expr>, Option<Expr>) = (None, None);
+    let mut tx: Option<Ident> = None;
     let pairs = match Punctuated::<Pair, Token![,]>::parse_terminated.parse2(tokens) {
         Ok(p) => p,
         Err(e) => {
@@ -175,6 +192,10 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             "fair" => set(&mut args.fair, Some(value), &name, errors),
             "permits" => set(&mut permits, Some(value), &name, errors),
             "shared" => set(&mut shared, Some(value), &name, errors),
+            "tx" => {
+                let t = tx_arg(value, errors);
+                set(&mut tx, t, &name, errors)
+            }
             "proof" => {
                 let p = proof(value, marker, errors);
                 set(&mut args.proof, p, &name, errors)
@@ -189,7 +210,12 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             )),
         }
     }
+    let lease_kind = permits.is_some() || shared.is_some();
     args.kind = kind(permits, shared, errors);
+    if let Some(tx) = tx {
+        check_in_tx(&args, &tx, lease_kind, errors);
+        args.kind = Kind::InTx(tx);
+    }
     check_kind(&args, errors);
     check_max_hold(&args, errors);
     args
@@ -254,6 +280,51 @@ fn kind(permits: Option<Expr>, shared: Option<Expr>, errors: &mut Errors) -> Kin
             Kind::Permit(n)
         }
         (None, None) => Kind::Lock,
+    }
+}
+
+/// `tx = ..` takes none of [`LEASE_ONLY`]: each one given is reported, pointing at the `tx`.
+fn check_in_tx(args: &Args, tx: &Ident, lease_kind: bool, errors: &mut Errors) {
+    let given = [
+        args.ttl.is_some(),
+        args.renew.is_some(),
+        args.min_hold.is_some(),
+        args.max_hold.is_some(),
+        args.lock_delay.is_some(),
+        args.once.is_some(),
+        args.fair.is_some(),
+        lease_kind,
+    ];
+    for (name, given) in LEASE_ONLY.into_iter().zip(given) {
+        if given {
+            errors.push(syn::Error::new(
+                tx.span(),
+                format!("`tx` cannot be combined with `{name}`: a lock inside the body's transaction has no lease; the transaction's end is its end"),
+            ));
+        }
+    }
+}
+
+/// `tx = name`: a plain identifier, the body's parameter.
+fn tx_arg(value: Expr, errors: &mut Errors) -> Option<Ident> {
+    match value {
+        Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => match p.path.get_ident() {
+            Some(name) if name != "self" => Some(name.clone()),
+            _ => {
+                errors.push(syn::Error::new_spanned(
+                    p,
+                    "`tx` names the body's transaction parameter: write `tx = tx` for `tx: &mut sqlx::Transaction<'_, DB>`",
+                ));
+                None
+            }
+        },
+        other => {
+            errors.push(syn::Error::new_spanned(
+                other,
+                "`tx` names the body's transaction parameter: write `tx = tx` for `tx: &mut sqlx::Transaction<'_, DB>`",
+            ));
+            None
+        }
     }
 }
 

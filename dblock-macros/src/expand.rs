@@ -60,6 +60,18 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             ));
         }
     }
+    if let Kind::InTx(tx) = &args.kind {
+        let name = tx.unraw_string();
+        if !params.contains(&name) {
+            errors.push(syn::Error::new(
+                tx.span(),
+                format!(
+                    "`tx = {name}` names no parameter of `{}`; name the body's transaction parameter, like `tx: &mut sqlx::Transaction<'_, sqlx::Postgres>`",
+                    func.sig.ident
+                ),
+            ));
+        }
+    }
     let key = match &args.key {
         None => {
             errors.push(syn::Error::new(
@@ -385,7 +397,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
     // The lock (one key or a list), or a permit of a semaphore (`permits = N`).
     let take = match &args.kind {
         Kind::Read(_) => quote!(#krate::__private::read),
-        Kind::Lock => quote!(#krate::__private::request),
+        Kind::Lock | Kind::InTx(_) => quote!(#krate::__private::request),
         Kind::Permit(n) => {
             let p = Ident::new("__dblock_permits", Span::mixed_site());
             quote_spanned! {n.span()=> {
@@ -413,7 +425,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 .as_ref()
                 .map_or_else(|| quote!(#krate::AnyLock), ToTokens::to_token_stream);
             let mode = match &args.kind {
-                Kind::Lock => quote!(#krate::mode::Exclusive),
+                Kind::Lock | Kind::InTx(_) => quote!(#krate::mode::Exclusive),
                 Kind::Read(_) => quote!(#krate::mode::Shared),
                 Kind::Permit(_) => quote!(#krate::mode::Permit),
             };
@@ -428,6 +440,43 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
         }
     };
     let request_var = Ident::new("__dblock_request", Span::mixed_site());
+    if let Kind::InTx(tx) = &args.kind {
+        // The key is taken on the transaction first (a reborrow that ends there), then the body
+        // runs with the parameter as written.
+        let taken_var = Ident::new("__dblock_taken", Span::mixed_site());
+        let tx_conn = quote_spanned! {tx.span()=> #krate::__private::tx_conn(&mut *#tx) };
+        return quote! {
+            #(#attrs)*
+            #vis #sig {
+                #(#inner_attrs)*
+                #return_check
+                #proof_scope
+                let #key_var: ::std::vec::Vec<::std::string::String> = #key;
+                let #locker_var = #locker;
+                let #request_var = #krate::__private::request_in(
+                    #locker_var,
+                    #key_var,
+                    ::core::concat!(::core::module_path!(), "::", #function),
+                )
+                .map(|#builder| {
+                    #wait
+                    #builder
+                });
+                let #taken_var = #krate::__private::take_in(#request_var, #tx_conn).await;
+                #krate::__private::locked_in(
+                    #taken_var,
+                    #on_error,
+                    #proof_arg,
+                    async move {
+                        #proof_binding
+                        #return_edge
+                        #body
+                    },
+                )
+                .await
+            }
+        };
+    }
     quote! {
         #(#attrs)*
         #vis #sig {

@@ -178,6 +178,7 @@ impl Request {
                 // surely ended (the process no longer counts it by then either).
                 resolve_until: sent + req.lease() + shared.statement_timeout,
                 report: Some(report),
+                locked_is_busy: true,
             };
             let (tried, serial) = shared
                 .acquire(&req.owner, req.statement(waiting, attempt), policy)
@@ -218,6 +219,8 @@ impl Request {
                     key: req.key.clone(),
                     finished_at: finished_at_us.map(time_from_micros),
                 }),
+                // The row was held past the lock wait (a transaction holds the key): busy.
+                Err(failed) if !tried.after_unknown && shared.locked(&failed) => Try::busy(None),
                 Err(failed) => Try::Failed(LockError::database(
                     failed.error,
                     tried.after_unknown,

@@ -351,6 +351,7 @@ impl LockGuard {
                 self.hold.fencing_token,
                 self.shared.simple_statements(),
                 succeed,
+                false,
             )
             .await?;
         if matched == 0 {
@@ -359,6 +360,73 @@ impl LockGuard {
             });
         }
         Ok(())
+    }
+
+    /// Releases **inside the caller's transaction** on the lock's own database, with the work:
+    /// everything [`succeed_in`](Self::succeed_in) does (the lease checked ours and live, its
+    /// row locked, the outcome `Succeeded`) and the release, in one statement. The key is free
+    /// the moment the transaction commits — no release round trip after it. If the
+    /// transaction rolls back, so does the release: the hold is still this owner's, and the
+    /// background release (the one a dropped guard gets) gives it back, recording `Dropped`;
+    /// it is never leaked, never released twice. `Err(Lost)` if the lease is not ours and live
+    /// any more: roll back.
+    ///
+    /// A nested hold (re-entered, `hold_count > 1`) or a read hold is not released by it: it
+    /// records the success as [`succeed_in`](Self::succeed_in) does, and the guard is given
+    /// back as dropped.
+    ///
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("dblock-release-in-{}.db", std::process::id()));
+    /// # let url = format!("sqlite://{}?mode=rwc", path.display());
+    /// let db = sqlx::SqlitePool::connect(&url).await?;
+    /// let locker = dblock::Locker::sqlite(db.clone());
+    /// locker.migrate().await?;
+    /// sqlx::query("CREATE TABLE IF NOT EXISTS paid (id INTEGER PRIMARY KEY)").execute(&db).await?;
+    ///
+    /// let guard = locker.lock("invoice:7").await?;
+    /// let mut tx = db.begin().await?;
+    /// sqlx::query("INSERT OR IGNORE INTO paid (id) VALUES (7)").execute(&mut *tx).await?;
+    /// guard.release_in(&mut *tx).await?; // fenced, succeeded and released ...
+    /// tx.commit().await?;                 // ... the moment the work commits
+    /// assert!(!locker.inspect("invoice:7").await?.unwrap().held);
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn release_in<C: FenceConnection>(mut self, conn: &mut C) -> Result<(), LockError> {
+        let releasable =
+            self.hold.hold_count == 1 && !matches!(self.hold.kind, crate::hold::HoldKind::Read(_));
+        if !releasable {
+            self.fence_row(conn, true).await?;
+            self.set_used(true);
+            return Ok(());
+        }
+        drop(self.renewal.take()); // a renewal would only wait for the caller's row lock
+        let matched = conn
+            .release_in_row(
+                &self.shared.table,
+                &self.hold.key,
+                self.hold.owner.id(),
+                self.hold.fencing_token,
+                self.shared.simple_statements(),
+            )
+            .await?;
+        if matched == 0 {
+            return Err(LockError::Lost {
+                key: self.hold.name().to_owned(),
+            });
+        }
+        self.hold.released_in.set();
+        // Dropped: the background release waits for the caller's transaction to end. Committed,
+        // it finds the key released (`NotHeld`, expected); rolled back, it gives the hold back.
+        self.set_used(true);
+        Ok(())
+    }
+
+    /// Whether the hold was released in the caller's transaction (`release_in`).
+    pub(crate) fn released_in(&self) -> bool {
+        self.hold.released_in.get()
     }
 
     /// Releases now and reports how it went: [`LockError::NotHeld`] if the lease had already

@@ -50,6 +50,9 @@ pub(crate) struct Hold {
     /// Lock-delay: every extension asks the database for this much more than the lease, so the
     /// key stays unavailable that long after a lease that ends without a release.
     lock_delay: std::sync::atomic::AtomicU64,
+    /// Released in the caller's transaction (`release_in`): the release that follows finding
+    /// it gone is expected.
+    pub(crate) released_in: crate::owner::ReleasedIn,
 }
 
 /// What kind of hold a [`Hold`] is.
@@ -140,6 +143,7 @@ impl Hold {
             granted: Instant::now(),
             sent,
             lock_delay: std::sync::atomic::AtomicU64::new(0),
+            released_in: Default::default(),
         }
     }
 
@@ -233,6 +237,9 @@ impl Hold {
             owner: self.owner.shared_id(),
             simple,
             exclusive: matches!(self.kind, HoldKind::Lock),
+            in_tx: false,
+            releasable: self.hold_count == 1 && !matches!(self.kind, HoldKind::Read(_)),
+            released_in: self.released_in.clone(),
         }
     }
 

@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
+use crate::backend::fence::FenceConnection;
 use crate::backend::Backend;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
+use crate::in_tx::LockInRequest;
 use crate::leader::LeaderRequest;
 use crate::multi::LockAllRequest;
 use crate::request::LockRequest;
@@ -408,6 +410,65 @@ impl Locker {
     /// ```
     pub fn leader(&self, key: impl Into<String>) -> LeaderRequest {
         LeaderRequest::new(self.shared.clone(), key.into())
+    }
+
+    /// Takes `key` **inside the caller's open transaction** on the lock's own database, with one
+    /// statement of that transaction, and holds it until the transaction commits or rolls back.
+    /// The database's row lock is the lock: no lease, no renewal, nothing to release; a crash
+    /// or a dropped connection ends the transaction and frees the key at once. The key's
+    /// fencing token goes up, as for any tenure. It excludes lease holders of the key
+    /// ([`lock`](Self::lock), [`read`](Self::read), [`lock_all`](Self::lock_all), a
+    /// [`leader`](Self::leader)) and they exclude it; semaphores are keys of their own. Inside
+    /// a locked body (`tx = ..` on the attribute) [`dblock::current`](crate::current) reports
+    /// it, and committed, the hold records `Succeeded`.
+    ///
+    /// `.wait(d)` bounds it ([`LockError::Busy`] after); the caller's session never waits on a
+    /// row lock for it:
+    /// - PostgreSQL: the row is locked with `FOR UPDATE SKIP LOCKED`, only if free; a key held
+    ///   by a lease or by another transaction is busy at once, and tried again until `wait`.
+    ///   Works through PgBouncer in transaction mode (a simple query then). At REPEATABLE READ
+    ///   or SERIALIZABLE take it first in the transaction: a key taken or released after the
+    ///   transaction's snapshot makes the statement fail with a serialization error (roll back).
+    /// - MariaDB: one `UPDATE` whose wait for the row is bounded by `SET STATEMENT
+    ///   innodb_lock_wait_timeout = 0`; a key no one has used gets its row first on the
+    ///   locker's own connections (never an insert or gap lock in the caller's transaction).
+    ///   MySQL 8 has no per-statement bound: the session's `innodb_lock_wait_timeout` applies.
+    ///   At REPEATABLE READ (the default there), an attempt that finds the key held by a lease
+    ///   keeps that row locked until the transaction ends, which holds up the holder's renewal
+    ///   and release: use READ COMMITTED for such transactions, or a zero `wait` and roll back
+    ///   on `Busy`.
+    /// - SQLite: the statement takes the database's write lock, kept by the transaction: while
+    ///   it is open no other connection writes anything in that file, and every lock statement
+    ///   of every locker on it waits (up to its busy timeout). Begin with `BEGIN IMMEDIATE` so
+    ///   the transaction never has to upgrade a read snapshot (`SQLITE_BUSY`).
+    ///
+    /// A lease call on a key held this way is `Busy`: PostgreSQL's lock statements wait at most
+    /// 250 ms for a row lock (`lock_timeout`) and try again within their `wait`; MySQL's one
+    /// second (`innodb_lock_wait_timeout`, whole seconds).
+    ///
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("dblock-lock-in-doc-{}.db", std::process::id()));
+    /// # let url = format!("sqlite://{}?mode=rwc", path.display());
+    /// let db = sqlx::SqlitePool::connect(&url).await?;
+    /// let locker = dblock::Locker::sqlite(db.clone());
+    /// locker.migrate().await?;
+    ///
+    /// let mut tx = db.begin_with("BEGIN IMMEDIATE").await?;
+    /// let lock = locker.lock_in(&mut *tx, "order:7").await?;
+    /// // ... the work in `tx`, fenced by the row lock; `lock.fencing_token()` for other stores ...
+    /// tx.commit().await?; // the key is free, and its hold recorded as succeeded
+    /// # let _ = lock;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn lock_in<'c, C: FenceConnection>(
+        &self,
+        conn: &'c mut C,
+        key: impl Into<String>,
+    ) -> LockInRequest<'c, C> {
+        LockInRequest::new(self.shared.clone(), conn, key.into())
     }
 
     /// Starts a request for several keys at once, all or nothing: they are taken in one

@@ -168,6 +168,7 @@ impl LockAllRequest {
                 started,
                 self.options.wait,
                 self.shared.statement_timeout,
+                self.shared.row_lock_wait(),
             );
             let requests = self
                 .keys

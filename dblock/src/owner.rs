@@ -180,7 +180,36 @@ pub struct HeldLock {
     pub(crate) simple: bool,
     /// An exclusive lock (a lock, one key of `lock_all`, a leadership), not a read or a permit.
     pub(crate) exclusive: bool,
+    /// Taken inside a transaction (`lock_in`): no lease, its row lock is the lock.
+    pub(crate) in_tx: bool,
+    /// `release_in` releases it (a lease of hold count 1, not a read; not `in_tx`).
+    pub(crate) releasable: bool,
+    /// Set once `dblock::release_in` has released it in the caller's transaction.
+    pub(crate) released_in: ReleasedIn,
 }
+
+/// Whether a hold was released in the caller's transaction (`release_in`): shared between the
+/// hold and the [`HeldLock`]s that describe it. Not part of a `HeldLock`'s value (equality).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ReleasedIn(pub(crate) Arc<std::sync::atomic::AtomicBool>);
+
+impl ReleasedIn {
+    pub(crate) fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub(crate) fn get(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl PartialEq for ReleasedIn {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ReleasedIn {}
 
 /// The innermost lock held by this task's locked body (`#[distributed_lock]`), or `None`.
 ///
@@ -278,6 +307,65 @@ pub async fn succeed_in<C: FenceConnection>(conn: &mut C) -> Result<(), crate::L
     fence_all(conn, true).await
 }
 
+/// Releases every lock of the running locked body (and of the bodies it is nested in) **inside
+/// the caller's transaction**, with the work: for each, all that [`succeed_in`] does and the
+/// release, in one statement per lock. The keys are free the moment the transaction commits;
+/// the body's own release at its end then finds them released and says nothing. If the
+/// transaction rolls back, so do the releases: the holds stay the body's and are given back as
+/// usual when it ends (recording `Dropped`). A lock taken in the transaction itself
+/// (`tx = ...`, [`Locker::lock_in`](crate::Locker::lock_in)) is freed by the commit anyway:
+/// for it this records the success only. `Err(Lost)` if a lease is not ours and live any more:
+/// roll back. Outside a locked body it is an error
+/// ([`LockError::Config`](crate::LockError::Config)); for a guard use
+/// [`LockGuard::release_in`](crate::LockGuard::release_in).
+///
+#[cfg_attr(all(feature = "macros", feature = "sqlite"), doc = "```")]
+#[cfg_attr(not(all(feature = "macros", feature = "sqlite")), doc = "```ignore")]
+/// # #[derive(Debug)] struct AppError;
+/// # impl From<dblock::LockError> for AppError { fn from(_: dblock::LockError) -> Self { AppError } }
+/// # impl From<sqlx::Error> for AppError { fn from(_: sqlx::Error) -> Self { AppError } }
+/// #[dblock::distributed_lock(key = "invoice:{id}")]
+/// async fn pay(db: &sqlx::SqlitePool, id: i64) -> Result<(), AppError> {
+///     let mut tx = db.begin().await?;
+///     sqlx::query("UPDATE invoices SET paid = 1 WHERE id = ?").bind(id).execute(&mut *tx).await?;
+///     dblock::release_in(&mut *tx).await?; // fenced, succeeded, released: all in this commit
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// ```
+pub async fn release_in<C: FenceConnection>(conn: &mut C) -> Result<(), crate::LockError> {
+    let held = CONTEXT.try_with(|c| c.held.to_vec()).unwrap_or_default();
+    if held.is_empty() {
+        return Err(crate::LockError::Config(
+            "dblock::release_in outside a locked body: there is no lock to release \
+             (for a lock taken with Locker::lock, use LockGuard::release_in)"
+                .to_owned(),
+        ));
+    }
+    for lock in &held {
+        if !lock.releasable || lock.released_in.get() {
+            fence_locks(conn, std::slice::from_ref(lock), true).await?;
+            continue;
+        }
+        let matched = conn
+            .release_in_row(
+                &lock.table,
+                &lock.row_key,
+                &lock.owner,
+                lock.fencing_token,
+                lock.simple,
+            )
+            .await?;
+        if matched == 0 {
+            return Err(crate::LockError::Lost {
+                key: lock.key.clone(),
+            });
+        }
+        lock.released_in.set();
+    }
+    Ok(())
+}
+
 /// [`fence`] (and with `succeed`, [`succeed_in`]) for every lock of the running locked body.
 async fn fence_all<C: FenceConnection>(
     conn: &mut C,
@@ -314,6 +402,7 @@ pub(crate) async fn fence_locks<C: FenceConnection>(
                 lock.fencing_token,
                 lock.simple,
                 succeed,
+                lock.in_tx,
             )
             .await?;
         if matched == 0 {

@@ -95,11 +95,19 @@ async fn any_lost(guards: &[LockGuard], renew: bool) -> LockError {
         .iter()
         .map(
             |g| -> Pin<Box<dyn Future<Output = LockError> + Send + '_>> {
-                if renew {
-                    Box::pin(g.lost())
-                } else {
-                    Box::pin(g.revoked())
-                }
+                Box::pin(async move {
+                    let lost = if renew {
+                        g.lost().await
+                    } else {
+                        g.revoked().await
+                    };
+                    if g.released_in() {
+                        // Released in the caller's transaction (`dblock::release_in`): its
+                        // renewal stopped on purpose, and its end is not the body's concern.
+                        std::future::pending::<()>().await;
+                    }
+                    lost
+                })
             },
         )
         .collect();
@@ -276,7 +284,14 @@ where
     // The rows record how the body ended (a panic or a cancellation never gets here: the
     // dropped guards record a failure, `fail_on_drop`). Released newest first.
     let succeeded = (returns.succeeded)(&out);
-    for guard in guards.into_iter().rev() {
+    for mut guard in guards.into_iter().rev() {
+        if guard.released_in() {
+            // Released in the caller's transaction, which may still be open (a `tx = ..`
+            // parameter commits after this returns): the background release waits for it.
+            guard.set_used(true);
+            drop(guard);
+            continue;
+        }
         let released = if succeeded {
             guard.release().await
         } else {
@@ -288,4 +303,155 @@ where
         }
     }
     out
+}
+
+/// The attribute's request for its keys inside the body's transaction (`tx = ..`); the
+/// generated code sets `wait` with [`InTx::wait`].
+pub struct InTx {
+    locker: Locker,
+    keys: Vec<String>,
+    function: &'static str,
+    wait: std::time::Duration,
+}
+
+impl InTx {
+    /// How long to keep trying, for all the keys together.
+    pub fn wait(mut self, wait: std::time::Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+}
+
+/// The attribute's `tx = ..` request on `locker`, labelled with the function.
+pub fn request_in(
+    locker: Result<Locker, LockError>,
+    keys: Vec<String>,
+    function: &'static str,
+) -> Result<InTx, LockError> {
+    Ok(InTx {
+        locker: locker?,
+        keys,
+        function,
+        wait: std::time::Duration::ZERO,
+    })
+}
+
+/// What `tx = ..` may name: the body's transaction, or a connection, of one of dblock's
+/// databases (with its cargo feature).
+#[diagnostic::on_unimplemented(
+    message = "`tx = ...` must name the body's transaction or connection on the lock's database; `{Self}` is neither",
+    label = "not a `sqlx::Transaction` or connection of PostgreSQL, MySQL or SQLite",
+    note = "write the parameter as `tx: &mut sqlx::Transaction<'_, sqlx::Postgres>` (or `MySql`, `Sqlite`), or a `&mut PgConnection`"
+)]
+pub trait TxParam {
+    /// The connection the lock's statement goes on.
+    type Conn: crate::FenceConnection;
+    /// That connection.
+    fn conn(&mut self) -> &mut Self::Conn;
+}
+
+macro_rules! tx_param {
+    ($db:ty, $conn:ty) => {
+        impl TxParam for $conn {
+            type Conn = $conn;
+            fn conn(&mut self) -> &mut $conn {
+                self
+            }
+        }
+        impl TxParam for sqlx::Transaction<'_, $db> {
+            type Conn = $conn;
+            fn conn(&mut self) -> &mut $conn {
+                self
+            }
+        }
+        impl TxParam for sqlx::pool::PoolConnection<$db> {
+            type Conn = $conn;
+            fn conn(&mut self) -> &mut $conn {
+                self
+            }
+        }
+    };
+}
+#[cfg(feature = "postgres")]
+tx_param!(sqlx::Postgres, sqlx::PgConnection);
+#[cfg(feature = "mysql")]
+tx_param!(sqlx::MySql, sqlx::MySqlConnection);
+#[cfg(feature = "sqlite")]
+tx_param!(sqlx::Sqlite, sqlx::SqliteConnection);
+
+/// The connection of the parameter `tx = ..` names.
+pub fn tx_conn<T: TxParam + ?Sized>(tx: &mut T) -> &mut T::Conn {
+    tx.conn()
+}
+
+/// The keys taken inside the body's transaction, and the owner they were taken as.
+pub struct TakenIn {
+    owner: Owner,
+    locks: Vec<crate::TxLock>,
+}
+
+/// Takes every key of `request` inside the transaction of `conn`, in key order, as the
+/// enclosing scope's owner (or a fresh one); `wait` bounds them all.
+pub async fn take_in<C: crate::FenceConnection>(
+    request: Result<InTx, LockError>,
+    conn: &mut C,
+) -> Result<TakenIn, LockError> {
+    let InTx {
+        locker,
+        mut keys,
+        function,
+        wait,
+    } = request?;
+    keys.sort();
+    keys.dedup();
+    if keys.len() > crate::MAX_LOCK_ALL_KEYS {
+        return Err(LockError::Config(format!(
+            "{} keys in one call; at most {} (MAX_LOCK_ALL_KEYS)",
+            keys.len(),
+            crate::MAX_LOCK_ALL_KEYS
+        )));
+    }
+    let owner = Context::get().map(|c| c.owner).unwrap_or_default();
+    let until = crate::timing::after(tokio::time::Instant::now(), wait);
+    let mut locks = Vec::with_capacity(keys.len());
+    for key in keys {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let lock = locker
+            .lock_in(&mut *conn, key)
+            .owner(&owner)
+            .holder(function)
+            .wait(left)
+            .await?;
+        locks.push(lock);
+    }
+    Ok(TakenIn { owner, locks })
+}
+
+/// Runs `body` as the owner of the keys [`take_in`] took: `dblock::current()` reports them, the
+/// proof (if any) holds them. Nothing to release after it: the transaction holds them.
+pub async fn locked_in<R, F>(
+    taken: Result<TakenIn, LockError>,
+    returns: ReturnType<R>,
+    proof: Option<ProofScope>,
+    body: F,
+) -> R
+where
+    F: Future<Output = R>,
+{
+    let taken = match taken {
+        Ok(taken) => taken,
+        Err(e) => return (returns.on_error)(e),
+    };
+    let taken_now: Vec<HeldLock> = taken.locks.iter().map(crate::TxLock::held_lock).collect();
+    if let Some(proof) = proof {
+        let _ = proof.locks.set(taken_now.clone().into());
+    }
+    let mut held = Context::get().map(|c| c.held.to_vec()).unwrap_or_default();
+    held.extend(taken_now);
+    Context {
+        owner: taken.owner,
+        held: held.into(),
+    }
+    .scope(body)
+    .await
 }

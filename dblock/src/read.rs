@@ -20,7 +20,7 @@ use crate::hold::{Hold, HoldKind, Reader};
 use crate::meter;
 use crate::options::Options;
 use crate::owner::Owner;
-use crate::retry::{self, Policy};
+use crate::retry::{self, Failure, Policy};
 use crate::shared::Shared;
 use crate::timing;
 use crate::validate;
@@ -198,6 +198,7 @@ impl Kind for ReadWait {
                 send_until: call_until,
                 resolve_until: sent + ttl + shared.statement_timeout,
                 report: None,
+                locked_is_busy: true,
             };
             let tried = retry::run(
                 policy,
@@ -223,6 +224,9 @@ impl Kind for ReadWait {
                     }
                 }
                 Ok(ReadAttempt::Busy { retry_after }) => Try::busy(retry_after),
+                Err(f) if !tried.after_unknown && backend.classify(&f) == Failure::Locked => {
+                    Try::busy(None)
+                }
                 Err(f) => Try::Failed(LockError::database(
                     f.error,
                     tried.after_unknown,

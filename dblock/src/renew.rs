@@ -120,7 +120,12 @@ async fn run(renewer: Weak<Renewer>, wake: Arc<Notify>, backend: Backend) {
         if shared.stopped.load(Ordering::SeqCst) {
             break;
         }
-        let next = shared.holds().values().map(|h| h.due()).min();
+        let next = shared
+            .holds()
+            .values()
+            .filter(|h| !h.released_in.get())
+            .map(|h| h.due())
+            .min();
         let woken = wake.notified();
         drop(shared); // do not keep the locker alive while sleeping
         let until = next.unwrap_or_else(|| Instant::now() + IDLE_CHECK);
@@ -136,6 +141,9 @@ async fn run(renewer: Weak<Renewer>, wake: Arc<Notify>, backend: Backend) {
             .holds()
             .values()
             .filter(|h| h.due() <= now + (h.ttl / 12).clamp(MIN_WINDOW, MAX_WINDOW))
+            // Released in the caller's transaction: its row is locked until that transaction
+            // ends, and committed it is free; either way not to be extended.
+            .filter(|h| !h.released_in.get())
             .cloned()
             .collect();
         drop(shared);
@@ -213,9 +221,43 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Hold>]) {
         .min()
         .unwrap_or(sent)
         .max(sent + Duration::from_millis(100));
-    match backend.extend_many(&items, limit).await {
+    let result = match backend.extend_many(&items, limit).await {
+        // One lease's row is held past the lock wait by a transaction (its holder's fenced
+        // one, say): the others are not to fail with it. Each goes again alone.
+        Err(failed) if items.len() > 1 && backend.classify(&failed) == Failure::Locked => {
+            let alone = futures_util::future::join_all(
+                items.chunks(1).map(|one| backend.extend_many(one, limit)),
+            )
+            .await;
+            for (item, result) in items.iter().zip(alone) {
+                let of_item: Vec<(&Arc<Hold>, Duration)> = batch
+                    .iter()
+                    .filter(|(h, _)| {
+                        h.key == item.key
+                            && h.owner.id() == item.owner
+                            && h.fencing_token == item.fencing_token
+                    })
+                    .copied()
+                    .collect();
+                settle(backend, &of_item, sent, result);
+            }
+            return;
+        }
+        result => result,
+    };
+    settle(backend, &batch, sent, result);
+}
+
+/// Applies a renewal statement's answer to the holds it was for.
+fn settle(
+    backend: &Backend,
+    batch: &[(&Arc<Hold>, Duration)],
+    sent: Instant,
+    result: Result<crate::backend::Extended, crate::retry::Failed>,
+) {
+    match result {
         Ok(extended) => {
-            for &(h, ext) in &batch {
+            for &(h, ext) in batch {
                 let owner = h.owner.id();
                 let ok = extended
                     .iter()
@@ -231,14 +273,14 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Hold>]) {
                     h.renewal_refused(sent);
                 }
             }
-            tracing::trace!(leases = items.len(), "leases extended");
+            tracing::trace!(leases = batch.len(), "leases extended");
         }
         Err(failed) => {
             let transient = backend.classify(&failed) != Failure::Fatal;
             tracing::warn!(error = %failed.error, transient, "lease renewal failed; retrying while the leases last");
             crate::meter::renewal_failed(backend.name());
             let now = Instant::now();
-            for (h, _) in &batch {
+            for (h, _) in batch {
                 h.renewal_failed(now);
             }
         }

@@ -233,6 +233,7 @@ pub(crate) async fn try_all(
                 send_until: call_until,
                 resolve_until: sent + longest + shared.statement_timeout,
                 report: None,
+                locked_is_busy: true,
             };
             // One id per key of this attempt, the same in each resend (see `try_once`).
             let statements: Vec<Acquire<'_>> = resolved
@@ -250,6 +251,12 @@ pub(crate) async fn try_all(
                 Ok(Some(attempts)) => attempts,
                 Ok(None) => {
                     let _ = tx.send(AllTry::NotTried);
+                    return;
+                }
+                // A row held past the lock wait (a transaction holds a key): nothing taken;
+                // the keys are then taken one by one, each waiting as a busy key does.
+                Err(failed) if !tried.after_unknown && shared.locked(&failed) => {
+                    let _ = tx.send(AllTry::Prefix(Vec::new()));
                     return;
                 }
                 Err(failed) => {

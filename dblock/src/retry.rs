@@ -7,6 +7,7 @@
 //! | class | meaning | what [`run`] does |
 //! |---|---|---|
 //! | `NotCommitted` | the server rolled it back: it changed nothing | send it again after a short jittered pause, up to [`Policy::rolled_back`] times |
+//! | `Locked` | rolled back because a row lock (SQLite: the file's write lock) was not had within the lock wait: someone, almost always an open transaction, holds that row | an acquire ([`Policy::locked_is_busy`]) returns it at once, to be answered "busy"; anything else is sent again as after `NotCommitted` |
 //! | `Unknown` | the connection broke, or no reply came in time: it may or may not have committed | send the *same* statement again (same attempt / release id) after a growing pause, across reconnects, until the outcome is known or [`Policy::resolve_until`] (when it no longer matters), and tell the caller an earlier send may have taken effect |
 //! | `NotSent` | no connection could be had: nothing was sent this time | try again after a growing pause until [`Policy::send_until`] (the caller's deadline) — or, if an earlier send is in doubt, until `resolve_until` |
 //! | `Fatal` | bad SQL, missing table, permissions, ... | return the error |
@@ -51,6 +52,11 @@ pub(crate) enum Failure {
     /// The server rolled the statement back (serialization failure, deadlock, lock wait timeout,
     /// Galera certification conflict, a cancelled statement): it changed nothing.
     NotCommitted,
+    /// The server rolled the statement back because a row lock (SQLite: the file's write
+    /// lock) was not had within the lock wait (`lock_timeout`, `innodb_lock_wait_timeout`, the
+    /// busy timeout): it changed nothing, and the row is held, almost always by an open
+    /// transaction (a fenced one, or a key taken with `lock_in`).
+    Locked,
     /// The connection broke, or no reply came in time, while the statement was (or may have
     /// been) on its way: it may or may not have committed.
     Unknown,
@@ -77,6 +83,9 @@ pub(crate) struct Policy {
     /// Where each failed send is noted as it happens, for a caller that stops waiting before
     /// the outcome is settled: its error can then name the real cause.
     pub(crate) report: Option<LastFailure>,
+    /// A [`Failure::Locked`] ends the run at once (an acquire: the key is busy, and the wait
+    /// loop's backoff, not a resend, is what comes next); otherwise it is resent as a rollback.
+    pub(crate) locked_is_busy: bool,
 }
 
 /// The latest failure of a statement still being sent: its I/O kind (if an I/O error) and text.
@@ -109,6 +118,7 @@ impl Policy {
             send_until: until,
             resolve_until: until,
             report: None,
+            locked_is_busy: false,
         }
     }
 }
@@ -187,7 +197,8 @@ where
             report.note(&failed);
         }
         let pause = match failure {
-            Failure::NotCommitted if rolled_back < policy.rolled_back => {
+            Failure::Locked if policy.locked_is_busy => None,
+            Failure::NotCommitted | Failure::Locked if rolled_back < policy.rolled_back => {
                 rolled_back += 1;
                 Some(rollback_pause())
             }
@@ -256,6 +267,7 @@ mod tests {
             send_until: now + Duration::from_millis(send_for),
             resolve_until: now + Duration::from_millis(resolve_for),
             report: None,
+            locked_is_busy: false,
         }
     }
 

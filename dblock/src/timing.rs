@@ -41,9 +41,19 @@ pub(crate) fn after(start: Instant, d: Duration) -> Instant {
         .unwrap_or(start)
 }
 
-/// The end of a call's whole time: its `wait`, or one attempt's floor.
-pub(crate) fn call_until(started: Instant, wait: Duration, statement_timeout: Duration) -> Instant {
-    after(started, wait).max(started + ATTEMPT_FLOOR.min(statement_timeout))
+/// The end of a call's whole time: its `wait`, or one attempt's floor — [`ATTEMPT_FLOOR`], or
+/// longer where the backend's lock statements may wait longer for a row lock (`row_lock_wait`:
+/// MySQL's 1 s), so that an attempt held up by a transaction that holds the key answers "busy"
+/// itself instead of running out of time: 500 ms past that wait. At most the statement
+/// time-out.
+pub(crate) fn call_until(
+    started: Instant,
+    wait: Duration,
+    statement_timeout: Duration,
+    row_lock_wait: Duration,
+) -> Instant {
+    let floor = ATTEMPT_FLOOR.max(row_lock_wait + Duration::from_millis(500));
+    after(started, wait).max(started + floor.min(statement_timeout))
 }
 
 /// Whether a grant whose lease (of length `lease`) ends at `deadline` is live enough to return.

@@ -144,7 +144,12 @@ pub(crate) async fn wait_for<K: Kind>(
     first_busy: &mut Option<Instant>,
 ) -> Result<LockGuard, LockError> {
     let wait_until = timing::after(started, wait);
-    let call_until = timing::call_until(started, wait, shared.statement_timeout);
+    let call_until = timing::call_until(
+        started,
+        wait,
+        shared.statement_timeout,
+        shared.row_lock_wait(),
+    );
     let mut backoff = Backoff::default();
     let mut seen = Seen::Nothing;
     let mut failure: Option<LockError> = None;

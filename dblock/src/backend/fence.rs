@@ -1,19 +1,28 @@
-//! Fenced writes: inside the caller's transaction on the lock's own database, check that a lease
-//! is still ours and live, and lock its row until that transaction ends; and the success that
-//! commits with the work (`succeed_in`).
+//! Fenced writes and the lock inside the caller's transaction: statements that run on the
+//! caller's connection (or, through `&mut *tx`, transaction) on the lock's own database.
 //!
-//! The statement is the same on every backend: an `UPDATE` of the lease row, owner-, tenure- and
-//! lease-checked in its `WHERE`. An `UPDATE` takes the row's write lock (PostgreSQL, InnoDB) or
-//! the database's write lock (SQLite) and keeps it until the caller's transaction commits or
-//! rolls back; every takeover of the key is an `UPDATE` of that row, so it waits. The fence
-//! changes nothing (`lock_key = lock_key`); `succeed_in` also writes the hold's outcome,
-//! `Succeeded`, and marks the tenure's success as committed (`success_token`): it becomes
-//! visible, and binding, exactly when the caller's transaction commits, and is undone with it.
-//! A release that follows (whatever outcome it brings) and a takeover after the lease ran out
-//! both keep a success whose `success_token` is the row's tenure.
+//! - **Fence** (`fence`, `succeed_in`): an `UPDATE` of the lease row, owner-, tenure- and
+//!   lease-checked in its `WHERE`. An `UPDATE` takes the row's write lock (PostgreSQL, InnoDB) or
+//!   the database's write lock (SQLite) and keeps it until the caller's transaction commits or
+//!   rolls back; every takeover of the key is an `UPDATE` of that row, so it waits. The fence
+//!   changes nothing (`lock_key = lock_key`); `succeed_in` also writes the hold's outcome,
+//!   `Succeeded`, and marks the tenure's success as committed (`success_token`): it becomes
+//!   visible, and binding, exactly when the caller's transaction commits, and is undone with it.
+//!   A release that follows (whatever outcome it brings) and a takeover after the lease ran out
+//!   both keep a success whose `success_token` is the row's tenure. A hold taken with `lock_in`
+//!   has no lease to check (its row lock is the lock): its fence checks owner and tenure only.
+//! - **`lock_in`**: one statement takes the key inside the caller's transaction, writing a new
+//!   tenure whose lease has already ended (`expires_at = acquired_at =` the statement's time) and
+//!   whose success is recorded (`success_token`, `last_outcome = 1`). While that transaction is
+//!   open the row lock excludes every takeover; every other session still reads the committed
+//!   row. Committed, the row says "free, last held by this owner, succeeded" with the new token;
+//!   rolled back, nothing happened. See `ARCHITECTURE.md` ("The lock inside the app's
+//!   transaction") for each backend's atomicity argument.
+//! - **`release_in`**: `succeed_in` and a full release in one `UPDATE` of the caller's
+//!   transaction.
 //!
-//! Behind a transaction pooler (a PostgreSQL locker with `ConnectOptions::pooler`) it goes as a
-//! simple query with its values inlined: a prepared statement would outlive the caller's
+//! Behind a transaction pooler (a PostgreSQL locker with `ConnectOptions::pooler`) they go as
+//! simple queries with their values inlined: a prepared statement would outlive the caller's
 //! transaction on a server connection that other clients get next.
 
 use std::future::Future;
@@ -22,14 +31,20 @@ use sqlx::SqlStr;
 
 use super::quote_ident;
 
-/// A connection (or, through `&mut *tx`, a transaction) of a database whose writes can be fenced:
-/// `PgConnection`, `MySqlConnection`, `SqliteConnection` (with the matching cargo feature).
-/// Sealed: implemented by dblock only.
+/// A connection (or, through `&mut *tx`, a transaction) of a database whose writes can be fenced
+/// and in whose transactions a lock can be taken: `PgConnection`, `MySqlConnection`,
+/// `SqliteConnection` (with the matching cargo feature). Sealed: implemented by dblock only.
 pub trait FenceConnection: Send + sealed::Sealed {
-    /// Locks the row of `key` if `owner` holds it live in tenure `token` (and with `succeed`,
-    /// records the hold's success); how many rows matched. `simple`: as a simple-protocol query
-    /// with the values inlined (PostgreSQL behind a pooler; other backends ignore it).
+    /// The backend's name, as the locker's dialect gives it (`postgres`, `mysql`, `sqlite`).
     #[doc(hidden)]
+    const BACKEND: &'static str;
+
+    /// Locks the row of `key` if `owner` holds it in tenure `token` — live, unless `in_tx` (a
+    /// hold taken with `lock_in`) — and with `succeed`, records the hold's success; how many
+    /// rows matched. `simple`: as a simple-protocol query with the values inlined (PostgreSQL
+    /// behind a pooler; other backends ignore it).
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
     fn fence_row(
         &mut self,
         table: &str,
@@ -38,6 +53,34 @@ pub trait FenceConnection: Send + sealed::Sealed {
         token: u64,
         simple: bool,
         succeed: bool,
+        in_tx: bool,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Takes `key` for `owner` inside the connection's open transaction if no one holds it and
+    /// no other transaction has its row locked: the new fencing token, or `None` (busy). `wait`:
+    /// how long InnoDB may wait for the row (MariaDB only; whole seconds).
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn lock_in_row(
+        &mut self,
+        table: &str,
+        key: &str,
+        owner: &str,
+        holder: &str,
+        simple: bool,
+        mariadb_wait: Option<u64>,
+    ) -> impl Future<Output = Result<Option<u64>, sqlx::Error>> + Send;
+
+    /// Records the success of `owner`'s live tenure `token` of `key` and releases it, inside
+    /// the connection's open transaction; how many rows matched.
+    #[doc(hidden)]
+    fn release_in_row(
+        &mut self,
+        table: &str,
+        key: &str,
+        owner: &str,
+        token: u64,
+        simple: bool,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 }
 
@@ -52,91 +95,390 @@ fn sql(text: String) -> SqlStr {
     sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(text))
 }
 
-/// The fence statement's text, per backend (placeholders and clock, `{table}` and the `{set}` of
-/// the fence or of a success), and for PostgreSQL the function that sends a `simple` fence
-/// (other backends ignore the flag).
-macro_rules! fence_impl {
-    ($conn:ty, $quote:expr, $text:expr, succeed: $succeed:expr $(, simple: $simple:path)?) => {
-        impl sealed::Sealed for $conn {}
-
-        impl FenceConnection for $conn {
-            async fn fence_row(
-                &mut self,
-                table: &str,
-                key: &str,
-                owner: &str,
-                token: u64,
-                simple: bool,
-                succeed: bool,
-            ) -> Result<u64, sqlx::Error> {
-                let set = if succeed { $succeed } else { FENCE_ONLY };
-                let text = format!($text, table = quote_ident(table, $quote), set = set);
-                $(
-                    if simple {
-                        return $simple(self, &text, key, owner, token).await;
-                    }
-                )?
-                let _ = simple;
-                let done = sqlx::query(sql(text))
-                    .bind(key)
-                    .bind(owner)
-                    .bind(token as i64)
-                    .execute(&mut *self)
-                    .await?;
-                Ok(done.rows_affected())
-            }
-        }
-    };
+/// The texts of one backend's statements on the caller's connection: `{table}`, the fence's
+/// `{set}` and `{live}` (the lease check, empty for a `lock_in` hold), with `$1` key, `$2` owner,
+/// `$3` token (fence, release_in) or holder (lock_in).
+struct Texts {
+    quote: char,
+    fence: &'static str,
+    live: &'static str,
+    succeed: &'static str,
+    lock_in: &'static str,
+    release_in: &'static str,
 }
 
-/// The PostgreSQL fence as one simple query, its values inlined. No settings before it: it runs
-/// inside the caller's transaction, with the caller's.
-#[cfg(feature = "postgres")]
-async fn pg_simple(
-    conn: &mut sqlx::PgConnection,
-    text: &str,
-    key: &str,
-    owner: &str,
-    token: u64,
-) -> Result<u64, sqlx::Error> {
-    use super::postgres::{pooler, Arg};
-    let inlined = pooler::inline(
-        text,
-        &[Arg::Text(key), Arg::Text(owner), Arg::Int8(token as i64)],
-    )?;
-    let done = sqlx::raw_sql(sqlx::AssertSqlSafe(inlined))
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected())
+impl Texts {
+    fn fence(&self, table: &str, succeed: bool, in_tx: bool) -> String {
+        self.fence
+            .replace("{set}", if succeed { self.succeed } else { FENCE_ONLY })
+            .replace("{live}", if in_tx { "" } else { self.live })
+            .replace("{table}", &quote_ident(table, self.quote))
+    }
+
+    fn text(&self, template: &str, table: &str) -> String {
+        template.replace("{table}", &quote_ident(table, self.quote))
+    }
 }
 
 #[cfg(feature = "postgres")]
-fence_impl!(
-    sqlx::PgConnection,
-    '"',
-    "UPDATE {table} SET {set}
+mod pg {
+    use super::*;
+    use crate::backend::postgres::{pooler, Arg};
+    use sqlx::Row;
+
+    pub(super) const TEXTS: Texts = Texts {
+        quote: '"',
+        fence: "UPDATE {table} SET {set}
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3{live}",
+        live: " AND expires_at > statement_timestamp()",
+        succeed:
+            "success_token = fencing_token, last_outcome = 1, finished_at = statement_timestamp()",
+        // `s` locks the row only if it is free (no live lease, no lock_in committed or not) and
+        // no other transaction has it locked: SKIP LOCKED, so the caller's session never waits
+        // on a row lock, and a busy key is never locked by it. `u` writes the new tenure on the
+        // row `s` locked. `i` creates a key no one has used, when the statement's snapshot has
+        // no row (two racing creators: ON CONFLICT DO NOTHING, the second is busy).
+        lock_in: "WITH s AS (
+    SELECT lock_key FROM {table}
+    WHERE lock_key = $1 AND expires_at <= statement_timestamp()
+    FOR UPDATE SKIP LOCKED
+), u AS (
+    UPDATE {table} AS l SET owner = $2, holder = $3, hold_count = 1,
+        fencing_token = l.fencing_token + 1, success_token = l.fencing_token + 1,
+        acquired_at = statement_timestamp(), expires_at = statement_timestamp(),
+        available_at = NULL, attempt_id = NULL, contended = false,
+        last_outcome = 1, finished_at = statement_timestamp()
+    FROM s WHERE l.lock_key = s.lock_key
+    RETURNING l.fencing_token
+), i AS (
+    INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
+                         holder, last_outcome, finished_at, success_token)
+    SELECT $1, $2, 1, n.token, statement_timestamp(), statement_timestamp(), $3, 1,
+           statement_timestamp(), n.token
+    FROM (SELECT (extract(epoch FROM statement_timestamp()) * 1000000)::int8 AS token) n
+    WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1)
+    ON CONFLICT (lock_key) DO NOTHING
+    RETURNING fencing_token
+)
+SELECT fencing_token FROM u UNION ALL SELECT fencing_token FROM i",
+        release_in: "UPDATE {table} SET hold_count = 0, owner = NULL,
+    expires_at = greatest(statement_timestamp(), available_at),
+    success_token = fencing_token, last_outcome = 1, finished_at = statement_timestamp(),
+    release_token = fencing_token
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > statement_timestamp()",
-    succeed: "success_token = fencing_token, last_outcome = 1, finished_at = statement_timestamp()",
-    simple: pg_simple
-);
+    };
 
-// sqlx sets CLIENT_FOUND_ROWS: rows_affected counts the matched row, changed or not.
+    /// Runs `text` with `args` on the caller's connection: prepared, or (`simple`) inlined.
+    async fn rows(
+        conn: &mut sqlx::PgConnection,
+        text: String,
+        args: &[Arg<'_>],
+        simple: bool,
+    ) -> Result<(u64, Option<i64>), sqlx::Error> {
+        if simple {
+            let inlined = pooler::inline(&text, args)?;
+            let mut affected = 0;
+            let mut first = None;
+            use futures_util::TryStreamExt as _;
+            let mut stream = sqlx::raw_sql(sqlx::AssertSqlSafe(inlined)).fetch_many(&mut *conn);
+            while let Some(item) = stream.try_next().await? {
+                match item {
+                    sqlx::Either::Left(done) => affected += done.rows_affected(),
+                    sqlx::Either::Right(row) => {
+                        if first.is_none() {
+                            first = Some(row.try_get::<i64, _>(0)?);
+                        }
+                    }
+                }
+            }
+            return Ok((affected, first));
+        }
+        let mut query = sqlx::query(sql(text));
+        for arg in args {
+            query = arg.bind(query);
+        }
+        let rows = query.fetch_all(&mut *conn).await?;
+        let first = match rows.first() {
+            Some(row) if row.len() > 0 => Some(row.try_get::<i64, _>(0)?),
+            _ => None,
+        };
+        Ok((rows.len() as u64, first))
+    }
+
+    impl sealed::Sealed for sqlx::PgConnection {}
+
+    impl FenceConnection for sqlx::PgConnection {
+        const BACKEND: &'static str = "postgres";
+
+        async fn fence_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            token: u64,
+            simple: bool,
+            succeed: bool,
+            in_tx: bool,
+        ) -> Result<u64, sqlx::Error> {
+            let text = TEXTS.fence(table, succeed, in_tx);
+            let args = [Arg::Text(key), Arg::Text(owner), Arg::Int8(token as i64)];
+            if simple {
+                return Ok(rows(self, text, &args, true).await?.0);
+            }
+            let done = sqlx::query(sql(text))
+                .bind(key)
+                .bind(owner)
+                .bind(token as i64)
+                .execute(&mut *self)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn lock_in_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            holder: &str,
+            simple: bool,
+            _mariadb_wait: Option<u64>,
+        ) -> Result<Option<u64>, sqlx::Error> {
+            let text = TEXTS.text(TEXTS.lock_in, table);
+            let args = [Arg::Text(key), Arg::Text(owner), Arg::Text(holder)];
+            Ok(rows(self, text, &args, simple).await?.1.map(|t| t as u64))
+        }
+
+        async fn release_in_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            token: u64,
+            simple: bool,
+        ) -> Result<u64, sqlx::Error> {
+            let text = TEXTS.text(TEXTS.release_in, table);
+            let args = [Arg::Text(key), Arg::Text(owner), Arg::Int8(token as i64)];
+            if simple {
+                return Ok(rows(self, text, &args, true).await?.0);
+            }
+            let done = sqlx::query(sql(text))
+                .bind(key)
+                .bind(owner)
+                .bind(token as i64)
+                .execute(&mut *self)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    }
+}
+
 #[cfg(feature = "mysql")]
-fence_impl!(
-    sqlx::MySqlConnection,
-    '`',
-    "UPDATE {table} SET {set}
+mod my {
+    use super::*;
+
+    // sqlx sets CLIENT_FOUND_ROWS: rows_affected counts the matched row, changed or not.
+    pub(super) const TEXTS: Texts = Texts {
+        quote: '`',
+        fence: "UPDATE {table} SET {set}
+WHERE lock_key = ? AND owner = ? AND fencing_token = ?{live}",
+        live: " AND expires_at > UTC_TIMESTAMP(6)",
+        succeed: "success_token = fencing_token, last_outcome = 1, finished_at = UTC_TIMESTAMP(6)",
+        // One single-row UPDATE by primary key: InnoDB locks the row and reads its latest
+        // committed version whatever the isolation level, so two takers queue and the second
+        // re-reads the first's committed write. The new token comes back in the OK packet
+        // (LAST_INSERT_ID(expr)); its columns are assigned left to right, so `fencing_token`
+        // is the new one where `success_token` reads it.
+        lock_in: "UPDATE {table} SET fencing_token = LAST_INSERT_ID(fencing_token + 1),
+    success_token = fencing_token, owner = ?, holder = ?, hold_count = 1,
+    acquired_at = UTC_TIMESTAMP(6), expires_at = acquired_at, available_at = NULL,
+    attempt_id = NULL, last_outcome = 1, finished_at = acquired_at
+WHERE lock_key = ? AND expires_at <= UTC_TIMESTAMP(6)",
+        release_in: "UPDATE {table} SET success_token = fencing_token, last_outcome = 1,
+    finished_at = UTC_TIMESTAMP(6), release_token = fencing_token, hold_count = 0, owner = NULL,
+    expires_at = greatest(UTC_TIMESTAMP(6), coalesce(available_at, UTC_TIMESTAMP(6)))
 WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIMESTAMP(6)",
-    succeed: "success_token = fencing_token, last_outcome = 1, finished_at = UTC_TIMESTAMP(6)"
-);
+    };
+
+    impl sealed::Sealed for sqlx::MySqlConnection {}
+
+    impl FenceConnection for sqlx::MySqlConnection {
+        const BACKEND: &'static str = "mysql";
+
+        async fn fence_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            token: u64,
+            _simple: bool,
+            succeed: bool,
+            in_tx: bool,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(sql(TEXTS.fence(table, succeed, in_tx)))
+                .bind(key)
+                .bind(owner)
+                .bind(token as i64)
+                .execute(&mut *self)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn lock_in_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            holder: &str,
+            _simple: bool,
+            mariadb_wait: Option<u64>,
+        ) -> Result<Option<u64>, sqlx::Error> {
+            let mut text = TEXTS.text(TEXTS.lock_in, table);
+            if let Some(secs) = mariadb_wait {
+                // MariaDB: the wait for the row lock is bounded for this statement only.
+                text = format!("SET STATEMENT innodb_lock_wait_timeout = {secs} FOR {text}");
+            }
+            let done = sqlx::query(sql(text))
+                .bind(owner)
+                .bind(holder)
+                .bind(key)
+                .execute(&mut *self)
+                .await?;
+            Ok((done.rows_affected() == 1).then(|| done.last_insert_id()))
+        }
+
+        async fn release_in_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            token: u64,
+            _simple: bool,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(sql(TEXTS.text(TEXTS.release_in, table)))
+                .bind(key)
+                .bind(owner)
+                .bind(token as i64)
+                .execute(&mut *self)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    }
+}
 
 #[cfg(feature = "sqlite")]
-fence_impl!(
-    sqlx::SqliteConnection,
-    '"',
-    "UPDATE {table} SET {set}
-WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3
-  AND expires_at > CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)",
-    succeed: "success_token = fencing_token, last_outcome = 1,
-    finished_at = CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
-);
+mod lite {
+    use super::*;
+    use sqlx::Row;
+
+    /// Milliseconds since the epoch, SQLite's clock as every dblock statement reads it.
+    macro_rules! now {
+        () => {
+            "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+        };
+    }
+
+    pub(super) const TEXTS: Texts = Texts {
+        quote: '"',
+        fence: "UPDATE {table} SET {set}
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3{live}",
+        live: concat!(" AND expires_at > ", now!()),
+        succeed: concat!(
+            "success_token = fencing_token, last_outcome = 1, finished_at = ",
+            now!()
+        ),
+        // One upsert: the database's write lock (taken by the statement, kept by the caller's
+        // transaction) serialises it with every other writer of the file.
+        lock_in: concat!(
+            "INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at,
+    acquired_at, holder, last_outcome, finished_at, success_token)
+VALUES ($1, $2, 1, ",
+            now!(),
+            " * 1000, ",
+            now!(),
+            ", ",
+            now!(),
+            ", $3, 1, ",
+            now!(),
+            ", ",
+            now!(),
+            " * 1000)
+ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, holder = excluded.holder,
+    hold_count = 1, fencing_token = fencing_token + 1, success_token = fencing_token + 1,
+    acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, available_at = NULL,
+    attempt_id = NULL, last_outcome = 1, finished_at = excluded.finished_at
+WHERE expires_at <= excluded.acquired_at
+RETURNING fencing_token"
+        ),
+        release_in: concat!(
+            "UPDATE {table} SET success_token = fencing_token, last_outcome = 1, finished_at = ",
+            now!(),
+            ", release_token = fencing_token, hold_count = 0, owner = NULL,
+    expires_at = max(",
+            now!(),
+            ", coalesce(available_at, 0))
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > ",
+            now!()
+        ),
+    };
+
+    impl sealed::Sealed for sqlx::SqliteConnection {}
+
+    impl FenceConnection for sqlx::SqliteConnection {
+        const BACKEND: &'static str = "sqlite";
+
+        async fn fence_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            token: u64,
+            _simple: bool,
+            succeed: bool,
+            in_tx: bool,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(sql(TEXTS.fence(table, succeed, in_tx)))
+                .bind(key)
+                .bind(owner)
+                .bind(token as i64)
+                .execute(&mut *self)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn lock_in_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            holder: &str,
+            _simple: bool,
+            _mariadb_wait: Option<u64>,
+        ) -> Result<Option<u64>, sqlx::Error> {
+            let row = sqlx::query(sql(TEXTS.text(TEXTS.lock_in, table)))
+                .bind(key)
+                .bind(owner)
+                .bind(holder)
+                .fetch_optional(&mut *self)
+                .await?;
+            row.map(|r| r.try_get::<i64, _>(0).map(|t| t as u64))
+                .transpose()
+        }
+
+        async fn release_in_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            token: u64,
+            _simple: bool,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(sql(TEXTS.text(TEXTS.release_in, table)))
+                .bind(key)
+                .bind(owner)
+                .bind(token as i64)
+                .execute(&mut *self)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    }
+}

@@ -117,6 +117,26 @@ impl Backend {
         dispatch!(self, _b, D => D::NAME)
     }
 
+    /// The longest a lock statement of this locker waits for a row lock (SQLite: the file's
+    /// write lock) before the server rolls it back ([`Failure::Locked`]): PostgreSQL's
+    /// `lock_timeout` (250 ms), MySQL's `innodb_lock_wait_timeout` (1 s, its shortest), SQLite's
+    /// busy timeout (500 ms). A pool the application passes in keeps its own settings; this is
+    /// what the locker's own pools use.
+    pub(crate) fn row_lock_wait(
+        &self,
+        statement_timeout: std::time::Duration,
+    ) -> std::time::Duration {
+        let wait = match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => postgres::row_lock_wait(statement_timeout),
+            #[cfg(feature = "mysql")]
+            Backend::MySql(_) => std::time::Duration::from_secs(1),
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => sqlite::WRITE_LOCK_WAIT,
+        };
+        wait.min(statement_timeout)
+    }
+
     /// Statements of one kind a locker keeps in flight before further calls queue and travel
     /// together (`backend/coalesce/`). SQLite: one, since it has one writer at a time and a
     /// second statement would only wait for the file's write lock (in its busy handler's
@@ -313,7 +333,9 @@ impl Backend {
             (other, None) => retry::transport(other),
         };
         match failure {
-            Failure::Unknown | Failure::NotCommitted if !failed.sent => Failure::NotSent,
+            Failure::Unknown | Failure::NotCommitted | Failure::Locked if !failed.sent => {
+                Failure::NotSent
+            }
             other => other,
         }
     }
@@ -393,6 +415,61 @@ impl Backend {
 }
 
 /// Hooks for tests and the benchmark (`crate::test_util`).
+/// What [`Backend::prepare_lock_in`] found.
+pub(crate) struct LockInCheck {
+    /// The key may be free: send the attempt (else it is busy this time).
+    pub(crate) free: bool,
+    /// MariaDB: the statement's own bound on its wait for the row lock, in whole seconds.
+    pub(crate) mariadb_wait: Option<u64>,
+}
+
+impl Backend {
+    /// Before each `lock_in` attempt: whether to send it (on MySQL the key must look free on
+    /// the locker's own pool first, which also creates a new key's row: `My::prepare_lock_in`),
+    /// and how long (whole seconds) the statement may wait for a row lock when it can bound that
+    /// itself (MariaDB: `SET STATEMENT`).
+    pub(crate) async fn prepare_lock_in(&self, key: &str) -> Result<LockInCheck, sqlx::Error> {
+        match self {
+            #[cfg(feature = "mysql")]
+            Backend::MySql(my) => {
+                let (free, mariadb) = my.prepare_lock_in(key).await?;
+                Ok(LockInCheck {
+                    free,
+                    mariadb_wait: mariadb.then_some(0),
+                })
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = key;
+                Ok(LockInCheck {
+                    free: true,
+                    mariadb_wait: None,
+                })
+            }
+        }
+    }
+
+    /// Whether a failure of a statement sent on the caller's connection rolled back only that
+    /// statement because a lock was not to be had in time (MariaDB's bounded wait, error 1205
+    /// at `innodb_lock_wait_timeout = 0`; SQLite's `SQLITE_BUSY`): the key is busy, the
+    /// transaction goes on.
+    pub(crate) fn lock_not_had(&self, e: &sqlx::Error) -> bool {
+        match (self, e) {
+            #[cfg(feature = "mysql")]
+            (Backend::MySql(_), sqlx::Error::Database(db)) => {
+                mysql::lock_wait_timed_out(db.as_ref())
+            }
+            // The caller's busy timeout ran out on the file's write lock (a deferred transaction
+            // that had not written yet): the statement failed, the transaction goes on.
+            #[cfg(feature = "sqlite")]
+            (Backend::Sqlite(_), sqlx::Error::Database(db)) => {
+                matches!(db.code().as_deref(), Some("5") | Some("773"))
+            }
+            _ => false,
+        }
+    }
+}
+
 impl Backend {
     /// MySQL: the MySQL 8 statements even on MariaDB. Others: unchanged.
     #[cfg(any(test, feature = "_test-util"))]

@@ -88,13 +88,13 @@ pub(crate) async fn connect(
     let options = MySqlConnectOptions::from_str(&url).map_err(|e| super::bad_url(&url, e))?;
     let secs = opts.statement_timeout.as_secs_f64();
     // MariaDB's max_statement_time (seconds, any statement); innodb_lock_wait_timeout is whole
-    // seconds, at least 1.
+    // seconds, at least 1 on MySQL: the shortest wait for a row lock there is. Lock statements
+    // hold a row for one statement's time; only a transaction (a fenced one, or a key taken
+    // with `lock_in`) holds it longer, and a call on such a key answers `Busy` near its `wait`
+    // (the statement rolled back, 1205, and tried again) instead of blocking for longer.
     let session = Arc::new([
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_owned(),
-        format!(
-            "SET SESSION innodb_lock_wait_timeout = {}",
-            secs.ceil().max(1.0) as u64
-        ),
+        "SET SESSION innodb_lock_wait_timeout = 1".to_owned(),
         format!("SET SESSION max_statement_time = {secs:.3}"),
         // Galera: no automatic autocommit retry (it can answer one RETURNING statement with two
         // rows, the first stale), and causal reads for read-only paths.
@@ -143,6 +143,48 @@ impl My {
             .await
             .copied()
     }
+
+    /// Before a `lock_in` attempt, on this pool (autocommit, READ COMMITTED: the latest committed
+    /// row, never in the caller's transaction): whether the key looks free, creating its row
+    /// (free) if no one has used the key; and whether the server is MariaDB, whose statement can
+    /// bound its own wait for the row lock.
+    ///
+    /// Why here and not in the caller's transaction: InnoDB locks a row it reads for an `UPDATE`
+    /// before it tests the rest of the `WHERE`, and at REPEATABLE READ (MySQL's default) keeps
+    /// that lock to the end of the transaction even when the row did not match. An attempt
+    /// on a key a lease holds would hold up that holder's renewal and release for as long as
+    /// the caller's transaction stays open. So the caller's transaction only sends its `UPDATE`
+    /// when the key looked free here (a lease taken in between still makes that one attempt
+    /// lock the row: the race is one round trip wide). Likewise an insert of a new key in the
+    /// caller's transaction would hold insert-intention and, at REPEATABLE READ, gap locks that
+    /// block other sessions' inserts of neighbouring keys until it ends.
+    pub(crate) async fn prepare_lock_in(&self, key: &str) -> Result<(bool, bool), sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let mariadb = self.supports_returning(&mut conn).await?;
+        let state = format!(
+            "SELECT CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) FROM {} WHERE lock_key = ?",
+            self.table
+        );
+        let free: Option<i64> = sqlx::query_scalar(AssertSqlSafe(state))
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if free.is_none() {
+            // A racing creator makes this a no-op. Its lease ended at the epoch; its token is
+            // the clock's microseconds, as an acquire seeds it.
+            let create = format!(
+                "INSERT IGNORE INTO {} (lock_key, owner, hold_count, fencing_token, expires_at,
+    acquired_at) VALUES (?, NULL, 0, {US_NOW}, '1970-01-01 00:00:01', '1970-01-01 00:00:01')",
+                self.table
+            );
+            sqlx::query(AssertSqlSafe(create))
+                .bind(key)
+                .execute(&mut *conn)
+                .await?;
+        }
+        self.pool.keep(conn);
+        Ok((free != Some(0), mariadb))
+    }
 }
 
 super::backend_trait!(OnMySql, mysql, My, sqlx::MySqlConnection);
@@ -164,10 +206,10 @@ impl Dialect for My {
             return Failure::Fatal;
         };
         match e.number() {
-            code::ER_LOCK_DEADLOCK
-            | code::ER_LOCK_WAIT_TIMEOUT
-            | code::ER_QUERY_INTERRUPTED
-            | code::ER_STATEMENT_TIMEOUT => Failure::NotCommitted,
+            code::ER_LOCK_WAIT_TIMEOUT => Failure::Locked,
+            code::ER_LOCK_DEADLOCK | code::ER_QUERY_INTERRUPTED | code::ER_STATEMENT_TIMEOUT => {
+                Failure::NotCommitted
+            }
             code::ER_UNKNOWN_COM_ERROR
             | code::ER_SERVER_SHUTDOWN
             | code::ER_CONNECTION_KILLED
@@ -196,6 +238,13 @@ impl Dialect for My {
 }
 
 super::admin::shared_admin!(OnMySql, mysql, My, sqlx::MySql, sql.admin);
+
+/// Error 1205: a row lock not had within `innodb_lock_wait_timeout` (only the statement is
+/// rolled back, `innodb_rollback_on_timeout` being off by default).
+pub(crate) fn lock_wait_timed_out(e: &dyn sqlx::error::DatabaseError) -> bool {
+    e.try_downcast_ref::<MySqlDatabaseError>()
+        .is_some_and(|e| e.number() == code::ER_LOCK_WAIT_TIMEOUT)
+}
 
 /// `true` for MariaDB 10.5 and later, whose INSERT takes RETURNING.
 fn mariadb_with_returning(version: &str) -> bool {

@@ -45,8 +45,16 @@ mod code {
 /// Clock differences between processes sharing a file that `migrate` lets pass without a warning.
 const CLOCK_TOLERANCE_MS: i64 = 1000;
 
-/// How long a statement waits for SQLite's write lock (its busy handler) before failing.
+/// How long the pool waits for a connection before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a statement waits for SQLite's write lock (its busy handler) before failing with
+/// `SQLITE_BUSY` (classed [`Failure::Locked`]: an acquire answers busy, other statements are
+/// sent again). Lock statements hold the write lock for one statement's time; only a
+/// transaction holds it longer (an application's fenced transaction, or one that took a key
+/// with `lock_in`), and a call made meanwhile answers `Busy` near its `wait` instead of
+/// blocking past it.
+pub(crate) const WRITE_LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// A hold that ran out without a release: it ended in failure, unless its success committed
 /// with the work (`succeed_in`: `success_token` is its tenure). `{l}` is the row's alias.
@@ -166,7 +174,7 @@ pub(crate) async fn connect(
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
         // A write waits for SQLite's lock at most as long as a statement may take.
-        .busy_timeout(opts.statement_timeout.min(BUSY_TIMEOUT));
+        .busy_timeout(opts.statement_timeout.min(WRITE_LOCK_WAIT));
     let in_memory = url.contains(":memory:") || url.contains("mode=memory");
     let mut pool = SqlitePoolOptions::new()
         // An in-memory database is one connection's: more would each see a database of its own.
@@ -429,12 +437,13 @@ impl Dialect for Lite {
 
     fn classify(e: &dyn sqlx::error::DatabaseError) -> Failure {
         match e.code().as_deref() {
-            Some(code::SQLITE_BUSY)
-            | Some(code::SQLITE_LOCKED)
+            // The busy timeout ran out on the file's write lock: another connection holds it
+            // (a writer; for long, an open transaction, e.g. one that took a key `lock_in`).
+            Some(code::SQLITE_BUSY) | Some(code::SQLITE_BUSY_TIMEOUT) => Failure::Locked,
+            Some(code::SQLITE_LOCKED)
             | Some(code::SQLITE_BUSY_RECOVERY)
             | Some(code::SQLITE_LOCKED_SHAREDCACHE)
-            | Some(code::SQLITE_BUSY_SNAPSHOT)
-            | Some(code::SQLITE_BUSY_TIMEOUT) => Failure::NotCommitted,
+            | Some(code::SQLITE_BUSY_SNAPSHOT) => Failure::NotCommitted,
             _ => Failure::Fatal,
         }
     }

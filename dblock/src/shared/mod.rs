@@ -311,6 +311,22 @@ impl Shared {
             .map_err(|e| LockError::Config(e.clone()))
     }
 
+    /// The longest the locker's lock statements wait for a row lock (`Backend::row_lock_wait`);
+    /// zero without a backend.
+    pub(crate) fn row_lock_wait(&self) -> Duration {
+        self.backend
+            .as_ref()
+            .map_or(Duration::ZERO, |b| b.row_lock_wait(self.statement_timeout))
+    }
+
+    /// Whether a failed statement was rolled back for a row lock not had within the lock wait
+    /// ([`Failure::Locked`](crate::retry::Failure::Locked)).
+    pub(crate) fn locked(&self, failed: &crate::retry::Failed) -> bool {
+        self.backend
+            .as_ref()
+            .is_ok_and(|b| b.classify(failed) == crate::retry::Failure::Locked)
+    }
+
     /// Whether statements on the caller's connections (`fence`) must go as simple queries with
     /// inlined values: PostgreSQL behind a transaction pooler.
     pub(crate) fn simple_statements(&self) -> bool {

@@ -49,6 +49,7 @@ impl Shared {
             send_until: until,
             resolve_until: until,
             report: None,
+            locked_is_busy: false,
         };
         let statement = crate::backend::Release {
             hold: held,
@@ -142,6 +143,7 @@ impl Shared {
             send_until: until,
             resolve_until: until,
             report: None,
+            locked_is_busy: false,
         };
         let tried = retry::run(
             policy,

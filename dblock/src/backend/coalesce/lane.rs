@@ -530,9 +530,46 @@ async fn send_batch<R: Row>(lane: &Inner<R>, to: &R::To, mut batch: Vec<Queued<R
         Err(failed) => {
             lane.note(&failed);
             let class = to.classify(&failed);
+            if class == Failure::Locked && rows.len() > 1 {
+                // One row was held past the lock wait (an open transaction holds its key): the
+                // other rows are not to wait for it. Each goes again alone, all at once, and
+                // only the held one's caller hears that it is locked.
+                send_alone(to, &rows, answers, deadline).await;
+                return;
+            }
             for answer in answers {
                 let _ = answer.send(Err(copy(&failed, class)));
             }
         }
+    }
+}
+
+/// Sends each of `rows` as a statement of its own, concurrently (distinct keys, in key order:
+/// no two can deadlock), and answers each row with its own result.
+async fn send_alone<R: Row>(
+    to: &R::To,
+    rows: &[R],
+    answers: Vec<tokio::sync::oneshot::Sender<Result<R::Out, Failed>>>,
+    deadline: Instant,
+) {
+    let outs =
+        futures_util::future::join_all(rows.chunks(1).map(|one| R::send(to, one, deadline))).await;
+    for (answer, out) in answers.into_iter().zip(outs) {
+        let out = match out {
+            Ok(mut outs) if outs.len() == 1 => Ok(outs.remove(0)),
+            Ok(outs) => Err(Failed {
+                error: sqlx::Error::Protocol(format!(
+                    "a one-row statement answered {} rows",
+                    outs.len()
+                )),
+                sent: true,
+                class: Some(Failure::Unknown),
+            }),
+            Err(failed) => {
+                let class = to.classify(&failed);
+                Err(copy(&failed, class))
+            }
+        };
+        let _ = answer.send(out);
     }
 }

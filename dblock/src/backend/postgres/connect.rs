@@ -265,8 +265,13 @@ fn session_settings(opts: &ConnectOptions) -> Vec<(&'static str, String)> {
     let ms = opts.statement_timeout.as_millis().to_string();
     let mut settings = vec![
         ("default_transaction_isolation", "read committed".to_owned()),
-        ("statement_timeout", ms.clone()),
-        ("lock_timeout", ms),
+        ("statement_timeout", ms),
+        (
+            "lock_timeout",
+            super::row_lock_wait(opts.statement_timeout)
+                .as_millis()
+                .to_string(),
+        ),
         ("enable_seqscan", "off".to_owned()),
     ];
     settings.extend(keepalives().map(|(name, value)| (name, value.to_owned())));

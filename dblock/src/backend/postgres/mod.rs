@@ -73,6 +73,21 @@ mod sqlstate {
     }
 }
 
+/// The longest a lock statement waits for a row lock (`lock_timeout`) before the server rolls it
+/// back (55P03) and the call tries again within its own `wait`. Lock statements hold a row for
+/// one statement's time (a millisecond or so), so only a transaction holds one longer: an
+/// application's fenced transaction, or a key taken with `lock_in`. Short, so that a call on such
+/// a key answers `Busy` near its `wait` instead of blocking until the statement time-out and
+/// taking the key after that transaction commits, long after its caller stopped waiting.
+const ROW_LOCK_WAIT: Duration = Duration::from_millis(250);
+
+/// [`ROW_LOCK_WAIT`], or the statement time-out if shorter.
+pub(crate) fn row_lock_wait(statement_timeout: Duration) -> Duration {
+    ROW_LOCK_WAIT
+        .min(statement_timeout)
+        .max(Duration::from_millis(1))
+}
+
 /// How long `Locker::connect`'s pool waits for a connection before failing.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Server-side TCP keepalives (s): a vanished client's connection is dropped within ~25 s.
@@ -363,8 +378,8 @@ impl Dialect for Pg {
         match e.code().as_deref() {
             Some(sqlstate::SERIALIZATION_FAILURE)
             | Some(sqlstate::DEADLOCK_DETECTED)
-            | Some(sqlstate::QUERY_CANCELED)
-            | Some(sqlstate::LOCK_NOT_AVAILABLE) => Failure::NotCommitted,
+            | Some(sqlstate::QUERY_CANCELED) => Failure::NotCommitted,
+            Some(sqlstate::LOCK_NOT_AVAILABLE) => Failure::Locked,
             code if sqlstate::is_shared_connection(code) => Failure::NotCommitted,
             // A standby (the primary this connection reached was demoted by a failover):
             // nothing was written, and the connection is closed (`exec::run`), so the send is

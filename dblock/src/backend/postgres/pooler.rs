@@ -50,10 +50,11 @@ impl Pooler {
     /// the server, as the `options` start-up parameter sets them on a direct connection).
     pub(crate) fn new(statement_timeout: Duration) -> Self {
         let ms = statement_timeout.as_millis().max(1);
+        let lock_ms = super::row_lock_wait(statement_timeout).as_millis();
         Pooler {
             prefix: format!(
                 "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-                 SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms};\n"
+                 SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {lock_ms};\n"
             ),
         }
     }
@@ -557,7 +558,7 @@ mod tests {
         assert_eq!(
             p.prefix(),
             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = 2500; \
-             SET LOCAL lock_timeout = 2500;\n"
+             SET LOCAL lock_timeout = 250;\n"
         );
     }
 }

@@ -1,0 +1,368 @@
+//! The lock inside the app's transaction (`Locker::lock_in`, `tx = ..`) and the release that
+//! commits with the work (`release_in`), on every backend: a key taken in an open transaction
+//! excludes lease holders and other transactions, and they exclude it, each `Busy` within its
+//! `wait` with the caller's transaction still usable; the commit frees it at once with a larger
+//! fencing token and the hold recorded `Succeeded`; a rollback leaves nothing; `release_in`
+//! frees the key exactly when the work commits, and after a rollback the hold stays the
+//! owner's until the background release gives it back.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use dblock::{distributed_lock, LockError, Locker, Outcome};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// How long a lease call may take past its own `wait` to say `Busy` on a key a transaction
+/// holds: PostgreSQL's lock statements wait 250 ms for a row lock, MySQL's 1 s (whole seconds),
+/// SQLite's the busy timeout for the file's write lock. Plus a loaded machine's slack.
+fn busy_slack(name: &str) -> Duration {
+    match name {
+        "sqlite" => 7 * SEC,
+        "mariadb" | "mysql8-path" => 3 * SEC,
+        _ => 2 * SEC,
+    }
+}
+
+/// A lease call on `key` as a fresh owner (another task): `Busy`, and how long it took.
+async fn lease_is_busy(name: &str, l: &Locker, key: &str, wait: Duration) -> Duration {
+    let (l, key, name) = (l.clone(), key.to_owned(), name.to_owned());
+    tokio::spawn(async move {
+        let started = Instant::now();
+        match l.lock(&key).wait(wait).await {
+            Err(LockError::Busy { .. }) => started.elapsed(),
+            other => panic!("{name}: a lease call on a key held in a transaction: {other:?}"),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits until `key` is not held (reads only), then its row.
+async fn until_free(l: &Locker, key: &str, limit: Duration) -> Option<dblock::LockInfo> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        match l.inspect(key).await.unwrap() {
+            Some(info) if info.held => {}
+            other => return other,
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// A transaction as the docs advise: `BEGIN IMMEDIATE` on SQLite; on MySQL 8, whose statement
+/// cannot bound its own wait for a row lock, a session wait of 1 s.
+macro_rules! begin {
+    ($pool:expr, $name:expr) => {{
+        let mut tx = if $name == "sqlite" {
+            $pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
+        } else {
+            $pool.begin().await.unwrap()
+        };
+        if $name == "mysql8-path" {
+            sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 1")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
+        tx
+    }};
+}
+
+/// `lock_in` against leases and against another transaction, commit and rollback.
+macro_rules! against_leases {
+    ($pool:ty, $db:expr) => {{
+        let db: &common::Db = $db;
+        let (name, l) = (db.name, &db.locker);
+        let pool = <$pool as common::TestPool>::open(&db.url).await;
+
+        // A key no one has used: taken in the transaction, busy for a lease meanwhile.
+        let mut tx = begin!(pool, name);
+        let first = l.lock_in(&mut *tx, "k").await.unwrap();
+        assert_eq!(first.key(), "k");
+        let took = lease_is_busy(name, l, "k", Duration::from_millis(300)).await;
+        assert!(
+            took < Duration::from_millis(300) + busy_slack(name),
+            "{name}: {took:?}"
+        );
+        tx.commit().await.unwrap();
+
+        // Committed: free at once, the hold recorded as succeeded, the token larger next time.
+        let info = l.inspect("k").await.unwrap().unwrap();
+        assert!(!info.held, "{name}: {info:?}");
+        assert_eq!(info.last_outcome, Some(Outcome::Succeeded), "{name}");
+        let lease = l.lock("k").await.unwrap();
+        assert!(lease.fencing_token() > first.fencing_token(), "{name}");
+
+        // Held by a lease: busy within its wait, and the transaction goes on.
+        let mut tx = begin!(pool, name);
+        let started = Instant::now();
+        match l
+            .lock_in(&mut *tx, "k")
+            .wait(Duration::from_millis(200))
+            .await
+        {
+            Err(LockError::Busy { .. }) => {}
+            other => panic!("{name}: lock_in on a leased key: {other:?}"),
+        }
+        assert!(
+            started.elapsed() < 3 * SEC,
+            "{name}: {:?}",
+            started.elapsed()
+        );
+        // The transaction is still usable: nothing in it failed.
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        // The lease ends while lock_in waits: taken within the wait. (Not on SQLite, where the
+        // transaction holds the file's write lock, so the holder cannot release meanwhile: a
+        // key held by a lease is busy at once there.)
+        let token = lease.fencing_token();
+        let second = if name == "sqlite" {
+            tx.rollback().await.unwrap();
+            lease.release().await.unwrap();
+            tx = begin!(pool, name);
+            l.lock_in(&mut *tx, "k").await.unwrap()
+        } else {
+            let releaser = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                lease.release().await.unwrap();
+            });
+            let second = l.lock_in(&mut *tx, "k").wait(10 * SEC).await.unwrap();
+            releaser.await.unwrap();
+            second
+        };
+        assert!(second.fencing_token() > token, "{name}");
+
+        // Another transaction: busy within its wait; it gets the key once the first commits.
+        let mut other = begin_other!(pool, name, tx);
+        if let Some(other) = other.as_mut() {
+            match l
+                .lock_in(&mut **other, "k")
+                .wait(Duration::from_millis(200))
+                .await
+            {
+                Err(LockError::Busy { .. }) => {}
+                other => panic!("{name}: lock_in on a key another transaction holds: {other:?}"),
+            }
+        }
+        // Rolled back: nothing happened (the committed row is the lease's release).
+        tx.rollback().await.unwrap();
+        let info = l.inspect("k").await.unwrap().unwrap();
+        assert!(!info.held, "{name}");
+        assert_eq!(
+            info.fencing_token, token,
+            "{name}: a rolled-back lock_in left its token"
+        );
+        if let Some(mut other) = other {
+            let third = l.lock_in(&mut *other, "k").wait(5 * SEC).await.unwrap();
+            assert!(third.fencing_token() > token, "{name}");
+            other.commit().await.unwrap();
+        }
+        pool.close().await;
+    }};
+}
+
+/// On a server a second transaction is open beside the first; SQLite has one writer per file,
+/// so there it is skipped (`None`).
+macro_rules! begin_other {
+    ($pool:expr, $name:expr, $tx:expr) => {
+        if $name == "sqlite" {
+            None
+        } else {
+            Some(begin!($pool, $name))
+        }
+    };
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_in_excludes_leases_and_transactions_and_ends_with_its_transaction() {
+    let (dbs, _dir) = common::all("lock_in").await;
+    for db in &dbs {
+        match db.name {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => against_leases!(sqlx::SqlitePool, db),
+            #[cfg(feature = "postgres")]
+            n if common::is_postgres(n) => against_leases!(sqlx::PgPool, db),
+            #[cfg(feature = "mysql")]
+            "mariadb" | "mysql8-path" => against_leases!(sqlx::MySqlPool, db),
+            _ => {}
+        }
+    }
+}
+
+/// `release_in`: the key is free exactly when the work commits; after a rollback the hold stays
+/// its owner's until the background release gives it back (recording `Dropped`).
+macro_rules! release_in {
+    ($pool:ty, $db:expr) => {{
+        let db: &common::Db = $db;
+        let (name, l) = (db.name, &db.locker);
+        let pool = <$pool as common::TestPool>::open(&db.url).await;
+
+        let guard = l.lock("r").ttl(30 * SEC).await.unwrap();
+        let token = guard.fencing_token();
+        let mut tx = begin!(pool, name);
+        guard.release_in(&mut *tx).await.unwrap();
+        if name != "sqlite" {
+            // Not committed yet: still held (the committed row is the lease).
+            let info = l.inspect("r").await.unwrap().unwrap();
+            assert!(info.held, "{name}: released before the commit");
+        }
+        tx.commit().await.unwrap();
+        let info = l.inspect("r").await.unwrap().unwrap();
+        assert!(!info.held, "{name}: {info:?}");
+        assert_eq!(info.last_outcome, Some(Outcome::Succeeded), "{name}");
+        let next = l.lock("r").await.unwrap();
+        assert!(next.fencing_token() > token, "{name}");
+
+        // Rolled back: the hold is still the owner's, then given back in the background.
+        let mut tx = begin!(pool, name);
+        next.release_in(&mut *tx).await.unwrap();
+        tx.rollback().await.unwrap();
+        let info = until_free(l, "r", 20 * SEC)
+            .await
+            .unwrap_or_else(|| panic!("{name}: never given back after the rollback"));
+        assert_eq!(
+            info.last_outcome,
+            Some(Outcome::Dropped),
+            "{name}: {info:?}"
+        );
+        pool.close().await;
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_in_frees_the_key_when_the_work_commits_and_not_before() {
+    let (dbs, _dir) = common::all("release_in").await;
+    for db in &dbs {
+        match db.name {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => release_in!(sqlx::SqlitePool, db),
+            #[cfg(feature = "postgres")]
+            n if common::is_postgres(n) => release_in!(sqlx::PgPool, db),
+            #[cfg(feature = "mysql")]
+            "mariadb" | "mysql8-path" => release_in!(sqlx::MySqlPool, db),
+            _ => {}
+        }
+    }
+}
+
+#[derive(Debug)]
+#[allow(dead_code)] // read by `Debug` in failures
+enum AppError {
+    Lock(LockError),
+    Db(sqlx::Error),
+}
+impl From<LockError> for AppError {
+    fn from(e: LockError) -> Self {
+        AppError::Lock(e)
+    }
+}
+impl From<sqlx::Error> for AppError {
+    fn from(e: sqlx::Error) -> Self {
+        AppError::Db(e)
+    }
+}
+
+/// The attribute with `tx = tx`: the key is taken on the body's transaction before the body
+/// runs, `dblock::current()` sees it, and the caller commits.
+#[cfg(feature = "sqlite")]
+#[distributed_lock(key = "order:{id}", tx = tx, locker = locker, wait = "2s")]
+async fn settle_sqlite(
+    locker: &Locker,
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    id: u64,
+) -> Result<u64, AppError> {
+    let held = dblock::current().expect("current() inside the body");
+    assert_eq!(held.key, format!("order:{id}"));
+    sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    dblock::fence(&mut **tx).await?;
+    Ok(held.fencing_token)
+}
+
+#[cfg(feature = "postgres")]
+#[distributed_lock(key = "order:{id}", tx = tx, locker = locker, wait = "2s")]
+async fn settle_pg(
+    locker: &Locker,
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    id: u64,
+) -> Result<u64, AppError> {
+    let held = dblock::current().expect("current() inside the body");
+    assert_eq!(held.key, format!("order:{id}"));
+    dblock::fence(&mut **tx).await?;
+    Ok(held.fencing_token)
+}
+
+#[cfg(feature = "mysql")]
+#[distributed_lock(key = "order:{id}", tx = tx, locker = locker, wait = "2s")]
+async fn settle_my(
+    locker: &Locker,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    id: u64,
+) -> Result<u64, AppError> {
+    let held = dblock::current().expect("current() inside the body");
+    assert_eq!(held.key, format!("order:{id}"));
+    dblock::fence(&mut **tx).await?;
+    Ok(held.fencing_token)
+}
+
+macro_rules! attribute {
+    ($pool:ty, $db:expr, $f:ident) => {{
+        let db: &common::Db = $db;
+        let (name, l) = (db.name, &db.locker);
+        let pool = <$pool as common::TestPool>::open(&db.url).await;
+        let mut tx = begin!(pool, name);
+        let token = $f(l, &mut tx, 7).await.unwrap();
+        // The body has returned; the key is held until the caller's commit.
+        if name != "sqlite" {
+            lease_is_busy(name, l, "order:7", Duration::ZERO).await;
+        }
+        tx.commit().await.unwrap();
+        let lease = l.lock("order:7").await.unwrap();
+        assert!(lease.fencing_token() > token, "{name}");
+        // Held by that lease: the attribute's call is busy within its wait.
+        let mut tx = begin!(pool, name);
+        let started = Instant::now();
+        match $f(l, &mut tx, 7).await {
+            Err(AppError::Lock(LockError::Busy { .. })) => {}
+            other => panic!("{name}: {other:?}"),
+        }
+        assert!(started.elapsed() < 5 * SEC, "{name}");
+        tx.rollback().await.unwrap();
+        lease.release().await.unwrap();
+        pool.close().await;
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_takes_the_key_on_the_bodys_transaction() {
+    let (dbs, _dir) = common::all("lock_in_attr").await;
+    for db in &dbs {
+        match db.name {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => attribute!(sqlx::SqlitePool, db, settle_sqlite),
+            #[cfg(feature = "postgres")]
+            n if common::is_postgres(n) => attribute!(sqlx::PgPool, db, settle_pg),
+            #[cfg(feature = "mysql")]
+            "mariadb" | "mysql8-path" => attribute!(sqlx::MySqlPool, db, settle_my),
+            _ => {}
+        }
+    }
+}
+
+/// A lock statement of a locker on a connection of another database is a configuration error,
+/// not a confusing SQL error.
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+#[tokio::test]
+async fn lock_in_on_another_databases_connection_is_refused() {
+    let (db, _dir) = common::sqlite("lock_in_mismatch").await;
+    let Some(pg) = common::postgres("lock_in_mismatch").await else {
+        return;
+    };
+    let pool = <sqlx::PgPool as common::TestPool>::open(&pg.url).await;
+    let mut tx = pool.begin().await.unwrap();
+    match db.locker.lock_in(&mut *tx, "k").await {
+        Err(LockError::Config(msg)) => assert!(msg.contains("postgres"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+}
