@@ -20,11 +20,15 @@
 //!    latency against a round trip, cycles/s at 1 to 1,000 owners beside the peers, hand-off,
 //!    a crashed holder, a dead fair waiter, leader hand-over.
 //!
+//! 8. **Service** (`service.rs`; only when named, `DBLOCK_BENCH_PARTS=service`, about 5
+//!    minutes): a request's transaction under a lock, with no lock, a lease, `release_in` and
+//!    `lock_in`, at 1, 16 and 64 requests at once.
+//!
 //! `cargo bench -p dblock-bench` (release build). Prints Markdown tables and writes the cycle
 //! chart to `benches/results/lock_cycle.svg`. `DBLOCK_BENCH_SECS` sets the measured seconds per
 //! side and cell (default 5); `DBLOCK_BENCH_ONLY=postgres,mariadb` limits the backends;
-//! `DBLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`); `DBLOCK_BENCH_PARTS=cycles,handoff,renewal,fair,kinds,coalesce,series`
-//! runs only those parts (the chart needs `cycles`; `series` runs only when named).
+//! `DBLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`); `DBLOCK_BENCH_PARTS=cycles,handoff,renewal,fair,kinds,coalesce,series,service`
+//! runs only those parts (the chart needs `cycles`; `series` and `service` run only when named).
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -39,6 +43,7 @@ mod coalesce;
 mod fairness;
 mod kinds;
 mod series;
+mod service;
 
 const TTL: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(10);
@@ -212,9 +217,15 @@ async fn main() {
             redis: redis_url.clone(),
         };
         series::series(&urls, &only, secs).await;
-        if parts.split(',').all(|p| p == "series") {
-            return;
-        }
+    }
+    // The service part, likewise only when named.
+    if parts.split(',').any(|p| p == "service") {
+        let bouncer = std::env::var("DBLOCK_PGBOUNCER_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/test".into());
+        service::service(&sqlite_url, &pg, &bouncer, &my, &only, secs).await;
+    }
+    if !parts.is_empty() && parts.split(',').all(|p| p == "series" || p == "service") {
+        return;
     }
 
     let mut bars: Vec<Bar> = Vec::new();

@@ -113,7 +113,7 @@ macro_rules! against_leases {
             started.elapsed()
         );
         // The transaction is still usable: nothing in it failed.
-        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        sqlx::raw_sql("SELECT 1").execute(&mut *tx).await.unwrap(); // unprepared: PgBouncer too
         // The lease ends while lock_in waits: taken within the wait. (Not on SQLite, where the
         // transaction holds the file's write lock, so the holder cannot release meanwhile: a
         // key held by a lease is busy at once there.)
@@ -155,7 +155,11 @@ macro_rules! against_leases {
             "{name}: a rolled-back lock_in left its token"
         );
         if let Some(mut other) = other {
-            let third = l.lock_in(&mut *other, "k").wait(5 * SEC).await.unwrap();
+            let third = l
+                .lock_in(&mut *other, "k")
+                .wait(5 * SEC)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e:?}"));
             assert!(third.fencing_token() > token, "{name}");
             other.commit().await.unwrap();
         }
@@ -364,5 +368,182 @@ async fn lock_in_on_another_databases_connection_is_refused() {
     match db.locker.lock_in(&mut *tx, "k").await {
         Err(LockError::Config(msg)) => assert!(msg.contains("postgres"), "{msg}"),
         other => panic!("{other:?}"),
+    }
+}
+
+/// Holds of one kind or the other, for the cross-process test.
+const ROUNDS: u64 = 12;
+
+/// One hold of the shared counter (a file: it is not in the database, so only the lock keeps the
+/// read-modify-write whole), as `lock_in` in a transaction or as a lease; its token appended to
+/// the log while held.
+macro_rules! bump_counter {
+    ($pool:ty, $url:expr, $name:expr, $locker:expr, $dir:expr) => {{
+        let pool = <$pool as common::TestPool>::open($url).await;
+        for round in 0..ROUNDS {
+            let counter = $dir.join("counter");
+            let bump = |token: u64| {
+                let n: u64 = std::fs::read_to_string(&counter)
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(3)); // widen the race window
+                std::fs::write(&counter, format!("{}\n", n + 1)).unwrap();
+                let mut log = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open($dir.join("tokens"))
+                    .unwrap();
+                use std::io::Write as _;
+                writeln!(log, "{token}").unwrap();
+            };
+            if round % 2 == 0 {
+                // On SQLite a key held by a lease is busy at once (the transaction would keep
+                // its holder from releasing), and so on MySQL at REPEATABLE READ when a lease
+                // took the key in the instant after the check: the transaction is begun again.
+                let (tx, lock) = loop {
+                    let mut tx = begin!(pool, $name);
+                    match $locker.lock_in(&mut *tx, "counter").wait(120 * SEC).await {
+                        Ok(lock) => break (tx, lock),
+                        Err(LockError::Busy { .. }) => {
+                            tx.rollback().await.unwrap();
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }
+                };
+                bump(lock.fencing_token());
+                tx.commit().await.unwrap();
+            } else {
+                let guard = $locker.lock("counter").wait(120 * SEC).await.unwrap();
+                bump(guard.fencing_token());
+                guard.release().await.unwrap();
+            }
+        }
+    }};
+}
+
+/// Holds the key in a transaction and waits to be killed.
+macro_rules! hold_until_killed {
+    ($pool:ty, $url:expr, $name:expr, $locker:expr) => {{
+        let pool = <$pool as common::TestPool>::open($url).await;
+        let mut tx = begin!(pool, $name);
+        let lock = $locker.lock_in(&mut *tx, "doomed").await.unwrap();
+        println!("HELD {}", lock.fencing_token());
+        use std::io::Write as _;
+        std::io::stdout().flush().unwrap();
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        drop(tx);
+    }};
+}
+
+/// Runs only inside a child process (ignored in normal runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process entry point, started by the other tests"]
+async fn child_entry() {
+    let (role, locker) = common::child_locker().await;
+    let url = std::env::var("DBLOCK_CHILD_URL").unwrap();
+    let name = std::env::var("DBLOCK_CHILD_BACKEND").unwrap();
+    let name = name.as_str();
+    match role.as_str() {
+        "counter" => {
+            let dir = std::path::PathBuf::from(std::env::var("DBLOCK_CHILD_DIR").unwrap());
+            match name {
+                #[cfg(feature = "sqlite")]
+                "sqlite" => bump_counter!(sqlx::SqlitePool, &url, name, locker, dir),
+                #[cfg(feature = "postgres")]
+                n if common::is_postgres(n) => bump_counter!(sqlx::PgPool, &url, name, locker, dir),
+                #[cfg(feature = "mysql")]
+                _ => bump_counter!(sqlx::MySqlPool, &url, name, locker, dir),
+                #[allow(unreachable_patterns)]
+                _ => unreachable!(),
+            }
+        }
+        "holder" => match name {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => hold_until_killed!(sqlx::SqlitePool, &url, name, locker),
+            #[cfg(feature = "postgres")]
+            n if common::is_postgres(n) => hold_until_killed!(sqlx::PgPool, &url, name, locker),
+            #[cfg(feature = "mysql")]
+            _ => hold_until_killed!(sqlx::MySqlPool, &url, name, locker),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!(),
+        },
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// Three processes, each alternating `lock_in` in a transaction and a lease on one key, bump a
+/// counter kept in a file: no bump is lost, and the tokens logged while held strictly increase
+/// in the order the holds happened, across both kinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_in_and_leases_exclude_each_other_across_processes() {
+    let (dbs, _dir) = common::all("lock_in_processes").await;
+    for db in &dbs {
+        let name = db.name;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("counter"), "0\n").unwrap();
+        std::fs::write(dir.path().join("tokens"), "").unwrap();
+        let children: Vec<_> = (0..3)
+            .map(|_| {
+                common::child_command(db, "counter")
+                    .env("DBLOCK_CHILD_DIR", dir.path())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut c in children {
+            let status = tokio::task::spawn_blocking(move || c.wait().unwrap())
+                .await
+                .unwrap();
+            assert!(status.success(), "{name}: a child failed");
+        }
+        let n: u64 = std::fs::read_to_string(dir.path().join("counter"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(n, 3 * ROUNDS, "{name}: bumps were lost");
+        let tokens: Vec<u64> = std::fs::read_to_string(dir.path().join("tokens"))
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(tokens.len() as u64, 3 * ROUNDS, "{name}");
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "{name}: tokens out of order: {tokens:?}"
+        );
+    }
+}
+
+/// A process that holds a key in an open transaction is killed (SIGKILL): the database ends its
+/// transaction and the key is free at once, with no lease to wait out. The killed tenure rolled
+/// back with its transaction, so the next holder's token may be the same number: it is larger
+/// than every committed tenure's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_mid_transaction_frees_the_key_at_once() {
+    let (dbs, _dir) = common::all("lock_in_killed").await;
+    for db in &dbs {
+        let name = db.name;
+        let mut child = common::child_command(db, "holder")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let token: u64 = common::read_marker(&mut child, "HELD ")
+            .await
+            .parse()
+            .unwrap();
+        lease_is_busy(name, &db.locker, "doomed", Duration::ZERO).await;
+        let killed = Instant::now();
+        child.kill().unwrap(); // SIGKILL: no rollback sent, no destructor
+        child.wait().unwrap();
+        let guard = db.locker.lock("doomed").wait(30 * SEC).await.unwrap();
+        let took = killed.elapsed();
+        println!("{name}: free {took:?} after the kill");
+        assert!(guard.fencing_token() >= token, "{name}");
+        assert!(took < 5 * SEC, "{name}: {took:?}");
+        guard.release().await.unwrap();
     }
 }

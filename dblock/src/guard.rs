@@ -4,7 +4,6 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use crate::backend::fence::FenceConnection;
 use crate::backend::{Outcome, Released};
 use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
@@ -39,10 +38,10 @@ use tokio::time::Instant;
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    hold: Arc<Hold>,
-    shared: Arc<Shared>,
+    pub(crate) hold: Arc<Hold>,
+    pub(crate) shared: Arc<Shared>,
     /// Present while the locker's renewal task keeps this lease alive.
-    renewal: Option<Registration>,
+    pub(crate) renewal: Option<Registration>,
     /// `false` once `release` has taken over: `Drop` then has nothing to do.
     armed: bool,
     /// What `Drop` records: `Dropped` (the handle API: nothing said about the work), `Failed`
@@ -253,180 +252,6 @@ impl LockGuard {
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         LockError::require_runtime()?;
         self.shared.extend(&self.hold, ttl).await
-    }
-
-    /// Fences a write: inside the caller's transaction (or on a connection) of the lock's own
-    /// database, checks that this lease is still ours and live, and locks its row until that
-    /// transaction ends, so no other owner can take the key over before the caller commits or
-    /// rolls back. A stale holder's writes then never commit: the fence fails with
-    /// [`LockError::Lost`] and the caller rolls back.
-    ///
-    #[cfg_attr(feature = "sqlite", doc = "```")]
-    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
-    /// # async fn demo(locker: dblock::Locker, pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
-    /// let guard = locker.lock("acct:7").await?;
-    /// let mut tx = pool.begin().await?;
-    /// sqlx::query("UPDATE accounts SET cents = cents - 100 WHERE id = 7").execute(&mut *tx).await?;
-    /// guard.fence(&mut *tx).await?; // still ours; nobody takes the key until the commit
-    /// tx.commit().await?;
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// What it costs: one statement in the caller's transaction, and the lease row (SQLite: the
-    /// database's write lock) held until the transaction ends — keep fenced transactions well
-    /// under the ttl: the locker's renewal tick, one statement for all its leases, waits for them
-    /// too. Isolation levels:
-    /// - PostgreSQL: at READ COMMITTED the fence waits for a concurrent writer of the row and
-    ///   re-checks the latest version. At REPEATABLE READ or SERIALIZABLE it checks the
-    ///   transaction's snapshot: a lease that had run out by then is `Lost`; a row changed by a
-    ///   takeover committed after the snapshot makes the `UPDATE` fail with a serialization error
-    ///   (40001, a `LockError::Database`). Either way roll back; nothing commits under a lease
-    ///   that is not ours (tested at all three levels).
-    /// - MySQL / MariaDB (InnoDB): an `UPDATE` reads the latest committed row whatever the
-    ///   isolation level (READ COMMITTED, REPEATABLE READ, SERIALIZABLE alike), and holds its
-    ///   exclusive lock to the end of the transaction.
-    /// - SQLite: the fence takes the single write lock, for the whole database: while a fenced
-    ///   transaction is open no other lock of that file can be taken or released either. A
-    ///   `DEFERRED` transaction whose read snapshot predates a takeover gets `SQLITE_BUSY` at its
-    ///   first write (a `LockError::Database`; roll back); `BEGIN IMMEDIATE` takes the write
-    ///   lock up front, so no takeover can happen inside it.
-    ///
-    /// For data in another store, pass the fencing token instead ([`Self::fencing_token`]) and
-    /// keep it in a `BIGINT` column: accept a write only with a token not smaller than the
-    /// stored one.
-    pub async fn fence<C: FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
-        self.fence_row(conn, false).await
-    }
-
-    /// Records this hold's success **inside the caller's transaction** on the lock's own
-    /// database, so it commits or rolls back with the work: everything [`fence`](Self::fence)
-    /// does, and the outcome `Succeeded`. Once committed it stands, whatever happens next: the
-    /// process crashing before its release, or [`release_failed`](Self::release_failed) — the
-    /// row keeps `Succeeded`, and a [`once`](crate::LockRequest::once) key is done. So `once`
-    /// work in the lock's own database runs exactly once. `Err(Lost)` if the lease is no longer
-    /// ours and live: roll back.
-    ///
-    /// Work outside the lock's database cannot commit with the outcome: there `once` stays
-    /// at-least-once (a crash between the work and the release runs it again); hand the
-    /// [`fencing_token`](Self::fencing_token) to that resource so it can refuse a stale holder.
-    ///
-    #[cfg_attr(feature = "sqlite", doc = "```")]
-    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let path = std::env::temp_dir().join(format!("dblock-succeed-{}.db", std::process::id()));
-    /// # let url = format!("sqlite://{}?mode=rwc", path.display());
-    /// let db = sqlx::SqlitePool::connect(&url).await?;
-    /// let locker = dblock::Locker::sqlite(db.clone());
-    /// locker.migrate().await?;
-    ///
-    /// let guard = locker.lock("migration:7").once().await?;
-    /// let mut tx = db.begin().await?;
-    /// sqlx::query("CREATE TABLE invoices (id INTEGER PRIMARY KEY)").execute(&mut *tx).await?;
-    /// guard.succeed_in(&mut *tx).await?; // the work and its success commit together
-    /// tx.commit().await?;
-    /// drop(guard); // even a release that records a failure keeps the committed success
-    /// # tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    /// assert!(matches!(
-    ///     locker.lock("migration:7").once().await,
-    ///     Err(dblock::LockError::AlreadyDone { .. })
-    /// ));
-    /// # Ok(()) }
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
-    /// ```
-    pub async fn succeed_in<C: FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
-        self.fence_row(conn, true).await
-    }
-
-    async fn fence_row<C: FenceConnection>(
-        &self,
-        conn: &mut C,
-        succeed: bool,
-    ) -> Result<(), LockError> {
-        let matched = conn
-            .fence_row(
-                &self.shared.table,
-                &self.hold.key,
-                self.hold.owner.id(),
-                self.hold.fencing_token,
-                self.shared.simple_statements(),
-                succeed,
-                false,
-            )
-            .await?;
-        if matched == 0 {
-            return Err(LockError::Lost {
-                key: self.hold.name().to_owned(),
-            });
-        }
-        Ok(())
-    }
-
-    /// Releases **inside the caller's transaction** on the lock's own database, with the work:
-    /// everything [`succeed_in`](Self::succeed_in) does (the lease checked ours and live, its
-    /// row locked, the outcome `Succeeded`) and the release, in one statement. The key is free
-    /// the moment the transaction commits — no release round trip after it. If the
-    /// transaction rolls back, so does the release: the hold is still this owner's, and the
-    /// background release (the one a dropped guard gets) gives it back, recording `Dropped`;
-    /// it is never leaked, never released twice. `Err(Lost)` if the lease is not ours and live
-    /// any more: roll back.
-    ///
-    /// A nested hold (re-entered, `hold_count > 1`) or a read hold is not released by it: it
-    /// records the success as [`succeed_in`](Self::succeed_in) does, and the guard is given
-    /// back as dropped.
-    ///
-    #[cfg_attr(feature = "sqlite", doc = "```")]
-    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let path = std::env::temp_dir().join(format!("dblock-release-in-{}.db", std::process::id()));
-    /// # let url = format!("sqlite://{}?mode=rwc", path.display());
-    /// let db = sqlx::SqlitePool::connect(&url).await?;
-    /// let locker = dblock::Locker::sqlite(db.clone());
-    /// locker.migrate().await?;
-    /// sqlx::query("CREATE TABLE IF NOT EXISTS paid (id INTEGER PRIMARY KEY)").execute(&db).await?;
-    ///
-    /// let guard = locker.lock("invoice:7").await?;
-    /// let mut tx = db.begin().await?;
-    /// sqlx::query("INSERT OR IGNORE INTO paid (id) VALUES (7)").execute(&mut *tx).await?;
-    /// guard.release_in(&mut *tx).await?; // fenced, succeeded and released ...
-    /// tx.commit().await?;                 // ... the moment the work commits
-    /// assert!(!locker.inspect("invoice:7").await?.unwrap().held);
-    /// # Ok(()) }
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
-    /// ```
-    pub async fn release_in<C: FenceConnection>(mut self, conn: &mut C) -> Result<(), LockError> {
-        let releasable =
-            self.hold.hold_count == 1 && !matches!(self.hold.kind, crate::hold::HoldKind::Read(_));
-        if !releasable {
-            self.fence_row(conn, true).await?;
-            self.set_used(true);
-            return Ok(());
-        }
-        drop(self.renewal.take()); // a renewal would only wait for the caller's row lock
-        let matched = conn
-            .release_in_row(
-                &self.shared.table,
-                &self.hold.key,
-                self.hold.owner.id(),
-                self.hold.fencing_token,
-                self.shared.simple_statements(),
-            )
-            .await?;
-        if matched == 0 {
-            return Err(LockError::Lost {
-                key: self.hold.name().to_owned(),
-            });
-        }
-        self.hold.released_in.set();
-        // Dropped: the background release waits for the caller's transaction to end. Committed,
-        // it finds the key released (`NotHeld`, expected); rolled back, it gives the hold back.
-        self.set_used(true);
-        Ok(())
-    }
-
-    /// Whether the hold was released in the caller's transaction (`release_in`).
-    pub(crate) fn released_in(&self) -> bool {
-        self.hold.released_in.get()
     }
 
     /// Releases now and reports how it went: [`LockError::NotHeld`] if the lease had already

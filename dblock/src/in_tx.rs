@@ -1,5 +1,6 @@
-//! The lock inside the caller's transaction: [`Locker::lock_in`](crate::Locker::lock_in), its
-//! request ([`LockInRequest`]) and what it gives ([`TxLock`]).
+//! What runs inside the caller's transaction: the lock taken there
+//! ([`Locker::lock_in`](crate::Locker::lock_in), its request [`LockInRequest`], what it gives:
+//! [`TxLock`]), and a guard's statements there (`fence`, `succeed_in`, `release_in`).
 //!
 //! One statement of the caller's transaction takes the key (`backend/fence.rs` has the
 //! statements, `ARCHITECTURE.md` the argument for each): the database's row lock is the lock,
@@ -16,6 +17,7 @@ use tracing::Instrument;
 
 use crate::backend::fence::FenceConnection;
 use crate::error::LockError;
+use crate::guard::LockGuard;
 use crate::owner::{HeldLock, Owner};
 use crate::shared::Shared;
 use crate::timing::{self, Backoff};
@@ -149,6 +151,19 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
                         waited: started.elapsed(),
                     })
                 }
+                // MySQL at REPEATABLE READ: the key was taken in the instant after the check, and
+                // the transaction now keeps the row's lock, so the holder could not release
+                // while it waited: busy at once (roll back and try again).
+                Ok(None)
+                    if C::BACKEND == "mysql"
+                        && check.free
+                        && self.conn.keeps_read_row_locks().await =>
+                {
+                    return Err(LockError::Busy {
+                        key: self.key,
+                        waited: started.elapsed(),
+                    })
+                }
                 Ok(None) => {}
                 Err(e) if backend.lock_not_had(&e) => {}
                 Err(e) => return Err(e.into()),
@@ -169,9 +184,10 @@ impl<'c, C: FenceConnection> IntoFuture for LockInRequest<'c, C> {
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'c>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "dblock.lock_in",
             key = %crate::Escaped(&self.key),
+            backend = self.shared.backend_name(),
             wait_ms = self.wait.as_millis() as u64,
         );
         Box::pin(self.take().instrument(span))
@@ -246,5 +262,182 @@ impl TxLock {
             releasable: false,
             released_in: Default::default(),
         }
+    }
+}
+
+/// A guard's statements inside the caller's transaction.
+impl LockGuard {
+    /// Fences a write: inside the caller's transaction (or on a connection) of the lock's own
+    /// database, checks that this lease is still ours and live, and locks its row until that
+    /// transaction ends, so no other owner can take the key over before the caller commits or
+    /// rolls back. A stale holder's writes then never commit: the fence fails with
+    /// [`LockError::Lost`] and the caller rolls back.
+    ///
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+    /// # async fn demo(locker: dblock::Locker, pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let guard = locker.lock("acct:7").await?;
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE accounts SET cents = cents - 100 WHERE id = 7").execute(&mut *tx).await?;
+    /// guard.fence(&mut *tx).await?; // still ours; nobody takes the key until the commit
+    /// tx.commit().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// What it costs: one statement in the caller's transaction, and the lease row (SQLite: the
+    /// database's write lock) held until the transaction ends — keep fenced transactions well
+    /// under the ttl: the lease's own renewal waits for them (the locker's other leases are then
+    /// extended without it). Isolation levels:
+    /// - PostgreSQL: at READ COMMITTED the fence waits for a concurrent writer of the row and
+    ///   re-checks the latest version. At REPEATABLE READ or SERIALIZABLE it checks the
+    ///   transaction's snapshot: a lease that had run out by then is `Lost`; a row changed by a
+    ///   takeover committed after the snapshot makes the `UPDATE` fail with a serialization error
+    ///   (40001, a `LockError::Database`). Either way roll back; nothing commits under a lease
+    ///   that is not ours (tested at all three levels).
+    /// - MySQL / MariaDB (InnoDB): an `UPDATE` reads the latest committed row whatever the
+    ///   isolation level (READ COMMITTED, REPEATABLE READ, SERIALIZABLE alike), and holds its
+    ///   exclusive lock to the end of the transaction.
+    /// - SQLite: the fence takes the single write lock, for the whole database: while a fenced
+    ///   transaction is open no other lock of that file can be taken or released either. A
+    ///   `DEFERRED` transaction whose read snapshot predates a takeover gets `SQLITE_BUSY` at its
+    ///   first write (a `LockError::Database`; roll back); `BEGIN IMMEDIATE` takes the write
+    ///   lock up front, so no takeover can happen inside it.
+    ///
+    /// For data in another store, pass the fencing token instead ([`Self::fencing_token`]) and
+    /// keep it in a `BIGINT` column: accept a write only with a token not smaller than the
+    /// stored one.
+    pub async fn fence<C: FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
+        self.fence_row(conn, false).await
+    }
+
+    /// Records this hold's success **inside the caller's transaction** on the lock's own
+    /// database, so it commits or rolls back with the work: everything [`fence`](Self::fence)
+    /// does, and the outcome `Succeeded`. Once committed it stands, whatever happens next: the
+    /// process crashing before its release, or [`release_failed`](Self::release_failed) — the
+    /// row keeps `Succeeded`, and a [`once`](crate::LockRequest::once) key is done. So `once`
+    /// work in the lock's own database runs exactly once. `Err(Lost)` if the lease is no longer
+    /// ours and live: roll back.
+    ///
+    /// Work outside the lock's database cannot commit with the outcome: there `once` stays
+    /// at-least-once (a crash between the work and the release runs it again); hand the
+    /// [`fencing_token`](Self::fencing_token) to that resource so it can refuse a stale holder.
+    ///
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("dblock-succeed-{}.db", std::process::id()));
+    /// # let url = format!("sqlite://{}?mode=rwc", path.display());
+    /// let db = sqlx::SqlitePool::connect(&url).await?;
+    /// let locker = dblock::Locker::sqlite(db.clone());
+    /// locker.migrate().await?;
+    ///
+    /// let guard = locker.lock("migration:7").once().await?;
+    /// let mut tx = db.begin().await?;
+    /// sqlx::query("CREATE TABLE invoices (id INTEGER PRIMARY KEY)").execute(&mut *tx).await?;
+    /// guard.succeed_in(&mut *tx).await?; // the work and its success commit together
+    /// tx.commit().await?;
+    /// drop(guard); // even a release that records a failure keeps the committed success
+    /// # tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    /// assert!(matches!(
+    ///     locker.lock("migration:7").once().await,
+    ///     Err(dblock::LockError::AlreadyDone { .. })
+    /// ));
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn succeed_in<C: FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
+        self.fence_row(conn, true).await
+    }
+
+    async fn fence_row<C: FenceConnection>(
+        &self,
+        conn: &mut C,
+        succeed: bool,
+    ) -> Result<(), LockError> {
+        let matched = conn
+            .fence_row(
+                &self.shared.table,
+                &self.hold.key,
+                self.hold.owner.id(),
+                self.hold.fencing_token,
+                self.shared.simple_statements(),
+                succeed,
+                false,
+            )
+            .await?;
+        if matched == 0 {
+            return Err(LockError::Lost {
+                key: self.hold.name().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Releases **inside the caller's transaction** on the lock's own database, with the work:
+    /// everything [`succeed_in`](Self::succeed_in) does (the lease checked ours and live, its
+    /// row locked, the outcome `Succeeded`) and the release, in one statement. The key is free
+    /// the moment the transaction commits — no release round trip after it. If the
+    /// transaction rolls back, so does the release: the hold is still this owner's, and the
+    /// background release (the one a dropped guard gets) gives it back, recording `Dropped`;
+    /// it is never leaked, never released twice. `Err(Lost)` if the lease is not ours and live
+    /// any more: roll back.
+    ///
+    /// A nested hold (re-entered, `hold_count > 1`) or a read hold is not released by it: it
+    /// records the success as [`succeed_in`](Self::succeed_in) does, and the guard is given
+    /// back as dropped.
+    ///
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("dblock-release-in-{}.db", std::process::id()));
+    /// # let url = format!("sqlite://{}?mode=rwc", path.display());
+    /// let db = sqlx::SqlitePool::connect(&url).await?;
+    /// let locker = dblock::Locker::sqlite(db.clone());
+    /// locker.migrate().await?;
+    /// sqlx::query("CREATE TABLE IF NOT EXISTS paid (id INTEGER PRIMARY KEY)").execute(&db).await?;
+    ///
+    /// let guard = locker.lock("invoice:7").await?;
+    /// let mut tx = db.begin().await?;
+    /// sqlx::query("INSERT OR IGNORE INTO paid (id) VALUES (7)").execute(&mut *tx).await?;
+    /// guard.release_in(&mut *tx).await?; // fenced, succeeded and released ...
+    /// tx.commit().await?;                 // ... the moment the work commits
+    /// assert!(!locker.inspect("invoice:7").await?.unwrap().held);
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn release_in<C: FenceConnection>(mut self, conn: &mut C) -> Result<(), LockError> {
+        let releasable =
+            self.hold.hold_count == 1 && !matches!(self.hold.kind, crate::hold::HoldKind::Read(_));
+        if !releasable {
+            self.fence_row(conn, true).await?;
+            self.set_used(true);
+            return Ok(());
+        }
+        drop(self.renewal.take()); // a renewal would only wait for the caller's row lock
+        let matched = conn
+            .release_in_row(
+                &self.shared.table,
+                &self.hold.key,
+                self.hold.owner.id(),
+                self.hold.fencing_token,
+                self.shared.simple_statements(),
+            )
+            .await?;
+        if matched == 0 {
+            return Err(LockError::Lost {
+                key: self.hold.name().to_owned(),
+            });
+        }
+        self.hold.released_in.set();
+        // Dropped: the background release waits for the caller's transaction to end. Committed,
+        // it finds the key released (`NotHeld`, expected); rolled back, it gives the hold back.
+        self.set_used(true);
+        Ok(())
+    }
+
+    /// Whether the hold was released in the caller's transaction (`release_in`).
+    pub(crate) fn released_in(&self) -> bool {
+        self.hold.released_in.get()
     }
 }

@@ -433,10 +433,10 @@ impl Locker {
     ///   innodb_lock_wait_timeout = 0`; a key no one has used gets its row first on the
     ///   locker's own connections (never an insert or gap lock in the caller's transaction).
     ///   MySQL 8 has no per-statement bound: the session's `innodb_lock_wait_timeout` applies.
-    ///   At REPEATABLE READ (the default there), an attempt that finds the key held by a lease
-    ///   keeps that row locked until the transaction ends, which holds up the holder's renewal
-    ///   and release: use READ COMMITTED for such transactions, or a zero `wait` and roll back
-    ///   on `Busy`.
+    ///   At REPEATABLE READ (the default there), an `UPDATE` that finds the key taken (by a
+    ///   lease, in the instant after that check) keeps the row locked until the transaction
+    ///   ends, which would hold up the holder's release: then `lock_in` answers `Busy` at once,
+    ///   whatever its `wait`; roll back and try again. At READ COMMITTED it waits as asked.
     /// - SQLite: the statement takes the database's write lock, kept by the transaction: while
     ///   it is open no other connection writes anything in that file, and every lock statement
     ///   of every locker on it waits (up to its busy timeout). Begin with `BEGIN IMMEDIATE` so

@@ -7,7 +7,7 @@
 //! | class | meaning | what [`run`] does |
 //! |---|---|---|
 //! | `NotCommitted` | the server rolled it back: it changed nothing | send it again after a short jittered pause, up to [`Policy::rolled_back`] times |
-//! | `Locked` | rolled back because a row lock (SQLite: the file's write lock) was not had within the lock wait: someone, almost always an open transaction, holds that row | an acquire ([`Policy::locked_is_busy`]) returns it at once, to be answered "busy"; anything else is sent again as after `NotCommitted` |
+//! | `Locked` | rolled back because a row lock (SQLite: the file's write lock) was not had within the lock wait: someone, almost always an open transaction, holds that row | an acquire ([`Policy::locked_is_busy`]) returns it at once, to be answered "busy"; anything else is sent again after a short pause until its deadline (each send has waited the lock wait already, so the rollback budget does not apply) |
 //! | `Unknown` | the connection broke, or no reply came in time: it may or may not have committed | send the *same* statement again (same attempt / release id) after a growing pause, across reconnects, until the outcome is known or [`Policy::resolve_until`] (when it no longer matters), and tell the caller an earlier send may have taken effect |
 //! | `NotSent` | no connection could be had: nothing was sent this time | try again after a growing pause until [`Policy::send_until`] (the caller's deadline) — or, if an earlier send is in doubt, until `resolve_until` |
 //! | `Fatal` | bad SQL, missing table, permissions, ... | return the error |
@@ -198,7 +198,10 @@ where
         }
         let pause = match failure {
             Failure::Locked if policy.locked_is_busy => None,
-            Failure::NotCommitted | Failure::Locked if rolled_back < policy.rolled_back => {
+            // It already waited for the row (the lock wait): sent again while the deadline
+            // lasts, not counted against the rollbacks (a transaction may hold the row a while).
+            Failure::Locked => Some(rollback_pause()),
+            Failure::NotCommitted if rolled_back < policy.rolled_back => {
                 rolled_back += 1;
                 Some(rollback_pause())
             }
@@ -253,6 +256,7 @@ mod tests {
     fn classify(f: &Failed) -> Failure {
         match f.error.to_string() {
             s if s.contains("rolled-back") => Failure::NotCommitted,
+            s if s.contains("locked") => Failure::Locked,
             s if s.contains("unknown") => Failure::Unknown,
             s if s.contains("not-sent") => Failure::NotSent,
             _ => Failure::Fatal,
@@ -312,6 +316,33 @@ mod tests {
             "the caller must learn an earlier send may have committed"
         );
         assert_eq!(sends.len(), 2);
+    }
+
+    /// A row held past the lock wait: an acquire hears it at once (to answer busy); a release
+    /// or an extend sends again until its deadline, past the rollback budget.
+    #[tokio::test(start_paused = true)]
+    async fn a_locked_row_ends_an_acquire_and_is_outwaited_by_the_rest() {
+        let acquire = Policy {
+            locked_is_busy: true,
+            ..policy(1000, 1000)
+        };
+        let (tried, sends) = script(acquire, &[Err("locked"), Ok(1)]).await;
+        assert!(tried.result.is_err());
+        assert_eq!(sends.len(), 1, "an acquire is not sent again");
+
+        let mut steps = vec![Err("locked"); ROLLBACK_RESENDS as usize + 5];
+        steps.push(Ok(3));
+        let (tried, sends) = script(policy(60_000, 60_000), &steps).await;
+        assert_eq!(tried.result.unwrap(), 3);
+        assert_eq!(sends.len(), ROLLBACK_RESENDS as usize + 6);
+
+        let started = Instant::now();
+        let (tried, _) = script(policy(500, 500), &[Err("locked")]).await;
+        assert!(tried.result.is_err());
+        assert!(
+            started.elapsed() <= Duration::from_millis(500),
+            "bounded by its deadline"
+        );
     }
 
     #[tokio::test(start_paused = true)]

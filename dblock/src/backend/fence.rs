@@ -71,6 +71,15 @@ pub trait FenceConnection: Send + sealed::Sealed {
         mariadb_wait: Option<u64>,
     ) -> impl Future<Output = Result<Option<u64>, sqlx::Error>> + Send;
 
+    /// After a `lock_in` attempt that found the key taken: whether the transaction may now keep
+    /// the lock of the row it read (InnoDB at REPEATABLE READ or SERIALIZABLE keeps the lock of
+    /// a row an `UPDATE` read and did not change; at READ COMMITTED it lets it go). Then the
+    /// caller must not wait on in that transaction: the key's holder could not release.
+    #[doc(hidden)]
+    fn keeps_read_row_locks(&mut self) -> impl Future<Output = bool> + Send {
+        std::future::ready(false)
+    }
+
     /// Records the success of `owner`'s live tenure `token` of `key` and releases it, inside
     /// the connection's open transaction; how many rows matched.
     #[doc(hidden)]
@@ -234,18 +243,30 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
             Ok(done.rows_affected())
         }
 
+        /// Inside a savepoint, as one simple query: a key found taken (`s` locked the row's
+        /// latest version, then its re-check found a lease that committed after the statement's
+        /// snapshot) may leave that row locked, which would hold up its holder's release until
+        /// the caller's transaction ended; rolling back to the savepoint lets the lock go.
+        /// Granted, the savepoint stays open: the caller's transaction commits it with the rest.
         async fn lock_in_row(
             &mut self,
             table: &str,
             key: &str,
             owner: &str,
             holder: &str,
-            simple: bool,
+            _simple: bool,
             _mariadb_wait: Option<u64>,
         ) -> Result<Option<u64>, sqlx::Error> {
             let text = TEXTS.text(TEXTS.lock_in, table);
             let args = [Arg::Text(key), Arg::Text(owner), Arg::Text(holder)];
-            Ok(rows(self, text, &args, simple).await?.1.map(|t| t as u64))
+            let text = format!("SAVEPOINT dblock_lock_in; {text}");
+            let token = rows(self, text, &args, true).await?.1;
+            if token.is_none() {
+                sqlx::raw_sql("ROLLBACK TO SAVEPOINT dblock_lock_in")
+                    .execute(&mut *self)
+                    .await?;
+            }
+            Ok(token.map(|t| t as u64))
         }
 
         async fn release_in_row(
@@ -361,6 +382,22 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIME
                 .execute(&mut *self)
                 .await?;
             Ok(done.rows_affected())
+        }
+
+        /// The session's isolation level (MariaDB's `tx_isolation`, MySQL 8's
+        /// `transaction_isolation`); anything but READ COMMITTED / READ UNCOMMITTED, or no
+        /// answer, counts as keeping the lock.
+        async fn keeps_read_row_locks(&mut self) -> bool {
+            for variable in ["@@session.transaction_isolation", "@@session.tx_isolation"] {
+                let text = format!("SELECT CAST({variable} AS CHAR)");
+                if let Ok(level) = sqlx::query_scalar::<_, String>(sql(text))
+                    .fetch_one(&mut *self)
+                    .await
+                {
+                    return !matches!(level.as_str(), "READ-COMMITTED" | "READ-UNCOMMITTED");
+                }
+            }
+            true
         }
     }
 }

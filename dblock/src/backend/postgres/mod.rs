@@ -634,7 +634,8 @@ mod tests {
             (
                 "read committed".into(),
                 "300ms".into(),
-                "300ms".into(),
+                // The row-lock wait: 250 ms, or the statement time-out if shorter.
+                "250ms".into(),
                 "it's \\ fine".into()
             )
         );

@@ -511,7 +511,9 @@ mod tests {
 
     /// A one-command transaction still waiting for the write lock (another connection holds
     /// it) at its deadline gives the process's turn up then, as a statement cut at its
-    /// deadline did, and goes on to its end: a read behind it does not wait for it.
+    /// deadline did, and goes on to its end: a read behind it does not wait for it. (The
+    /// other connection commits within the busy timeout, 500 ms; past it the command fails
+    /// `SQLITE_BUSY`, a `Locked` failure that is sent again.)
     #[tokio::test]
     async fn a_command_past_its_deadline_gives_up_the_turn_and_goes_on() {
         let Db { lite, other, _dir } = db().await;
@@ -540,7 +542,7 @@ mod tests {
             (info, started.elapsed())
         };
         let unblock = async {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
             sqlx::query("COMMIT").execute(&mut *blocker).await.unwrap();
         };
         let (batch, (info, read_after), ()) = tokio::join!(batch, read, unblock);
