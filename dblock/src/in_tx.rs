@@ -221,8 +221,12 @@ impl TxLock {
         &self.key
     }
 
-    /// The fencing token of this tenure: larger than every earlier tenure's of the key, leases
-    /// and transactions alike.
+    /// The fencing token of this tenure: larger than every earlier committed tenure's of the key,
+    /// leases and transactions alike. The tenure exists only if the transaction commits: one that
+    /// rolls back (or whose connection breaks) never happened, and the next holder may get the
+    /// same number. So the writes this token fences belong in the same transaction (which rolls
+    /// back with it); for writes to another store while holding a key, take a lease
+    /// ([`Locker::lock`](crate::Locker::lock)), whose token is committed when it is granted.
     ///
     #[cfg_attr(feature = "sqlite", doc = "```")]
     #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
