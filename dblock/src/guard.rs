@@ -390,6 +390,31 @@ impl Refused {
 
 impl LockGuard {
     /// The guard is done with its hold (given back, or dropped): once.
+    /// After `release_in`: the guard is done, and its hold is checked a moment later, when the
+    /// caller's transaction has most likely ended (`RELEASE_IN_CHECK`). Committed, the release
+    /// statement then finds nothing to release and writes nothing; rolled back, it gives the
+    /// hold back, recording `Dropped`. Many such checks travel in one coalesced statement. Not
+    /// at once: sent while the transaction is open, it would wait on the row it locked, and cost
+    /// a statement (and a connection) per request.
+    pub(crate) fn release_later(mut self) {
+        drop(self.renewal.take());
+        self.armed = false;
+        self.end();
+        let (hold, shared) = (self.hold.clone(), self.shared.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                tokio::time::sleep(RELEASE_IN_CHECK).await;
+                match release(hold.clone(), shared, Some(Outcome::Dropped)).await {
+                    Ok(Released::NotHeld) => {}
+                    Ok(outcome) => tracing::debug!(key = %crate::Escaped(&hold.key), ?outcome,
+                        "a release in a rolled-back transaction: given back"),
+                    Err(e) => tracing::warn!(key = %crate::Escaped(&hold.key), error = %e,
+                        "release after release_in failed; the lease will expire on its own"),
+                }
+            });
+        }
+    }
+
     fn end(&self) {
         self.shared.untrack(&self.hold);
         meter::released(&self.hold.meter, self.hold.granted.elapsed());
@@ -430,6 +455,10 @@ impl Drop for LockGuard {
         }
     }
 }
+
+/// How long after `release_in` a guard's hold is checked (and given back if the caller's
+/// transaction rolled back).
+const RELEASE_IN_CHECK: Duration = Duration::from_millis(500);
 
 /// Gives the hold back, trying until its lease has surely ended (past that, the database has
 /// freed it anyway).

@@ -383,7 +383,7 @@ impl LockGuard {
     /// row locked, the outcome `Succeeded`) and the release, in one statement. The key is free
     /// the moment the transaction commits — no release round trip after it. If the
     /// transaction rolls back, so does the release: the hold is still this owner's, and the
-    /// background release (the one a dropped guard gets) gives it back, recording `Dropped`;
+    /// background release (a release statement 500 ms later) gives it back, recording `Dropped`;
     /// it is never leaked, never released twice. `Err(Lost)` if the lease is not ours and live
     /// any more: roll back.
     ///
@@ -434,9 +434,7 @@ impl LockGuard {
             });
         }
         self.hold.released_in.set();
-        // Dropped: the background release waits for the caller's transaction to end. Committed,
-        // it finds the key released (`NotHeld`, expected); rolled back, it gives the hold back.
-        self.set_used(true);
+        self.release_later();
         Ok(())
     }
 

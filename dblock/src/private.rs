@@ -284,12 +284,11 @@ where
     // The rows record how the body ended (a panic or a cancellation never gets here: the
     // dropped guards record a failure, `fail_on_drop`). Released newest first.
     let succeeded = (returns.succeeded)(&out);
-    for mut guard in guards.into_iter().rev() {
+    for guard in guards.into_iter().rev() {
         if guard.released_in() {
-            // Released in the caller's transaction, which may still be open (a `tx = ..`
-            // parameter commits after this returns): the background release waits for it.
-            guard.set_used(true);
-            drop(guard);
+            // Released in the caller's transaction, which may still be open: checked a moment
+            // later, given back then if that transaction rolled back.
+            guard.release_later();
             continue;
         }
         let released = if succeeded {

@@ -243,24 +243,33 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
             Ok(done.rows_affected())
         }
 
-        /// Inside a savepoint, as one simple query: a key found taken (`s` locked the row's
-        /// latest version, then its re-check found a lease that committed after the statement's
-        /// snapshot) may leave that row locked, which would hold up its holder's release until
-        /// the caller's transaction ended; rolling back to the savepoint lets the lock go.
-        /// Granted, the savepoint stays open: the caller's transaction commits it with the rest.
+        /// Inside a savepoint: a key found taken (`s` locked the row's latest version, then its
+        /// re-check found a lease that committed after the statement's snapshot) may leave that
+        /// row locked, which would hold up its holder's release until the caller's transaction
+        /// ended; rolling back to the savepoint lets the lock go. Granted, the savepoint stays
+        /// open: the caller's transaction commits it with the rest. Prepared (the connection's
+        /// statement cache keeps its plan) after the savepoint; behind a pooler both go as one
+        /// simple query, the values inlined.
         async fn lock_in_row(
             &mut self,
             table: &str,
             key: &str,
             owner: &str,
             holder: &str,
-            _simple: bool,
+            simple: bool,
             _mariadb_wait: Option<u64>,
         ) -> Result<Option<u64>, sqlx::Error> {
             let text = TEXTS.text(TEXTS.lock_in, table);
             let args = [Arg::Text(key), Arg::Text(owner), Arg::Text(holder)];
-            let text = format!("SAVEPOINT dblock_lock_in; {text}");
-            let token = rows(self, text, &args, true).await?.1;
+            let token = if simple {
+                let text = format!("SAVEPOINT dblock_lock_in; {text}");
+                rows(self, text, &args, true).await?.1
+            } else {
+                sqlx::raw_sql("SAVEPOINT dblock_lock_in")
+                    .execute(&mut *self)
+                    .await?;
+                rows(self, text, &args, false).await?.1
+            };
             if token.is_none() {
                 sqlx::raw_sql("ROLLBACK TO SAVEPOINT dblock_lock_in")
                     .execute(&mut *self)
