@@ -84,7 +84,8 @@ pub(crate) struct Policy {
     /// the outcome is settled: its error can then name the real cause.
     pub(crate) report: Option<LastFailure>,
     /// A [`Failure::Locked`] ends the run at once (an acquire: the key is busy, and the wait
-    /// loop's backoff, not a resend, is what comes next); otherwise it is resent as a rollback.
+    /// loop's backoff, not a resend, is what comes next) — unless an earlier send's outcome is
+    /// unknown, which is resolved first; otherwise it is sent again until the deadline.
     pub(crate) locked_is_busy: bool,
 }
 
@@ -197,7 +198,10 @@ where
             report.note(&failed);
         }
         let pause = match failure {
-            Failure::Locked if policy.locked_is_busy => None,
+            // An acquire hears "busy" at once, unless an earlier send is in doubt: that one may
+            // have taken the key, and only a resend that gets through can tell (a chaos run on
+            // Galera left a grant orphaned for its whole lease when this stopped resolving).
+            Failure::Locked if policy.locked_is_busy && !after_unknown => None,
             // It already waited for the row (the lock wait): sent again while the deadline
             // lasts, not counted against the rollbacks (a transaction may hold the row a while).
             Failure::Locked => Some(rollback_pause()),
@@ -335,6 +339,16 @@ mod tests {
         let (tried, sends) = script(policy(60_000, 60_000), &steps).await;
         assert_eq!(tried.result.unwrap(), 3);
         assert_eq!(sends.len(), ROLLBACK_RESENDS as usize + 6);
+
+        // While an earlier send is in doubt, an acquire goes on resolving it.
+        let acquire = Policy {
+            locked_is_busy: true,
+            ..policy(1000, 1000)
+        };
+        let (tried, sends) = script(acquire, &[Err("unknown"), Err("locked"), Ok(2)]).await;
+        assert_eq!(tried.result.unwrap(), 2);
+        assert!(tried.after_unknown);
+        assert_eq!(sends.len(), 3);
 
         let started = Instant::now();
         let (tried, _) = script(policy(500, 500), &[Err("locked")]).await;
