@@ -310,6 +310,74 @@ async fn settle_my(
     Ok(held.fencing_token)
 }
 
+/// A locked body (a lease) whose `dblock::release_in` rolls back, and which goes on: the key is
+/// still the body's (the same tenure; not renewed any more), and when the body ends it is given
+/// back, recording `Dropped`.
+macro_rules! rolled_back_body {
+    ($f:ident, $pool:ty) => {
+        #[distributed_lock(key = "job:{id}", locker = locker, ttl = "30s")]
+        async fn $f(locker: &Locker, pool: &$pool, id: u64, name: &str) -> Result<(), AppError> {
+            let held = dblock::current().expect("current() inside the body");
+            let mut tx = begin!(pool, name);
+            dblock::release_in(&mut *tx).await?;
+            tx.rollback().await?;
+            let info = locker.inspect(&held.key).await?.expect("the key's row");
+            assert!(
+                info.held,
+                "{name}: given back while the body runs: {info:?}"
+            );
+            assert_eq!(info.fencing_token, held.fencing_token, "{name}");
+            // The body carries on and fails.
+            Err(AppError::Db(sqlx::Error::RowNotFound))
+        }
+    };
+}
+#[cfg(feature = "sqlite")]
+rolled_back_body!(rolled_back_sqlite, sqlx::SqlitePool);
+#[cfg(feature = "postgres")]
+rolled_back_body!(rolled_back_pg, sqlx::PgPool);
+#[cfg(feature = "mysql")]
+rolled_back_body!(rolled_back_my, sqlx::MySqlPool);
+
+macro_rules! rolled_back {
+    ($pool:ty, $db:expr, $f:ident) => {{
+        let db: &common::Db = $db;
+        let (name, l) = (db.name, &db.locker);
+        let pool = <$pool as common::TestPool>::open(&db.url).await;
+        match $f(l, &pool, 3, name).await {
+            Err(AppError::Db(sqlx::Error::RowNotFound)) => {}
+            other => panic!("{name}: {other:?}"),
+        }
+        let ended = Instant::now();
+        let info = until_free(l, "job:3", 10 * SEC)
+            .await
+            .unwrap_or_else(|| panic!("{name}: never given back after the body ended"));
+        assert_eq!(
+            info.last_outcome,
+            Some(Outcome::Dropped),
+            "{name}: {info:?}"
+        );
+        assert!(ended.elapsed() < 5 * SEC, "{name}: {:?}", ended.elapsed());
+        pool.close().await;
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_whose_release_in_rolls_back_keeps_its_key_until_it_ends() {
+    let (dbs, _dir) = common::all("release_in_body").await;
+    for db in &dbs {
+        match db.name {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => rolled_back!(sqlx::SqlitePool, db, rolled_back_sqlite),
+            #[cfg(feature = "postgres")]
+            n if common::is_postgres(n) => rolled_back!(sqlx::PgPool, db, rolled_back_pg),
+            #[cfg(feature = "mysql")]
+            "mariadb" | "mysql8-path" => rolled_back!(sqlx::MySqlPool, db, rolled_back_my),
+            _ => {}
+        }
+    }
+}
+
 macro_rules! attribute {
     ($pool:ty, $db:expr, $f:ident) => {{
         let db: &common::Db = $db;

@@ -311,8 +311,10 @@ pub async fn succeed_in<C: FenceConnection>(conn: &mut C) -> Result<(), crate::L
 /// the caller's transaction**, with the work: for each, all that [`succeed_in`] does and the
 /// release, in one statement per lock. The keys are free the moment the transaction commits;
 /// the body's own release at its end then finds them released and says nothing. If the
-/// transaction rolls back, so do the releases: the holds stay the body's and are given back as
-/// usual when it ends (recording `Dropped`). A lock taken in the transaction itself
+/// transaction rolls back, so do the releases: the holds stay the body's and are given back
+/// when it ends (recording `Dropped`). Make it the body's last act with its keys: from it on
+/// they are not renewed and their loss no longer ends the body, so a body that goes on after
+/// such a rollback is covered only until its leases' ttl runs out — return the error instead. A lock taken in the transaction itself
 /// (`tx = ...`, [`Locker::lock_in`](crate::Locker::lock_in)) is freed by the commit anyway:
 /// for it this records the success only. `Err(Lost)` if a lease is not ours and live any more:
 /// roll back. Outside a locked body it is an error
