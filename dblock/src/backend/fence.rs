@@ -104,6 +104,22 @@ fn sql(text: String) -> SqlStr {
     sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(text))
 }
 
+/// Runs `text` (a fence or `release_in`: key, owner and token bound in that order) as a prepared
+/// statement on `conn`: how many rows matched.
+macro_rules! owned_write {
+    ($conn:expr, $text:expr, $key:expr, $owner:expr, $token:expr) => {
+        async {
+            let done = sqlx::query(sql($text))
+                .bind($key)
+                .bind($owner)
+                .bind($token as i64)
+                .execute(&mut *$conn)
+                .await?;
+            Ok::<u64, sqlx::Error>(done.rows_affected())
+        }
+    };
+}
+
 /// The texts of one backend's statements on the caller's connection: `{table}`, the fence's
 /// `{set}` and `{live}` (the lease check, empty for a `lock_in` hold), with `$1` key, `$2` owner,
 /// `$3` token (fence, release_in) or holder (lock_in).
@@ -214,6 +230,23 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
         Ok((rows.len() as u64, first))
     }
 
+    /// A fence or `release_in` (key, owner, token) on the caller's connection: prepared, or
+    /// (`simple`) inlined; how many rows matched.
+    async fn owned(
+        conn: &mut sqlx::PgConnection,
+        text: String,
+        key: &str,
+        owner: &str,
+        token: u64,
+        simple: bool,
+    ) -> Result<u64, sqlx::Error> {
+        if simple {
+            let args = [Arg::Text(key), Arg::Text(owner), Arg::Int8(token as i64)];
+            return Ok(rows(conn, text, &args, true).await?.0);
+        }
+        owned_write!(conn, text, key, owner, token).await
+    }
+
     impl sealed::Sealed for sqlx::PgConnection {}
 
     impl FenceConnection for sqlx::PgConnection {
@@ -229,18 +262,15 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
             succeed: bool,
             in_tx: bool,
         ) -> Result<u64, sqlx::Error> {
-            let text = TEXTS.fence(table, succeed, in_tx);
-            let args = [Arg::Text(key), Arg::Text(owner), Arg::Int8(token as i64)];
-            if simple {
-                return Ok(rows(self, text, &args, true).await?.0);
-            }
-            let done = sqlx::query(sql(text))
-                .bind(key)
-                .bind(owner)
-                .bind(token as i64)
-                .execute(&mut *self)
-                .await?;
-            Ok(done.rows_affected())
+            owned(
+                self,
+                TEXTS.fence(table, succeed, in_tx),
+                key,
+                owner,
+                token,
+                simple,
+            )
+            .await
         }
 
         /// Inside a savepoint: a key found taken (`s` locked the row's latest version, then its
@@ -287,17 +317,7 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
             simple: bool,
         ) -> Result<u64, sqlx::Error> {
             let text = TEXTS.text(TEXTS.release_in, table);
-            let args = [Arg::Text(key), Arg::Text(owner), Arg::Int8(token as i64)];
-            if simple {
-                return Ok(rows(self, text, &args, true).await?.0);
-            }
-            let done = sqlx::query(sql(text))
-                .bind(key)
-                .bind(owner)
-                .bind(token as i64)
-                .execute(&mut *self)
-                .await?;
-            Ok(done.rows_affected())
+            owned(self, text, key, owner, token, simple).await
         }
     }
 }
@@ -344,13 +364,7 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIME
             succeed: bool,
             in_tx: bool,
         ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(sql(TEXTS.fence(table, succeed, in_tx)))
-                .bind(key)
-                .bind(owner)
-                .bind(token as i64)
-                .execute(&mut *self)
-                .await?;
-            Ok(done.rows_affected())
+            owned_write!(self, TEXTS.fence(table, succeed, in_tx), key, owner, token).await
         }
 
         async fn lock_in_row(
@@ -384,13 +398,8 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIME
             token: u64,
             _simple: bool,
         ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(sql(TEXTS.text(TEXTS.release_in, table)))
-                .bind(key)
-                .bind(owner)
-                .bind(token as i64)
-                .execute(&mut *self)
-                .await?;
-            Ok(done.rows_affected())
+            let text = TEXTS.text(TEXTS.release_in, table);
+            owned_write!(self, text, key, owner, token).await
         }
 
         /// The session's isolation level (MariaDB's `tx_isolation`, MySQL 8's
@@ -482,13 +491,7 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > ",
             succeed: bool,
             in_tx: bool,
         ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(sql(TEXTS.fence(table, succeed, in_tx)))
-                .bind(key)
-                .bind(owner)
-                .bind(token as i64)
-                .execute(&mut *self)
-                .await?;
-            Ok(done.rows_affected())
+            owned_write!(self, TEXTS.fence(table, succeed, in_tx), key, owner, token).await
         }
 
         async fn lock_in_row(
@@ -518,13 +521,8 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > ",
             token: u64,
             _simple: bool,
         ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(sql(TEXTS.text(TEXTS.release_in, table)))
-                .bind(key)
-                .bind(owner)
-                .bind(token as i64)
-                .execute(&mut *self)
-                .await?;
-            Ok(done.rows_affected())
+            let text = TEXTS.text(TEXTS.release_in, table);
+            owned_write!(self, text, key, owner, token).await
         }
     }
 }
