@@ -37,6 +37,7 @@ const LINGER: Duration = Duration::from_secs(3);
 fn chaos_needs_a_server_backend() {}
 
 /// The worker: runs only inside a child process (ignored in normal runs).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "chaos worker entry point, started by the chaos test"]
 async fn kinds_worker() {
@@ -119,6 +120,7 @@ async fn kinds_worker() {
 
 /// The worker's own application pool (through its proxy, as the locker's), on which it takes the
 /// key with `lock_in` in transactions.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 enum App {
     #[cfg(feature = "postgres")]
     Pg(sqlx::PgPool),
@@ -159,6 +161,7 @@ macro_rules! hold_in {
     }};
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl App {
     fn connect(url: &str) -> App {
         fn options<DB: sqlx::Database>() -> sqlx::pool::PoolOptions<DB> {

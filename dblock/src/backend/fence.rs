@@ -104,6 +104,38 @@ fn sql(text: String) -> SqlStr {
     sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(text))
 }
 
+/// `fence_row` and `release_in_row` of a backend whose statements always go prepared (`simple`
+/// is for PostgreSQL behind a pooler), on the calling module's `TEXTS`: MySQL's and SQLite's.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+macro_rules! prepared_owned_writes {
+    () => {
+        async fn fence_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            token: u64,
+            _simple: bool,
+            succeed: bool,
+            in_tx: bool,
+        ) -> Result<u64, sqlx::Error> {
+            owned_write!(self, TEXTS.fence(table, succeed, in_tx), key, owner, token).await
+        }
+
+        async fn release_in_row(
+            &mut self,
+            table: &str,
+            key: &str,
+            owner: &str,
+            token: u64,
+            _simple: bool,
+        ) -> Result<u64, sqlx::Error> {
+            let text = TEXTS.text(TEXTS.release_in, table);
+            owned_write!(self, text, key, owner, token).await
+        }
+    };
+}
+
 /// Runs `text` (a fence or `release_in`: key, owner and token bound in that order) as a prepared
 /// statement on `conn`: how many rows matched.
 macro_rules! owned_write {
@@ -354,18 +386,7 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIME
     impl FenceConnection for sqlx::MySqlConnection {
         const BACKEND: &'static str = "mysql";
 
-        async fn fence_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            token: u64,
-            _simple: bool,
-            succeed: bool,
-            in_tx: bool,
-        ) -> Result<u64, sqlx::Error> {
-            owned_write!(self, TEXTS.fence(table, succeed, in_tx), key, owner, token).await
-        }
+        prepared_owned_writes!();
 
         async fn lock_in_row(
             &mut self,
@@ -388,18 +409,6 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIME
                 .execute(&mut *self)
                 .await?;
             Ok((done.rows_affected() == 1).then(|| done.last_insert_id()))
-        }
-
-        async fn release_in_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            token: u64,
-            _simple: bool,
-        ) -> Result<u64, sqlx::Error> {
-            let text = TEXTS.text(TEXTS.release_in, table);
-            owned_write!(self, text, key, owner, token).await
         }
 
         /// The session's isolation level (MariaDB's `tx_isolation`, MySQL 8's
@@ -481,18 +490,7 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > ",
     impl FenceConnection for sqlx::SqliteConnection {
         const BACKEND: &'static str = "sqlite";
 
-        async fn fence_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            token: u64,
-            _simple: bool,
-            succeed: bool,
-            in_tx: bool,
-        ) -> Result<u64, sqlx::Error> {
-            owned_write!(self, TEXTS.fence(table, succeed, in_tx), key, owner, token).await
-        }
+        prepared_owned_writes!();
 
         async fn lock_in_row(
             &mut self,
@@ -511,18 +509,6 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > ",
                 .await?;
             row.map(|r| r.try_get::<i64, _>(0).map(|t| t as u64))
                 .transpose()
-        }
-
-        async fn release_in_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            token: u64,
-            _simple: bool,
-        ) -> Result<u64, sqlx::Error> {
-            let text = TEXTS.text(TEXTS.release_in, table);
-            owned_write!(self, text, key, owner, token).await
         }
     }
 }
