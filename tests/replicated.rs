@@ -392,6 +392,8 @@ async fn galera_node_killed_mid_run() {
 
     // Galera's conflict counters of the survivors, to count the conflicts dblock retried.
     let node2 = MySqlPool::connect(&urls[1]).await.expect("node 2");
+    // Before the run: `lock_in` on two nodes, while all three are up.
+    let across_nodes = lock_in_across_nodes(&urls, &table, &plain, &node2).await;
     let conflicts_before = conflicts(&plain).await + conflicts(&node2).await;
 
     let prober = Locker::connect(&urls[0])
@@ -490,8 +492,92 @@ async fn galera_node_killed_mid_run() {
             "lock sessions: wsrep_retry_autocommit=0, wsrep_sync_wait=1 (the parent's and \
              every worker's, after the kill)"
                 .to_owned(),
+            across_nodes,
         ],
     );
+}
+
+/// `lock_in` on Galera, across nodes: InnoDB's row lock is the node's own, so another node's
+/// `lock_in` or lease of the same key does not wait for it: exclusion comes at commit, where
+/// Galera certifies one of two conflicting transactions and rolls back the other (error 1213).
+/// Required: of two `lock_in` transactions of one key on two nodes, at most one commits; a
+/// lease taken on another node while a `lock_in` transaction is open means that transaction
+/// does not commit; the committed row is the one that committed. What each call answered is
+/// reported (docs/transactions.md says what it means for a user).
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+async fn lock_in_across_nodes(
+    urls: &[String],
+    table: &str,
+    node1: &sqlx::MySqlPool,
+    node2: &sqlx::MySqlPool,
+) -> String {
+    let l1 = Locker::connect(&urls[0]).await.unwrap().table(table);
+    let l2 = Locker::connect(&urls[1]).await.unwrap().table(table);
+    // Two transactions, one a node, on one key.
+    let mut tx1 = node1.begin().await.unwrap();
+    let mut tx2 = node2.begin().await.unwrap();
+    let first = l1.lock_in(&mut *tx1, "galera:in").await;
+    let second = l2.lock_in(&mut *tx2, "galera:in").await;
+    let c1 = tx1.commit().await;
+    let c2 = tx2.commit().await;
+    let held = [
+        first.as_ref().ok().filter(|_| c1.is_ok()),
+        second.as_ref().ok().filter(|_| c2.is_ok()),
+    ];
+    let committed: Vec<&dblock::TxLock> = held.into_iter().flatten().collect();
+    assert!(
+        committed.len() <= 1,
+        "two lock_in transactions of one key committed on two nodes: {first:?} {second:?}"
+    );
+    if let [winner] = committed[..] {
+        let row = l1.inspect("galera:in").await.unwrap().unwrap();
+        assert_eq!(row.fencing_token, winner.fencing_token(), "{row:?}");
+    }
+    let pair = format!(
+        "lock_in on node 1 then node 2, one key: {} / {}; commits {} / {}",
+        answer(&first),
+        answer(&second),
+        committed_or(&c1),
+        committed_or(&c2)
+    );
+
+    // A lock_in transaction open on node 1, a lease of the same key on node 2.
+    let mut tx1 = node1.begin().await.unwrap();
+    let held_in = l1.lock_in(&mut *tx1, "galera:lease").await;
+    let lease = l2.lock("galera:lease").wait(Duration::from_secs(2)).await;
+    let c1 = tx1.commit().await;
+    if let (Ok(_), Ok(_), Ok(())) = (&held_in, &lease, &c1) {
+        panic!("a lease on node 2 and a lock_in transaction on node 1 both held one key");
+    }
+    let beside = format!(
+        "lock_in open on node 1, lease on node 2: {} / lease {}; lock_in's commit {}",
+        answer(&held_in),
+        match &lease {
+            Ok(g) => format!("granted (token {})", g.fencing_token()),
+            Err(e) => format!("{e}"),
+        },
+        committed_or(&c1)
+    );
+    if let Ok(g) = lease {
+        g.release().await.unwrap();
+    }
+    format!("{pair}; {beside}")
+}
+
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+fn answer(taken: &Result<dblock::TxLock, dblock::LockError>) -> String {
+    match taken {
+        Ok(lock) => format!("taken (token {})", lock.fencing_token()),
+        Err(e) => format!("{e}"),
+    }
+}
+
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+fn committed_or(commit: &Result<(), sqlx::Error>) -> String {
+    match commit {
+        Ok(()) => "committed".to_owned(),
+        Err(e) => format!("failed ({e})"),
+    }
 }
 
 /// A node's certification failures plus brute-force aborts since it started: statements rolled

@@ -437,6 +437,11 @@ impl Locker {
     ///   lease, in the instant after that check) keeps the row locked until the transaction
     ///   ends, which would hold up the holder's release: then `lock_in` answers `Busy` at once,
     ///   whatever its `wait`; roll back and try again. At READ COMMITTED it waits as asked.
+    ///   On MariaDB Galera a row lock is the node's own: a `lock_in` or a lease of the key on
+    ///   another node is granted beside it (same fencing token), and certification settles it
+    ///   at commit — the first to commit wins, the other transaction fails its commit (1213)
+    ///   with all its work. Before its commit such a hold excludes nothing outside the database:
+    ///   send every `lock_in` of a key to one node, or use a lease.
     /// - SQLite: the statement takes the database's write lock, kept by the transaction: while
     ///   it is open no other connection writes anything in that file, and every lock statement
     ///   of every locker on it waits (up to its busy timeout). Begin with `BEGIN IMMEDIATE` so
