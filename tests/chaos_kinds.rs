@@ -11,6 +11,13 @@
 //! not logged). The checker then requires, from the logs: never a reader beside a writer or
 //! two writers (a transaction's hold counts as a writer), never more than 2 permit holders, and
 //! no untyped error. A last test plants each violation and shows the checker catches it.
+//!
+//! A second run, through the same faults, mixes leases, **steals** and `lock_in` transactions of
+//! one key, each writing its fencing token into a table of the app's in a transaction that fences
+//! it (a steal, or a lease running out, may land between a holder's grant and its fence, or while
+//! its transaction is open): the committed writes' tokens must only grow in the order they were
+//! written (the table's key, taken after the fence). A stolen holder's spans would overlap its
+//! stealer's by design; what steal promises is this order.
 
 #![cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(unused))]
 
@@ -36,31 +43,56 @@ const LINGER: Duration = Duration::from_secs(3);
 #[ignore = "the chaos run needs `--features postgres` and/or `--features mysql` (or --all-features)"]
 fn chaos_needs_a_server_backend() {}
 
+/// What a worker process starts with: the URL and lock table its parent gave it, a locker on
+/// them (through its fault proxy), and `line`, which appends `pid text` to the shared history.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+struct Worker {
+    url: String,
+    table: String,
+    locker: Locker,
+    line: Box<dyn Fn(String)>,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Worker {
+    async fn start() -> Worker {
+        let url = std::env::var("DBLOCK_CHAOS_URL").expect("DBLOCK_CHAOS_URL");
+        let table = std::env::var("DBLOCK_CHAOS_TABLE").unwrap();
+        let log = std::env::var("DBLOCK_CHAOS_LOG").unwrap();
+        let options = dblock::ConnectOptions::new()
+            .max_connections(2)
+            .statement_timeout(Duration::from_secs(4));
+        let locker = Locker::connect_with(&url, options)
+            .await
+            .unwrap()
+            .table(&table);
+        let pid = std::process::id();
+        let line = Box::new(move |text: String| {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&log)
+                .unwrap();
+            f.write_all(format!("{pid} {text}\n").as_bytes()).unwrap();
+        });
+        Worker {
+            url,
+            table,
+            locker,
+            line,
+        }
+    }
+}
+
 /// The worker: runs only inside a child process (ignored in normal runs).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "chaos worker entry point, started by the chaos test"]
 async fn kinds_worker() {
-    let url = std::env::var("DBLOCK_CHAOS_URL").expect("DBLOCK_CHAOS_URL");
-    let table = std::env::var("DBLOCK_CHAOS_TABLE").unwrap();
-    let log = std::env::var("DBLOCK_CHAOS_LOG").unwrap();
-    let options = dblock::ConnectOptions::new()
-        .max_connections(2)
-        .statement_timeout(Duration::from_secs(4));
-    let locker = Locker::connect_with(&url, options)
-        .await
-        .unwrap()
-        .table(&table);
-    let pid = std::process::id();
-    let line = |text: String| {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(&log)
-            .unwrap();
-        f.write_all(format!("{pid} {text}\n").as_bytes()).unwrap();
-    };
+    let Worker {
+        url, locker, line, ..
+    } = Worker::start().await;
     let app = App::connect(&url);
     let end = Instant::now() + RUN;
     while Instant::now() < end {
@@ -73,7 +105,7 @@ async fn kinds_worker() {
         let call_us = now_us();
         let wait = Duration::from_secs(3);
         if kind == "tx" {
-            match app.hold_in(&locker, wait).await {
+            match app.hold_in(Take::LockIn(&locker, wait), None).await {
                 Ok(Some((token, from, to))) => line(format!("HOLD tx {token} {from} {to}")),
                 Ok(None) => {}
                 Err(e) if pool_exhausted(&e) => {}
@@ -128,11 +160,19 @@ enum App {
     My(sqlx::MySqlPool),
 }
 
-/// One transaction holding the key: `lock_in` within `wait`, a statement of the app's own with
-/// the token, a short hold, a commit. Only `lock_in`'s error is the worker's to check: the app's
-/// own statements failing under the faults end the transaction (`None`).
+/// How a transaction of the app's own holds the key: `lock_in` within a wait, or the fence of a
+/// lease it holds.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+enum Take<'a> {
+    LockIn(&'a Locker, Duration),
+    Fence(&'a dblock::LockGuard),
+}
+
+/// One transaction holding the key ([`Take`]), a statement of the app's own with the token
+/// (`$write`, the token bound), a short hold, a commit. Only dblock's errors are the worker's
+/// to check: the app's own statements failing under the faults end the transaction (`None`).
 macro_rules! hold_in {
-    ($pool:expr, $locker:expr, $wait:expr, $prepare:expr, $write:expr) => {{
+    ($pool:expr, $take:expr, $prepare:expr, $write:expr) => {{
         let app = async {
             let mut conn = $pool.acquire().await.ok()?;
             sqlx::raw_sql($prepare).execute(&mut *conn).await.ok()?;
@@ -144,10 +184,19 @@ macro_rules! hold_in {
         let Ok(mut tx) = sqlx::Connection::begin(&mut *conn).await else {
             return Ok(None);
         };
-        let lock = $locker.lock_in(&mut *tx, "doc").wait($wait).await?;
+        let token = match $take {
+            Take::LockIn(locker, wait) => locker
+                .lock_in(&mut *tx, "doc")
+                .wait(wait)
+                .await?
+                .fencing_token(),
+            Take::Fence(guard) => {
+                guard.fence(&mut *tx).await?;
+                guard.fencing_token()
+            }
+        } as i64;
         let from = now_us();
-        let token = lock.fencing_token() as i64;
-        if sqlx::query($write)
+        if sqlx::query(sqlx::AssertSqlSafe($write))
             .bind(token)
             .execute(&mut *tx)
             .await
@@ -183,37 +232,36 @@ impl App {
 
     /// A transaction that held the key and committed: its token and the span in which it
     /// surely held it; `None` when its commit failed (or the whole call hung past its bound).
+    /// `write`: the app's statement with the token (`$1` / `?`); `None`: a `SELECT` of it.
     async fn hold_in(
         &self,
-        locker: &Locker,
-        wait: Duration,
+        take: Take<'_>,
+        write: Option<&str>,
     ) -> Result<Option<(i64, i64, i64)>, dblock::LockError> {
         let run = async {
             match self {
                 // A transaction's statements on the proxied connection may hang with it: the
-                // locker's statement timeout bounds `lock_in`, 4 s bound the app's own.
+                // locker's statement timeout bounds dblock's, 4 s bound the app's own.
                 #[cfg(feature = "postgres")]
                 App::Pg(pool) => hold_in!(
                     pool,
-                    locker,
-                    wait,
+                    take,
                     "SET statement_timeout = 4000",
-                    "SELECT $1::bigint"
+                    write.unwrap_or("SELECT $1::bigint").to_owned()
                 ),
                 // Half the transactions at READ COMMITTED, where a busy `lock_in` waits for the
                 // row; the others at MariaDB's REPEATABLE READ, where it is `Busy` at once.
                 #[cfg(feature = "mysql")]
                 App::My(pool) => hold_in!(
                     pool,
-                    locker,
-                    wait,
+                    take,
                     if fastrand::bool() {
                         "SET SESSION max_statement_time = 4; \
                          SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
                     } else {
                         "SET SESSION max_statement_time = 4"
                     },
-                    "SELECT ?"
+                    write.unwrap_or("SELECT ?").to_owned()
                 ),
             }
         };
@@ -343,47 +391,7 @@ async fn run(name: &str, direct: &str) {
     let table = common::table_for("chaos_kinds");
     let observer = Locker::connect(direct).await.unwrap().table(&table);
     observer.migrate().await.unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let log = work.path().join("history");
-    let mut proxies = Vec::new();
-    let mut children = Vec::new();
-    for _ in 0..WORKERS {
-        let proxy = Proxy::start(&common::host_of(direct)).await;
-        children.push(
-            history::worker_command("kinds_worker", &proxy.url(direct), &table, &log, false)
-                .spawn()
-                .unwrap(),
-        );
-        proxies.push(proxy);
-    }
-    // Faults, one worker at a time, until the quiet end of the run.
-    let faults = [
-        Mode::HoldReplies,
-        Mode::DropSends,
-        Mode::DelayReplies(TTL + Duration::from_millis(500)),
-        Mode::Blackhole,
-    ];
-    let start = Instant::now();
-    let mut injected = 0;
-    while start.elapsed() < RUN - QUIET {
-        tokio::time::sleep(Duration::from_millis(fastrand::u64(300..900))).await;
-        let proxy = &proxies[fastrand::usize(..WORKERS)];
-        let mode = faults[fastrand::usize(..faults.len())];
-        proxy.set(mode);
-        tokio::time::sleep(Duration::from_millis(fastrand::u64(200..800))).await;
-        if mode == Mode::HoldReplies {
-            // A lost reply: the held bytes never arrive, the connection breaks.
-            proxy.set(Mode::Refuse);
-            proxy.reset_all();
-        }
-        proxy.set(Mode::Pass);
-        injected += 1;
-    }
-    for status in history::wait_all(children).await {
-        assert!(status.success(), "{name}: a worker failed: {status:?}");
-    }
-    let text = std::fs::read_to_string(&log).unwrap();
-    history::assert_no_untyped_errors(name, &text);
+    let (text, injected) = through_faults(name, "kinds_worker", direct, &table).await;
     let all = spans(&text);
     let count = |k: &str| all.iter().filter(|s| s.kind == k).count();
     let (beside, most) = violations(&all);
@@ -401,6 +409,240 @@ async fn run(name: &str, direct: &str) {
         count("read") > 0 && count("write") > 0 && count("tx") > 0 && count("permit") > 0,
         "{name}"
     );
+    assert_eq!(
+        text.lines().filter(|l| l.ends_with("EXIT")).count(),
+        WORKERS,
+        "{name}"
+    );
+}
+
+/// `WORKERS` processes of the worker `entry` on `table`, each through a fault proxy of its own to
+/// `direct`, through [`inject_faults`]: their history (no untyped error in it) and how many faults
+/// were injected.
+async fn through_faults(name: &str, entry: &str, direct: &str, table: &str) -> (String, usize) {
+    let work = tempfile::tempdir().unwrap();
+    let log = work.path().join("history");
+    let mut proxies = Vec::new();
+    let mut children = Vec::new();
+    for _ in 0..WORKERS {
+        let proxy = Proxy::start(&common::host_of(direct)).await;
+        children.push(
+            history::worker_command(entry, &proxy.url(direct), table, &log, false)
+                .spawn()
+                .unwrap(),
+        );
+        proxies.push(proxy);
+    }
+    let injected = inject_faults(&proxies).await;
+    for status in history::wait_all(children).await {
+        assert!(status.success(), "{name}: a worker failed: {status:?}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    history::assert_no_untyped_errors(name, &text);
+    (text, injected)
+}
+
+/// Faults, one worker's proxy at a time, until the quiet end of the run: lost replies, dropped
+/// sends, replies delayed past the ttl, blackholed connections. How many were injected.
+async fn inject_faults(proxies: &[Proxy]) -> usize {
+    let faults = [
+        Mode::HoldReplies,
+        Mode::DropSends,
+        Mode::DelayReplies(TTL + Duration::from_millis(500)),
+        Mode::Blackhole,
+    ];
+    let start = Instant::now();
+    let mut injected = 0;
+    while start.elapsed() < RUN - QUIET {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(300..900))).await;
+        let proxy = &proxies[fastrand::usize(..proxies.len())];
+        let mode = faults[fastrand::usize(..faults.len())];
+        proxy.set(mode);
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(200..800))).await;
+        if mode == Mode::HoldReplies {
+            // A lost reply: the held bytes never arrive, the connection breaks.
+            proxy.set(Mode::Refuse);
+            proxy.reset_all();
+        }
+        proxy.set(Mode::Pass);
+        injected += 1;
+    }
+    injected
+}
+
+/// The fenced-write run's worker: takes key `doc` with a lease (`lock`), by stealing it
+/// (`steal`), or with `lock_in` in a transaction, and writes its token into the app's table
+/// (`DBLOCK_CHAOS_TABLE` + `_w`) in a transaction that fences it (the lease's `fence`) or holds
+/// it (`lock_in`). A lease's holder waits a little between its grant and its fence, and holds its
+/// transaction a little before the commit, so that steals land before and during it. Logs each
+/// refused fence (`REFUSED`) and each untyped error (`BAD`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos worker entry point, started by the fenced-write chaos test"]
+async fn fenced_worker() {
+    let Worker {
+        url,
+        table,
+        locker,
+        line,
+    } = Worker::start().await;
+    let app = App::connect(&url);
+    let placeholder = if url.starts_with("postgres") {
+        "$1"
+    } else {
+        "?"
+    };
+    let write = format!("INSERT INTO {table}_w (token) VALUES ({placeholder})");
+    let typed = |kind: &str, e: &dblock::LockError| {
+        if pool_exhausted(e) {
+            return;
+        }
+        if e.is_lost() {
+            line(format!("REFUSED {kind}"));
+        } else if let Err(untyped) = history::error_kind(e) {
+            line(format!("BAD {kind} {}", untyped.replace(' ', "_")));
+            panic!("untyped {kind} error: {untyped}");
+        }
+    };
+    let end = Instant::now() + RUN;
+    let wait = Duration::from_secs(3);
+    while Instant::now() < end {
+        let kind = match fastrand::u32(0..10) {
+            0..=3 => "lease",
+            4..=5 => "steal",
+            _ => "tx",
+        };
+        if kind == "tx" {
+            if let Err(e) = app.hold_in(Take::LockIn(&locker, wait), Some(&write)).await {
+                typed(kind, &e);
+            }
+            continue;
+        }
+        let taken = if kind == "steal" {
+            locker.steal("doc").ttl(TTL).await
+        } else {
+            locker.lock("doc").ttl(TTL).wait(wait).await
+        };
+        let guard = match taken {
+            Ok(guard) => {
+                if kind == "steal" {
+                    line("STOLE".into());
+                }
+                guard
+            }
+            Err(e) => {
+                typed(kind, &e);
+                continue;
+            }
+        };
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..30))).await;
+        if let Err(e) = app.hold_in(Take::Fence(&guard), Some(&write)).await {
+            typed(kind, &e);
+        }
+        if let Err(e) = guard.release().await {
+            typed("release", &e);
+        }
+    }
+    tokio::time::sleep(LINGER).await;
+    line("EXIT".into());
+}
+
+/// Writes whose token is not larger than the one committed before them (in the order the
+/// table's key gave them: after their fence or `lock_in`, which serialise them on the lock's row).
+fn out_of_order(tokens: &[i64]) -> usize {
+    tokens.windows(2).filter(|w| w[1] <= w[0]).count()
+}
+
+#[test]
+fn the_fenced_write_checker_catches_a_stale_write() {
+    assert_eq!(out_of_order(&[1, 2, 5, 9]), 0);
+    assert_eq!(out_of_order(&[1, 5, 2, 9]), 1);
+    assert_eq!(out_of_order(&[1, 2, 2, 3]), 1);
+}
+
+/// Leases, steals and `lock_in` transactions of one key, each writing its token in a fenced
+/// transaction, from 3 worker processes through faults: the committed writes' tokens only grow in
+/// the order they were written, whatever was stolen or expired mid-transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_keep_their_order_through_faults_and_steals() {
+    #[allow(unused_mut)]
+    let mut targets: Vec<(&str, String, &str)> = Vec::new();
+    #[cfg(feature = "postgres")]
+    if common::postgres("chaos_fenced").await.is_some() {
+        targets.push((
+            "postgres",
+            common::postgres_url(),
+            "(id BIGSERIAL PRIMARY KEY, token BIGINT NOT NULL)",
+        ));
+    }
+    #[cfg(feature = "mysql")]
+    if common::mysql("chaos_fenced").await.is_some() {
+        targets.push((
+            "mariadb",
+            common::mysql_url(),
+            "(id BIGINT AUTO_INCREMENT PRIMARY KEY, token BIGINT NOT NULL)",
+        ));
+    }
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    for (name, direct, columns) in targets {
+        run_fenced(name, &direct, columns).await;
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn run_fenced(name: &str, direct: &str, columns: &str) {
+    use sqlx::Row;
+
+    let table = common::table_for("chaos_fenced");
+    let observer = Locker::connect(direct).await.unwrap().table(&table);
+    observer.migrate().await.unwrap();
+    let pool = App::connect(direct);
+    let create = format!("CREATE TABLE {table}_w {columns}");
+    let select = format!("SELECT token FROM {table}_w ORDER BY id");
+    // The same code on the app's pool of either backend.
+    macro_rules! on_pool {
+        (|$p:ident| $e:expr) => {
+            match &pool {
+                #[cfg(feature = "postgres")]
+                App::Pg($p) => $e,
+                #[cfg(feature = "mysql")]
+                App::My($p) => $e,
+            }
+        };
+    }
+    on_pool!(|p| sqlx::raw_sql(sqlx::AssertSqlSafe(create.clone()))
+        .execute(p)
+        .await
+        .map(drop))
+    .unwrap();
+    let (text, injected) = through_faults(name, "fenced_worker", direct, &table).await;
+    let tokens: Vec<i64> = on_pool!(|p| sqlx::query(sqlx::AssertSqlSafe(select.clone()))
+        .fetch_all(p)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect());
+    let refused = |kind: &str| {
+        text.lines()
+            .filter(|l| l.ends_with(&format!("REFUSED {kind}")))
+            .count()
+    };
+    let steals = text.lines().filter(|l| l.ends_with("STOLE")).count();
+    println!(
+        "{name}: {injected} faults; {steals} steals; {} fenced writes committed; fences \
+         refused (stolen or run out before the fence): {} of leases, {} of stealers",
+        tokens.len(),
+        refused("lease"),
+        refused("steal"),
+    );
+    assert_eq!(
+        out_of_order(&tokens),
+        0,
+        "{name}: a stale write committed: {tokens:?}"
+    );
+    assert!(tokens.len() > 10, "{name}: too few writes to say anything");
+    assert!(steals > 0, "{name}: no steal");
     assert_eq!(
         text.lines().filter(|l| l.ends_with("EXIT")).count(),
         WORKERS,
