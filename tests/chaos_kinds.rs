@@ -350,24 +350,30 @@ fn the_checker_catches_every_planted_violation() {
         s("permit", 10, 20),
     ];
     assert_eq!(violations(&clean), (0, 2));
-    let mut reader_beside_writer = clean.clone();
-    reader_beside_writer.push(s("read", 16, 18));
-    assert_eq!(violations(&reader_beside_writer).0, 1);
-    let mut two_writers = clean.clone();
-    two_writers.push(s("write", 16, 17));
-    assert_eq!(violations(&two_writers).0, 1);
-    let mut read_in_a_transaction = clean.clone();
-    read_in_a_transaction.push(s("read", 29, 31));
-    assert_eq!(violations(&read_in_a_transaction).0, 1);
-    let mut lease_beside_transaction = clean.clone();
-    lease_beside_transaction.push(s("write", 25, 26));
-    assert_eq!(violations(&lease_beside_transaction).0, 1);
-    let mut two_transactions = clean.clone();
-    two_transactions.push(s("tx", 29, 31));
-    assert_eq!(violations(&two_transactions).0, 2);
-    let mut three_permits = clean;
-    three_permits.push(s("permit", 9, 11));
-    assert_eq!(violations(&three_permits).1, 3);
+    // The clean history with one more hold.
+    let with = |extra: Span| {
+        let mut spans = clean.clone();
+        spans.push(extra);
+        violations(&spans)
+    };
+    assert_eq!(with(s("read", 16, 18)).0, 1, "a reader beside a writer");
+    assert_eq!(with(s("write", 16, 17)).0, 1, "two writers");
+    assert_eq!(
+        with(s("read", 29, 31)).0,
+        1,
+        "a reader in a transaction's span"
+    );
+    assert_eq!(
+        with(s("write", 25, 26)).0,
+        1,
+        "a lease beside a transaction"
+    );
+    assert_eq!(
+        with(s("tx", 29, 31)).0,
+        2,
+        "two transactions (and the reader after)"
+    );
+    assert_eq!(with(s("permit", 9, 11)).1, 3, "three permits");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,25 @@ macro_rules! begin {
     }};
 }
 
+/// Runs `$case!(Pool, db)` — with the backend's locked function, `$case!(Pool, db, function)` —
+/// for every reachable backend of `common::all($label)`, `Pool` the backend's application pool.
+macro_rules! every_backend {
+    ($label:expr, $case:ident $(, $lite:ident, $pg:ident, $my:ident)?) => {{
+        let (dbs, _dir) = common::all($label).await;
+        for db in &dbs {
+            match db.name {
+                #[cfg(feature = "sqlite")]
+                "sqlite" => $case!(sqlx::SqlitePool, db $(, $lite)?),
+                #[cfg(feature = "postgres")]
+                n if common::is_postgres(n) => $case!(sqlx::PgPool, db $(, $pg)?),
+                #[cfg(feature = "mysql")]
+                "mariadb" | "mysql8-path" => $case!(sqlx::MySqlPool, db $(, $my)?),
+                _ => {}
+            }
+        }
+    }};
+}
+
 /// `lock_in` against leases and against another transaction, commit and rollback.
 macro_rules! against_leases {
     ($pool:ty, $db:expr) => {{
@@ -181,18 +200,7 @@ macro_rules! begin_other {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_in_excludes_leases_and_transactions_and_ends_with_its_transaction() {
-    let (dbs, _dir) = common::all("lock_in").await;
-    for db in &dbs {
-        match db.name {
-            #[cfg(feature = "sqlite")]
-            "sqlite" => against_leases!(sqlx::SqlitePool, db),
-            #[cfg(feature = "postgres")]
-            n if common::is_postgres(n) => against_leases!(sqlx::PgPool, db),
-            #[cfg(feature = "mysql")]
-            "mariadb" | "mysql8-path" => against_leases!(sqlx::MySqlPool, db),
-            _ => {}
-        }
-    }
+    every_backend!("lock_in", against_leases);
 }
 
 /// `release_in`: the key is free exactly when the work commits; after a rollback the hold stays
@@ -237,18 +245,7 @@ macro_rules! release_in {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_in_frees_the_key_when_the_work_commits_and_not_before() {
-    let (dbs, _dir) = common::all("release_in").await;
-    for db in &dbs {
-        match db.name {
-            #[cfg(feature = "sqlite")]
-            "sqlite" => release_in!(sqlx::SqlitePool, db),
-            #[cfg(feature = "postgres")]
-            n if common::is_postgres(n) => release_in!(sqlx::PgPool, db),
-            #[cfg(feature = "mysql")]
-            "mariadb" | "mysql8-path" => release_in!(sqlx::MySqlPool, db),
-            _ => {}
-        }
-    }
+    every_backend!("release_in", release_in);
 }
 
 #[derive(Debug)]
@@ -364,18 +361,13 @@ macro_rules! rolled_back {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_whose_release_in_rolls_back_keeps_its_key_until_it_ends() {
-    let (dbs, _dir) = common::all("release_in_body").await;
-    for db in &dbs {
-        match db.name {
-            #[cfg(feature = "sqlite")]
-            "sqlite" => rolled_back!(sqlx::SqlitePool, db, rolled_back_sqlite),
-            #[cfg(feature = "postgres")]
-            n if common::is_postgres(n) => rolled_back!(sqlx::PgPool, db, rolled_back_pg),
-            #[cfg(feature = "mysql")]
-            "mariadb" | "mysql8-path" => rolled_back!(sqlx::MySqlPool, db, rolled_back_my),
-            _ => {}
-        }
-    }
+    every_backend!(
+        "release_in_body",
+        rolled_back,
+        rolled_back_sqlite,
+        rolled_back_pg,
+        rolled_back_my
+    );
 }
 
 macro_rules! attribute {
@@ -408,18 +400,13 @@ macro_rules! attribute {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_attribute_takes_the_key_on_the_bodys_transaction() {
-    let (dbs, _dir) = common::all("lock_in_attr").await;
-    for db in &dbs {
-        match db.name {
-            #[cfg(feature = "sqlite")]
-            "sqlite" => attribute!(sqlx::SqlitePool, db, settle_sqlite),
-            #[cfg(feature = "postgres")]
-            n if common::is_postgres(n) => attribute!(sqlx::PgPool, db, settle_pg),
-            #[cfg(feature = "mysql")]
-            "mariadb" | "mysql8-path" => attribute!(sqlx::MySqlPool, db, settle_my),
-            _ => {}
-        }
-    }
+    every_backend!(
+        "lock_in_attr",
+        attribute,
+        settle_sqlite,
+        settle_pg,
+        settle_my
+    );
 }
 
 /// A lock statement of a locker on a connection of another database is a configuration error,
