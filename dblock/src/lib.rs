@@ -86,6 +86,9 @@ mod shared;
 mod sync;
 #[cfg(feature = "_test-util")]
 pub mod test_util;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod timing;
 mod validate;
 mod wait;
@@ -130,6 +133,9 @@ mod doc_snippets {
     struct Benchmarks;
     #[doc = include_str!("../../docs/reference.md")]
     struct Reference;
+    #[cfg(feature = "testing")]
+    #[doc = include_str!("../../docs/testing.md")]
+    struct Testing;
 }
 
 pub use backend::fence::FenceConnection;

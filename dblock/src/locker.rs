@@ -17,7 +17,7 @@ use crate::semaphore::SemaphoreRequest;
 use crate::shared::{default_holder, Shared};
 
 /// The lock table used unless [`Locker::table`] names another.
-const DEFAULT_TABLE: &str = "dblock_locks";
+pub(crate) const DEFAULT_TABLE: &str = "dblock_locks";
 
 /// The handle to a lock table in a database. Cheap to clone (an `Arc` inside), `Send + Sync`.
 ///
@@ -53,7 +53,7 @@ impl fmt::Debug for Locker {
 }
 
 impl Locker {
-    fn from_backend(backend: Backend) -> Locker {
+    pub(crate) fn from_backend(backend: Backend) -> Locker {
         Locker {
             shared: Shared::new(Ok(backend), DEFAULT_TABLE, default_holder()),
         }

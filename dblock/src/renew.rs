@@ -82,6 +82,22 @@ impl Renewer {
         self.wake.notify_one();
     }
 
+    /// Stops renewing the holds of `key` (and of its semaphore permits, `key ␟ …`) for good:
+    /// `dblock::testing::stop_renewal`. How many it stopped.
+    #[cfg(feature = "testing")]
+    pub(crate) fn forget(&self, key: &str) -> usize {
+        let mut holds = self.holds();
+        let before = holds.len();
+        holds.retain(|_, h| {
+            let slot = h
+                .key
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.starts_with('\u{1f}'));
+            h.key != key && !slot
+        });
+        before - holds.len()
+    }
+
     /// Starts renewing `hold` (the task starts with the first registration).
     pub(crate) fn register(self: &Arc<Self>, backend: &Backend, hold: &Arc<Hold>) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

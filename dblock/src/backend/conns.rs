@@ -47,6 +47,10 @@ const OUT: Duration = Duration::from_secs(30);
 pub(crate) struct Conns<DB: Database> {
     pool: Pool<DB>,
     kept: Option<Arc<Kept<DB>>>,
+    /// A test locker's faults and clock (`dblock::testing`): every statement on these
+    /// connections consults them.
+    #[cfg(feature = "testing")]
+    faults: Option<Arc<crate::testing::Faults>>,
 }
 
 impl<DB: Database> Clone for Conns<DB> {
@@ -54,6 +58,8 @@ impl<DB: Database> Clone for Conns<DB> {
         Conns {
             pool: self.pool.clone(),
             kept: self.kept.clone(),
+            #[cfg(feature = "testing")]
+            faults: self.faults.clone(),
         }
     }
 }
@@ -61,7 +67,12 @@ impl<DB: Database> Clone for Conns<DB> {
 /// The application's pool: every connection goes back to it after its statement.
 impl<DB: Database> From<Pool<DB>> for Conns<DB> {
     fn from(pool: Pool<DB>) -> Self {
-        Conns { pool, kept: None }
+        Conns {
+            pool,
+            kept: None,
+            #[cfg(feature = "testing")]
+            faults: None,
+        }
     }
 }
 
@@ -85,7 +96,22 @@ impl<DB: Database> Conns<DB> {
                 }),
             })),
             pool,
+            #[cfg(feature = "testing")]
+            faults: None,
         }
+    }
+
+    /// The same connections, consulting `faults` at every statement (`dblock::testing`).
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_faults(mut self, faults: Arc<crate::testing::Faults>) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
+    /// A test locker's faults and clock, if these are a test locker's connections.
+    #[cfg(feature = "testing")]
+    pub(crate) fn faults(&self) -> Option<&Arc<crate::testing::Faults>> {
+        self.faults.as_ref()
     }
 
     /// A connection for one statement: a kept one if there is one, else the pool's, whichever

@@ -66,7 +66,18 @@ async fn run_inline<DB, T>(
 where
     DB: Database,
 {
+    // A test locker (`dblock::testing`): the paused clock stands still while the statement is
+    // out, and an injected fault takes the statement's place.
+    #[cfg(feature = "testing")]
+    let test = crate::testing::Statement::begin(pool.faults())?;
     let mut conn = connection(pool, deadline).await?;
+    #[cfg(feature = "testing")]
+    if test.reply_lost() {
+        // Sent, and answered, but the answer never reaches the caller.
+        let _ = op(&mut conn).await;
+        pool.keep(conn);
+        return Err(no_reply());
+    }
     match tokio::time::timeout_at(deadline, op(&mut conn)).await {
         Ok(Err(sqlx::Error::Database(e))) if e.code().as_deref() == Some(READ_ONLY) => {
             // A server that cannot write any more (a primary demoted to a standby by a
@@ -132,9 +143,18 @@ where
             }
         }
     }
+    #[cfg(feature = "testing")]
+    let test = crate::testing::Statement::begin(pool.faults())?;
     let mut whole = Whole { conn: None };
     let conn = whole.conn.insert(connection(pool, deadline).await?);
     let out = op(conn.pooled_mut()).await;
+    #[cfg(feature = "testing")]
+    if test.reply_lost() {
+        if let Some(conn) = whole.conn.take() {
+            pool.keep(conn);
+        }
+        return Err(no_reply());
+    }
     // At its end: pooled again (kept, when it answered in full), not closed.
     if let (Some(conn), Ok(_)) = (whole.conn.take(), &out) {
         pool.keep(conn);

@@ -214,6 +214,41 @@ pub(crate) async fn connect(
     Ok(lite)
 }
 
+/// The test kit's hooks (`dblock::testing`).
+#[cfg(feature = "testing")]
+impl Lite {
+    /// A test locker's faults, if this is one's.
+    pub(crate) fn faults(&self) -> Option<&Arc<crate::testing::Faults>> {
+        self.pool.faults()
+    }
+
+    /// Ends now the live leases of `key` in `table` (with `slots`, of its semaphore permits,
+    /// `key ␟ …`), as a vanished holder's would end: not a release. How many it ended.
+    pub(crate) async fn expire(
+        &self,
+        table: &str,
+        key: &str,
+        slots: bool,
+    ) -> Result<u64, LockError> {
+        let which = if slots {
+            "substr(lock_key, 1, length($1) + 1) = $1 || char(31)"
+        } else {
+            "lock_key = $1"
+        };
+        let sql = format!(
+            "UPDATE {} SET expires_at = {NOW} WHERE {which} AND owner IS NOT NULL AND expires_at > {NOW}",
+            super::quote_ident(table, '"')
+        );
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let done = super::dialect::run(self, &self.pool, deadline, async |c| {
+            sqlx::query(AssertSqlSafe(sql)).bind(key).execute(c).await
+        })
+        .await
+        .map_err(|f| LockError::Database(f.error))?;
+        Ok(done.rows_affected())
+    }
+}
+
 impl Lite {
     pub(crate) fn new(pool: Conns<Sqlite>, table: &str) -> Self {
         let t = quote_ident(table, '"');

@@ -1,0 +1,347 @@
+//! Testing code that uses dblock: a test [`Locker`] with no server, on tokio's paused clock,
+//! with fault hooks and assertions (feature `testing`; the chapter "Testing code that uses
+//! dblock" in `docs/testing.md` has a whole test).
+//!
+//! [`locker()`] is a migrated `Locker` on an in-memory SQLite database of its own. Its clock is
+//! tokio's: under `#[tokio::test(start_paused = true)]` leases, renewal and waiting follow the
+//! paused clock, so `tokio::time::advance(ttl)` makes a lease run out, and a test that waits five
+//! seconds for a busy key takes no five seconds. How:
+//!
+//! - the database's clock (`julianday('now')`, the only clock dblock's SQLite statements read)
+//!   is replaced, on the test database's connection, by one that reads the runtime's clock;
+//! - while a statement is out to SQLite (on sqlx's worker thread, which tokio cannot see), the
+//!   paused clock does not jump ahead: otherwise an idle runtime would fire the next timer — a
+//!   statement's deadline, the pool's time-out — while the statement runs.
+//!
+//! The fault hooks act on the test locker alone (another `Locker` has none):
+//!
+//! | hook | what the code under test sees |
+//! |---|---|
+//! | [`expire`] | the key's lease ran out now, without a release: the holder's next renewal, `extend` or `fence` says `Lost`, and others may take the key |
+//! | [`Locker::steal`] | another owner took the key, with a new fencing token |
+//! | [`stop_renewal`] | the renewer hung: the lease runs out at its ttl unless the holder extends it |
+//! | [`fail_next`] | the next statements fail before they are sent, as on a dropped connection |
+//! | [`lose_next_replies`] | the next statements are sent and take effect, but their replies never come: "outcome unknown" |
+//!
+//! [`assert_held`] and [`assert_free`] panic with the owner and holder they found.
+//!
+//! ```
+//! # async fn demo() -> Result<(), dblock::LockError> {
+//! let locker = dblock::testing::locker().await?;
+//! let guard = locker.lock("job").ttl(std::time::Duration::from_secs(30)).await?;
+//! dblock::testing::assert_held(&locker, "job").await;
+//! dblock::testing::expire(&locker, "job").await?;
+//! dblock::testing::assert_free(&locker, "job").await;
+//! # drop(guard); Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+//! ```
+
+mod clock;
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+
+use crate::backend::conns::Conns;
+use crate::backend::sqlite::Lite;
+use crate::backend::Backend;
+use crate::error::LockError;
+use crate::info::LockInfo;
+use crate::locker::Locker;
+use crate::retry::Failed;
+
+/// A migrated test `Locker` on a new in-memory SQLite database, whose clock is the tokio
+/// runtime's: under a paused clock (`#[tokio::test(start_paused = true)]`) every lease, renewal
+/// and wait follows it. Each call is a database of its own, so tests running side by side do
+/// not meet.
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// use std::time::Duration;
+/// let locker = dblock::testing::locker().await?;
+/// let held = locker.lock("k").ttl(Duration::from_secs(10)).await?; // not renewed
+/// tokio::time::advance(Duration::from_secs(11)).await; // the lease ran out
+/// let other = locker.lock("k").owner(&dblock::Owner::new()).await?; // so another owner takes it
+/// assert!(other.fencing_token() > held.fencing_token());
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+pub async fn locker() -> Result<Locker, LockError> {
+    LockError::require_runtime()?;
+    // No jump of the paused clock while the database opens.
+    let _still = Still::new();
+    let clock = clock::Clock::here();
+    let options = SqliteConnectOptions::from_str("sqlite::memory:")
+        .map_err(LockError::Database)?
+        .busy_timeout(Duration::ZERO);
+    // The database lives as long as its one connection: kept open, never replaced.
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .min_connections(1)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .test_before_acquire(false)
+        .after_connect(move |conn, _| {
+            let clock = clock.clone();
+            Box::pin(async move { clock.install(conn).await })
+        })
+        .connect_with(options)
+        .await
+        .map_err(LockError::Database)?;
+    let conns = Conns::own(pool).with_faults(Arc::new(Faults::default()));
+    let locker = Locker::from_backend(Lite::new(conns, crate::locker::DEFAULT_TABLE).into());
+    locker.migrate().await?;
+    Ok(locker)
+}
+
+/// Ends the lease of every hold of `key` now, as if its holder had vanished (not a release):
+/// the holder's next renewal, `extend` or `fence` fails with `Lost`, and any owner may take the
+/// key. Semaphore permits of `key` too. Returns how many holds it ended.
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// let locker = dblock::testing::locker().await?;
+/// let guard = locker.lock("k").await?;
+/// assert_eq!(dblock::testing::expire(&locker, "k").await?, 1);
+/// let more = guard.extend(std::time::Duration::from_secs(30)).await;
+/// assert!(matches!(more, Err(dblock::LockError::Lost { .. })));
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+pub async fn expire(locker: &Locker, key: &str) -> Result<u64, LockError> {
+    crate::validate::key(key)?;
+    let lite = test_backend(locker)?;
+    let shared = locker.shared();
+    let permits = shared.permits();
+    let mut ended = lite.expire(&shared.table, key, false).await?;
+    ended += lite.expire(&permits.table, key, true).await?;
+    Ok(ended)
+}
+
+/// Stops renewing the holds of `key` that this locker renews (the renewer of a process that
+/// hangs): their leases run out at their ttl unless the holder extends them, and the holder
+/// learns it at its next `extend` or release (`NotHeld`) or `fence` (refused). Returns how many holds it stopped.
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// use std::time::Duration;
+/// let locker = dblock::testing::locker().await?;
+/// let guard = locker.lock("k").ttl(Duration::from_secs(10)).await?.auto_renew();
+/// assert_eq!(dblock::testing::stop_renewal(&locker, "k"), 1);
+/// tokio::time::sleep(Duration::from_secs(11)).await;
+/// dblock::testing::assert_free(&locker, "k").await;
+/// # drop(guard); Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+pub fn stop_renewal(locker: &Locker, key: &str) -> usize {
+    let shared = locker.shared();
+    shared.renewer.forget(key) + shared.permits().renewer.forget(key)
+}
+
+/// Makes the next `n` statements of the test locker fail before they are sent, as they do when
+/// the connection is gone: nothing they would have done happens. dblock retries such a failure
+/// within the call's `wait` (and renewal within the lease), as it would a real one, so `n`
+/// larger than the retries a call makes is what turns into its error.
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// let locker = dblock::testing::locker().await?;
+/// dblock::testing::fail_next(&locker, 1000)?;
+/// assert!(locker.lock("k").await.is_err());
+/// dblock::testing::fail_next(&locker, 0)?; // healed
+/// locker.lock("k").await?;
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+pub fn fail_next(locker: &Locker, n: u32) -> Result<(), LockError> {
+    faults(locker)?.fail.store(n, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Makes the next `n` statements of the test locker take effect with their replies lost: the
+/// caller sees "outcome unknown", as when a connection drops after the server committed. An
+/// acquire whose reply is lost is settled as dblock settles it after a real loss (the key is
+/// given back, never leaked); a release whose reply is lost is retried by the background
+/// release path.
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// let locker = dblock::testing::locker().await?;
+/// let guard = locker.lock("k").await?;
+/// dblock::testing::lose_next_replies(&locker, 1)?;
+/// let _ = guard.release().await; // the release committed; its reply is what was lost
+/// dblock::testing::assert_free(&locker, "k").await;
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+pub fn lose_next_replies(locker: &Locker, n: u32) -> Result<(), LockError> {
+    faults(locker)?.lost.store(n, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Panics unless `key` is held (a live lease, or a `lock_in` hold) in `locker`'s table;
+/// returns what it found, with the owner and holder.
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// let locker = dblock::testing::locker().await?;
+/// let _guard = locker.lock("k").holder("worker-1").await?;
+/// let info = dblock::testing::assert_held(&locker, "k").await;
+/// assert!(info.holder.unwrap().ends_with("worker-1"));
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+#[track_caller]
+pub fn assert_held<'a>(
+    locker: &'a Locker,
+    key: &'a str,
+) -> impl std::future::Future<Output = LockInfo> + 'a {
+    let caller = std::panic::Location::caller();
+    async move {
+        match locker.inspect(key).await {
+            Ok(Some(info)) if info.held => info,
+            Ok(Some(info)) => panic!(
+                "{caller}: expected {key:?} to be held; it is free (last holder {}, owner {}, {:?})",
+                shown(info.holder.as_deref()),
+                shown(info.owner.as_deref()),
+                info.last_outcome,
+            ),
+            Ok(None) => panic!("{caller}: expected {key:?} to be held; it was never taken"),
+            Err(e) => panic!("{caller}: could not look {key:?} up: {e}"),
+        }
+    }
+}
+
+/// Panics if `key` is held in `locker`'s table, naming its owner, holder and fencing token.
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// let locker = dblock::testing::locker().await?;
+/// dblock::testing::assert_free(&locker, "k").await;
+/// locker.lock("k").await?.release().await?;
+/// dblock::testing::assert_free(&locker, "k").await;
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+#[track_caller]
+pub fn assert_free<'a>(
+    locker: &'a Locker,
+    key: &'a str,
+) -> impl std::future::Future<Output = ()> + 'a {
+    let caller = std::panic::Location::caller();
+    async move {
+        match locker.inspect(key).await {
+            Ok(Some(info)) if info.held => panic!(
+                "{caller}: expected {key:?} to be free; it is held by {} (owner {}, fencing token {}, {:?} left)",
+                shown(info.holder.as_deref()),
+                shown(info.owner.as_deref()),
+                info.fencing_token,
+                info.time_left,
+            ),
+            Ok(_) => {}
+            Err(e) => panic!("{caller}: could not look {key:?} up: {e}"),
+        }
+    }
+}
+
+fn shown(s: Option<&str>) -> &str {
+    s.unwrap_or("(none)")
+}
+
+/// The test locker's SQLite dialect, or an error saying this is not a test locker.
+fn test_backend(locker: &Locker) -> Result<&Lite, LockError> {
+    #[allow(unreachable_patterns)] // a build with SQLite alone has no other backend
+    match locker.shared().backend()? {
+        Backend::Sqlite(lite) if lite.faults().is_some() => Ok(lite),
+        _ => Err(not_a_test_locker()),
+    }
+}
+
+fn faults(locker: &Locker) -> Result<&Arc<Faults>, LockError> {
+    test_backend(locker)?.faults().ok_or_else(not_a_test_locker)
+}
+
+fn not_a_test_locker() -> LockError {
+    LockError::Config(
+        "the fault hooks of dblock::testing work on dblock::testing::locker() alone".into(),
+    )
+}
+
+/// What a test locker's statements should suffer next (see [`fail_next`],
+/// [`lose_next_replies`]).
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    fail: AtomicU32,
+    lost: AtomicU32,
+}
+
+/// Takes one from `count` unless it is zero; whether it did.
+fn take_one(count: &AtomicU32) -> bool {
+    count
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+/// One statement of a test locker, from before its connection to its reply: the paused clock
+/// stands still meanwhile, and it may have been told its reply is lost.
+pub(crate) struct Statement {
+    _still: Option<Still>,
+    reply_lost: bool,
+}
+
+impl Statement {
+    /// Begins a statement on connections with `faults` (none: not a test locker's, nothing
+    /// changes). `Err`: the statement fails unsent (see [`fail_next`]).
+    pub(crate) fn begin(faults: Option<&Arc<Faults>>) -> Result<Statement, Failed> {
+        let Some(faults) = faults else {
+            return Ok(Statement {
+                _still: None,
+                reply_lost: false,
+            });
+        };
+        if take_one(&faults.fail) {
+            return Err(Failed {
+                error: sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "connection lost (injected by dblock::testing::fail_next)",
+                )),
+                sent: false,
+                class: None,
+            });
+        }
+        Ok(Statement {
+            _still: Some(Still::new()),
+            reply_lost: take_one(&faults.lost),
+        })
+    }
+
+    /// Whether the statement's reply is to be lost (see [`lose_next_replies`]).
+    pub(crate) fn reply_lost(&self) -> bool {
+        self.reply_lost
+    }
+}
+
+/// While one lives, tokio's paused clock does not jump ahead to its next timer when the runtime
+/// has nothing to run: a blocking task that waits for it to drop tells the runtime that work is
+/// under way (tokio inhibits its auto-advance while a blocking task runs). Nothing outside a
+/// current-thread runtime with a paused clock notices it.
+pub(crate) struct Still {
+    _running: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Still {
+    pub(crate) fn new() -> Still {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return Still { _running: None };
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        rt.spawn_blocking(move || {
+            // Returns when the sender drops.
+            let _ = rx.recv();
+        });
+        Still { _running: Some(tx) }
+    }
+}

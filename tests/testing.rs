@@ -1,0 +1,216 @@
+//! `dblock::testing`: the test locker on tokio's paused clock, its fault hooks and assertions,
+//! as a user's tests would use them (every test here runs on a paused clock unless it says
+//! otherwise, and checks that paused time, not real time, passed).
+
+use std::time::Duration;
+
+use dblock::{distributed_lock, testing, LockError, Locker, Owner};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Real time a test may take where paused time passes: far below what it waits on the clock.
+const REAL_BOUND: Duration = Duration::from_secs(3);
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_runs_out_when_the_paused_clock_passes_its_ttl() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let first = locker.lock("k").ttl(10 * SECOND).await?;
+    let other = Owner::new();
+    tokio::time::advance(9 * SECOND).await;
+    let early = locker.lock("k").owner(&other).await;
+    assert!(matches!(early, Err(LockError::Busy { .. })), "{early:?}");
+    tokio::time::advance(2 * SECOND).await;
+    let second = locker.lock("k").owner(&other).await?;
+    assert!(second.fencing_token() > first.fencing_token());
+    let info = testing::assert_held(&locker, "k").await;
+    assert_eq!(info.owner.as_deref(), Some(other.id()));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_a_busy_key_takes_paused_time_not_real_time() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let _held = locker.lock("k").ttl(60 * SECOND).await?;
+    let (paused, real) = (tokio::time::Instant::now(), std::time::Instant::now());
+    let waited = locker.lock("k").owner(&Owner::new()).wait(5 * SECOND).await;
+    assert!(matches!(waited, Err(LockError::Busy { .. })), "{waited:?}");
+    let on_the_clock = paused.elapsed();
+    assert!(
+        on_the_clock >= 5 * SECOND && on_the_clock < 7 * SECOND,
+        "{on_the_clock:?}"
+    );
+    assert!(
+        real.elapsed() < REAL_BOUND,
+        "{:?} of real time",
+        real.elapsed()
+    );
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewal_keeps_a_lease_through_an_hour_of_paused_time() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let real = std::time::Instant::now();
+    let guard = locker.lock("k").ttl(3 * SECOND).await?.auto_renew();
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let info = testing::assert_held(&locker, "k").await;
+    assert_eq!(info.fencing_token, guard.fencing_token());
+    assert!(info.time_left <= 3 * SECOND, "{:?}", info.time_left);
+    guard.release().await?;
+    testing::assert_free(&locker, "k").await;
+    assert!(
+        real.elapsed() < REAL_BOUND,
+        "{:?} of real time",
+        real.elapsed()
+    );
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_holder_learns_it_lost_at_its_next_renewal() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let guard = locker.lock("k").ttl(30 * SECOND).await?.auto_renew();
+    let start = tokio::time::Instant::now();
+    assert_eq!(testing::expire(&locker, "k").await?, 1);
+    testing::assert_free(&locker, "k").await;
+    let lost = tokio::time::timeout(30 * SECOND, guard.lost()).await;
+    assert!(matches!(lost, Ok(LockError::Lost { .. })), "{lost:?}");
+    // The next renewal, about ttl/3 after the grant.
+    assert!(start.elapsed() <= 11 * SECOND, "{:?}", start.elapsed());
+    let taken = locker.lock("k").owner(&Owner::new()).await?;
+    assert!(taken.fencing_token() > guard.fencing_token());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stopped_renewal_lets_the_lease_run_out_at_its_ttl() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let guard = locker.lock("k").ttl(10 * SECOND).await?.auto_renew();
+    assert_eq!(testing::stop_renewal(&locker, "k"), 1);
+    assert_eq!(testing::stop_renewal(&locker, "other"), 0);
+    tokio::time::sleep(9 * SECOND).await;
+    testing::assert_held(&locker, "k").await;
+    tokio::time::sleep(2 * SECOND).await;
+    testing::assert_free(&locker, "k").await;
+    // The lease ended with no one else on the key: the guard holds nothing any more.
+    let late = guard.extend(10 * SECOND).await;
+    assert!(matches!(late, Err(LockError::NotHeld { .. })), "{late:?}");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_statements_fail_calls_until_healed() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    testing::fail_next(&locker, 1_000)?;
+    let refused = locker.lock("k").wait(2 * SECOND).await;
+    assert!(
+        matches!(refused, Err(LockError::Database(_))),
+        "{refused:?}"
+    );
+    testing::fail_next(&locker, 0)?;
+    testing::assert_free(&locker, "k").await;
+    // One failure is retried, as a dropped connection is.
+    testing::fail_next(&locker, 1)?;
+    let guard = locker.lock("k").await?;
+    testing::assert_held(&locker, "k").await;
+    guard.release().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_reply_never_leaks_the_key() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    // The acquire commits; its reply is lost. Whatever the call says, the key is not left held.
+    testing::lose_next_replies(&locker, 1)?;
+    let taken = locker.lock("a").ttl(60 * SECOND).await;
+    match taken {
+        Ok(guard) => guard.release().await?,
+        Err(e) => assert!(!matches!(e, LockError::Busy { .. }), "{e:?}"),
+    }
+    tokio::time::sleep(5 * SECOND).await;
+    testing::assert_free(&locker, "a").await;
+
+    // The release commits; its reply is lost.
+    let guard = locker.lock("b").ttl(60 * SECOND).await?;
+    testing::lose_next_replies(&locker, 1)?;
+    let _ = guard.release().await;
+    tokio::time::sleep(5 * SECOND).await;
+    testing::assert_free(&locker, "b").await;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_test_locker_is_a_database_of_its_own() -> Result<(), LockError> {
+    let (one, two) = (testing::locker().await?, testing::locker().await?);
+    let _held = one.lock("k").await?;
+    testing::assert_free(&two, "k").await;
+    let _also = two.lock("k").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_hooks_refuse_a_locker_that_is_not_a_test_locker() -> Result<(), LockError> {
+    let locker = Locker::connect("sqlite::memory:").await?;
+    locker.migrate().await?;
+    assert!(matches!(
+        testing::fail_next(&locker, 1),
+        Err(LockError::Config(_))
+    ));
+    assert!(matches!(
+        testing::expire(&locker, "k").await,
+        Err(LockError::Config(_))
+    ));
+    // On the real clock, the test locker is a plain one.
+    let test = testing::locker().await?;
+    test.lock("k").await?.release().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "held by")]
+async fn assert_free_names_who_holds_the_key() {
+    let locker = testing::locker().await.unwrap();
+    let _held = locker.lock("k").holder("worker-7").await.unwrap();
+    testing::assert_free(&locker, "k").await;
+}
+
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "never taken")]
+async fn assert_held_says_a_key_was_never_taken() {
+    let locker = testing::locker().await.unwrap();
+    testing::assert_held(&locker, "k").await;
+}
+
+/// A user's locked function, tested for its busy path and its lost path.
+#[distributed_lock(key = "order:{order_id}", locker = locker, ttl = "30s", wait = "5s")]
+async fn settle(locker: &Locker, order_id: u64, work: Duration) -> Result<u64, LockError> {
+    tokio::time::sleep(work).await;
+    Ok(order_id)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_locked_function_reports_busy_after_its_wait() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let _other = locker.lock("order:7").owner(&Owner::new()).await?;
+    let start = tokio::time::Instant::now();
+    let busy = settle(&locker, 7, SECOND).await;
+    assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
+    assert!(start.elapsed() >= 5 * SECOND, "{:?}", start.elapsed());
+    assert_eq!(settle(&locker, 8, SECOND).await?, 8);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_locked_function_ends_with_lost_when_its_lease_is_taken() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let running = tokio::spawn({
+        let locker = locker.clone();
+        async move { settle(&locker, 7, Duration::from_secs(600)).await }
+    });
+    tokio::time::sleep(SECOND).await;
+    testing::assert_held(&locker, "order:7").await;
+    testing::expire(&locker, "order:7").await?;
+    let ended = running.await.expect("no panic");
+    assert!(matches!(ended, Err(LockError::Lost { .. })), "{ended:?}");
+    Ok(())
+}
