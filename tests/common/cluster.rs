@@ -20,13 +20,42 @@ pub struct PrivatePg {
     dir: tempfile::TempDir,
     port: u16,
     as_postgres: bool,
+    /// With a clock of its own (`start_with_clock`): libfaketime's offset file.
+    clock: Option<PathBuf>,
 }
+
+/// libfaketime (Debian's package `faketime`, which `.ci/run` installs when missing).
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 impl PrivatePg {
     /// initdb + start, with `settings` appended to `postgresql.conf`. `None` (after a loud
     /// SKIPPING line) where no PostgreSQL server binaries are installed; with
     /// `DBLOCK_REQUIRE_SERVERS=1` that is a failure instead.
     pub fn start(test: &str, settings: &[&str]) -> Option<PrivatePg> {
+        Self::start_inner(test, settings, false)
+    }
+
+    /// As [`start`](Self::start), with a clock of the server's own: the postmaster and every
+    /// backend run under libfaketime, their time of day the real one plus an offset that
+    /// [`set_clock`](Self::set_clock) changes at once (read at every call; the monotonic clock
+    /// is left alone). `None` (after SKIPPING) without libfaketime, unless servers are required.
+    pub fn start_with_clock(test: &str, settings: &[&str]) -> Option<PrivatePg> {
+        if !Path::new(FAKETIME_LIB).exists() {
+            let msg = format!("SKIPPING {test}: no libfaketime ({FAKETIME_LIB}; package faketime)");
+            assert!(!super::require_servers(), "{msg}");
+            super::shout(&msg);
+            return None;
+        }
+        Self::start_inner(test, settings, true)
+    }
+
+    /// Steps the server's clock: its time of day is the real one plus `secs` from now on.
+    pub fn set_clock(&self, secs: i64) {
+        let file = self.clock.as_ref().expect("a cluster started with a clock");
+        std::fs::write(file, format!("{secs:+}\n")).expect("write the offset file");
+    }
+
+    fn start_inner(test: &str, settings: &[&str], clock: bool) -> Option<PrivatePg> {
         let Some(bin) = bin_dir() else {
             let msg = format!(
                 "SKIPPING {test}: no PostgreSQL server binaries (/usr/lib/postgresql/*/bin) for a private cluster"
@@ -45,11 +74,17 @@ impl PrivatePg {
                 .args(["-R", "postgres:postgres"])
                 .arg(dir.path()));
         }
+        let clock = clock.then(|| {
+            let file = dir.path().join("clock-offset");
+            std::fs::write(&file, "+0\n").expect("offset file");
+            file
+        });
         let pg = PrivatePg {
             bin,
             port: free_port(),
             dir,
             as_postgres,
+            clock,
         };
         let data = pg.data();
         pg.run_pg(
@@ -98,19 +133,31 @@ impl PrivatePg {
     pub fn restart(&self) {
         let data = self.data();
         let log = self.dir.path().join("server.log");
-        self.run_pg(
-            "pg_ctl",
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-l",
-                log.to_str().unwrap(),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-        );
+        let args = [
+            "-D",
+            data.to_str().unwrap(),
+            "-l",
+            log.to_str().unwrap(),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ];
+        match &self.clock {
+            None => self.run_pg("pg_ctl", &args),
+            // The server inherits pg_ctl's environment.
+            Some(offset) => run(self
+                .command_under(
+                    "pg_ctl",
+                    &[
+                        format!("LD_PRELOAD={FAKETIME_LIB}"),
+                        format!("FAKETIME_TIMESTAMP_FILE={}", offset.display()),
+                        "FAKETIME_NO_CACHE=1".into(),
+                        "FAKETIME_DONT_FAKE_MONOTONIC=1".into(),
+                    ],
+                )
+                .args(args)),
+        }
     }
 
     /// `pg_ctl stop -m immediate`: the server quits at once, with no checkpoint and no flush of
@@ -145,14 +192,24 @@ impl PrivatePg {
 
     /// A PostgreSQL tool, run as the `postgres` user when this process is root.
     fn command(&self, tool: &str) -> Command {
+        self.command_under(tool, &[])
+    }
+
+    /// A PostgreSQL tool with `env` (`NAME=value`) set for it alone (through `env`, so that
+    /// `runuser` itself runs without them).
+    fn command_under(&self, tool: &str, env: &[String]) -> Command {
         let exe = self.bin.join(tool);
         let mut cmd = if self.as_postgres {
             let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c.args(["-u", "postgres", "--"]);
             c
         } else {
-            Command::new(&exe)
+            Command::new("env")
         };
+        if self.as_postgres {
+            cmd.arg("env");
+        }
+        cmd.args(env).arg(&exe);
         cmd.current_dir(self.dir.path());
         cmd
     }
