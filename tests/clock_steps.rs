@@ -13,20 +13,37 @@
 //!   writes commit; a lease nobody renews (its holder crashed) keeps its key for the step longer
 //!   than its ttl — the error, measured here, is the step.
 //!
-//! In both, the fenced writes of the table the test writes are checked in commit order: their
-//! fencing tokens never go down (no write of an old holder after a newer holder's).
-#![cfg(feature = "postgres")]
+//! **SQLite** has no server: its clock is the clock of each process that runs a statement. Its
+//! tests run the holder as a child process under libfaketime (this test binary, its ignored
+//! `sqlite_clock_child`) and the contender in the test process on the real clock, on one file:
+//! - the holder's clock steps **forward**: its lease ends for itself first — its fenced writes are
+//!   refused and it learns `Lost` at its next renewal —, while to others it lasts until its end on
+//!   their clock: nobody writes in between;
+//! - the holder's clock steps **back** (its clock now disagrees with the others', which the
+//!   documented assumption rules out): its renewals stop lengthening the lease (an extension never
+//!   shortens one), the lease ends on the others' clock and another owner takes the key; the old
+//!   holder's fenced writes are refused from that moment (the token changed), and it learns `Lost`
+//!   at its next renewal.
+//!
+//! In all, the fenced writes are checked in commit order: their fencing tokens never go down (no
+//! write of an old holder after a newer holder's).
+#![cfg(any(feature = "postgres", feature = "sqlite"))]
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::PrivatePg;
-use dblock::sqlx::{self, PgPool};
+use dblock::sqlx;
 use dblock::{LockError, LockGuard, Locker, Owner};
+
+#[cfg(feature = "postgres")]
+use common::cluster::PrivatePg;
+#[cfg(feature = "postgres")]
+use dblock::sqlx::PgPool;
 
 /// A cluster with a clock of its own, a locker on it (migrated), and an application pool with
 /// the table of fenced writes; `None` where the set-up cannot run.
+#[cfg(feature = "postgres")]
 async fn setup(test: &str) -> Option<(PrivatePg, Locker, PgPool)> {
     let pg = PrivatePg::start_with_clock(test, &[])?;
     let locker = Locker::connect(&pg.url()).await.expect("connect");
@@ -43,6 +60,7 @@ async fn setup(test: &str) -> Option<(PrivatePg, Locker, PgPool)> {
 
 /// One fenced write of `who` under `guard`: the fence and the insert in one transaction,
 /// committed only if the fence held.
+#[cfg(feature = "postgres")]
 async fn fenced_write(pool: &PgPool, guard: &LockGuard, who: &str) -> Result<(), LockError> {
     let mut tx = pool.begin().await.map_err(LockError::Database)?;
     guard.fence(&mut *tx).await?;
@@ -56,6 +74,7 @@ async fn fenced_write(pool: &PgPool, guard: &LockGuard, who: &str) -> Result<(),
 }
 
 /// The committed writes in commit order: their tokens never go down.
+#[cfg(feature = "postgres")]
 async fn check_history(pool: &PgPool) -> usize {
     let rows: Vec<(i64, i64, String)> =
         sqlx::query_as("SELECT id, token, who FROM writes ORDER BY id")
@@ -71,6 +90,7 @@ async fn check_history(pool: &PgPool) -> usize {
     rows.len()
 }
 
+#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn a_forward_step_ends_every_lease_and_the_holder_learns_within_a_renewal() {
     let Some((pg, locker, pool)) = setup("a forward clock step").await else {
@@ -110,6 +130,7 @@ async fn a_forward_step_ends_every_lease_and_the_holder_learns_within_a_renewal(
     println!("clock_step_forward_60s_to_lost_ms={}", learned.as_millis());
 }
 
+#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn a_backward_step_lengthens_every_lease_by_the_step() {
     let Some((pg, locker, pool)) = setup("a backward clock step").await else {
@@ -160,4 +181,260 @@ async fn a_backward_step_lengthens_every_lease_by_the_step() {
         error.as_millis()
     );
     renewing.release().await.expect("release");
+}
+
+/// SQLite: the holder in a child process under libfaketime, the contender here.
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use std::io::BufRead;
+    use std::process::{Child, Command, Stdio};
+
+    use dblock::sqlx::SqlitePool;
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    const TTL: Duration = Duration::from_secs(6);
+
+    /// A fenced write on the SQLite file, as `super::fenced_write` on PostgreSQL.
+    async fn fenced_write(
+        pool: &SqlitePool,
+        guard: &LockGuard,
+        who: &str,
+    ) -> Result<(), LockError> {
+        let mut tx = pool.begin().await.map_err(LockError::Database)?;
+        guard.fence(&mut *tx).await?;
+        sqlx::query("INSERT INTO writes (token, who) VALUES ($1, $2)")
+            .bind(guard.fencing_token() as i64)
+            .bind(who)
+            .execute(&mut *tx)
+            .await
+            .map_err(LockError::Database)?;
+        tx.commit().await.map_err(LockError::Database)
+    }
+
+    /// The holder: takes `k` with renewal, writes under it every 100 ms, and says what happens
+    /// on its stdout: `HELD`, `REFUSED` (a fenced write refused, the first time), `LOST`.
+    #[tokio::test]
+    #[ignore = "the child process of the SQLite clock-step tests"]
+    async fn sqlite_clock_child() {
+        let url = std::env::var("DBLOCK_CLOCK_CHILD_URL").expect("DBLOCK_CLOCK_CHILD_URL");
+        let locker = Locker::connect(&url).await.expect("connect");
+        let pool = SqlitePool::connect(&url).await.expect("pool");
+        let guard = locker.lock("k").ttl(TTL).await.expect("lock").auto_renew();
+        fenced_write(&pool, &guard, "old")
+            .await
+            .expect("the first write");
+        println!("HELD {}", guard.fencing_token());
+        let mut refused = false;
+        let lost = guard.lost();
+        tokio::pin!(lost);
+        for _ in 0..300 {
+            tokio::select! {
+                _ = &mut lost => {
+                    println!("LOST");
+                    return;
+                }
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            if fenced_write(&pool, &guard, "old").await.is_err() && !refused {
+                refused = true;
+                println!("REFUSED");
+            }
+        }
+        println!("NEVER LOST");
+    }
+
+    /// The child's lines as they come, each with the instant it was read.
+    fn lines(child: &mut Child) -> mpsc::UnboundedReceiver<(String, Instant)> {
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send((line, Instant::now())).is_err() {
+                    break;
+                }
+            }
+        });
+        rx
+    }
+
+    /// Waits for a line containing `word`; when it came.
+    async fn said(rx: &mut mpsc::UnboundedReceiver<(String, Instant)>, word: &str) -> Instant {
+        let wait = async {
+            while let Some((line, at)) = rx.recv().await {
+                if line.contains(word) {
+                    return at;
+                }
+            }
+            panic!("the child ended without saying {word}");
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .unwrap_or_else(|_| panic!("the child did not say {word} in 30 s"))
+    }
+
+    struct Run {
+        _dir: tempfile::TempDir,
+        offset: std::path::PathBuf,
+        locker: Locker,
+        pool: SqlitePool,
+        child: Child,
+        out: mpsc::UnboundedReceiver<(String, Instant)>,
+    }
+
+    impl Drop for Run {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// The file, its writes table, and the holder started and holding; `None` without libfaketime.
+    async fn start(test: &str) -> Option<Run> {
+        if !std::path::Path::new(FAKETIME_LIB).exists() {
+            let msg = format!("SKIPPING {test}: no libfaketime ({FAKETIME_LIB}; package faketime)");
+            assert!(!common::require_servers(), "{msg}");
+            common::shout(&msg);
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("locks.db").display()
+        );
+        let offset = dir.path().join("offset");
+        std::fs::write(&offset, "+0\n").unwrap();
+        let locker = Locker::connect(&url).await.expect("connect");
+        locker.migrate().await.expect("migrate");
+        let pool = SqlitePool::connect(&url).await.expect("pool");
+        sqlx::query(
+            "CREATE TABLE writes (id INTEGER PRIMARY KEY, token INTEGER NOT NULL, who TEXT NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .expect("writes table");
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "sqlite::sqlite_clock_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("DBLOCK_CLOCK_CHILD_URL", &url)
+            .env("LD_PRELOAD", FAKETIME_LIB)
+            .env("FAKETIME_TIMESTAMP_FILE", &offset)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the holder");
+        let mut out = lines(&mut child);
+        said(&mut out, "HELD").await;
+        Some(Run {
+            _dir: dir,
+            offset,
+            locker,
+            pool,
+            child,
+            out,
+        })
+    }
+
+    impl Run {
+        /// Steps the holder's clock by `secs`; the instant of the step.
+        fn step(&self, secs: i64) -> Instant {
+            std::fs::write(&self.offset, format!("{secs:+}\n")).unwrap();
+            Instant::now()
+        }
+
+        /// Takes the key as another owner, waiting as long as it takes; writes under it.
+        async fn take_over(&self) -> (LockGuard, Instant) {
+            let guard = self
+                .locker
+                .lock("k")
+                .owner(&Owner::new())
+                .wait(Duration::from_secs(30))
+                .await
+                .expect("the key comes back");
+            let at = Instant::now();
+            fenced_write(&self.pool, &guard, "new")
+                .await
+                .expect("the new holder writes");
+            (guard, at)
+        }
+
+        /// The writes in commit order: tokens never go down; how many of each holder.
+        async fn check_history(&self) -> (usize, usize) {
+            let rows: Vec<(i64, i64, String)> =
+                sqlx::query_as("SELECT id, token, who FROM writes ORDER BY id")
+                    .fetch_all(&self.pool)
+                    .await
+                    .expect("read the writes");
+            for pair in rows.windows(2) {
+                assert!(pair[1].1 >= pair[0].1, "out of order: {pair:?}");
+            }
+            let old = rows.iter().filter(|r| r.2 == "old").count();
+            (old, rows.len() - old)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_holder_whose_clock_steps_forward_loses_its_key_first() {
+        let Some(mut run) = start("the SQLite forward clock step").await else {
+            return;
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let stepped = run.step(60);
+        let refused = said(&mut run.out, "REFUSED").await;
+        let lost = said(&mut run.out, "LOST").await;
+        let (new, taken) = run.take_over().await;
+        assert!(
+            refused < taken,
+            "the old holder wrote until the new one took the key"
+        );
+        let learned = lost - stepped;
+        assert!(
+            learned <= TTL / 3 + Duration::from_millis(1500),
+            "{learned:?}"
+        );
+        let (old, newer) = run.check_history().await;
+        assert!(old >= 1 && newer == 1, "{old} old, {newer} new writes");
+        println!(
+            "sqlite_holder_clock_forward_60s: refused_after_ms={} lost_after_ms={} taken_after_ms={}",
+            (refused - stepped).as_millis(),
+            learned.as_millis(),
+            (taken - stepped).as_millis()
+        );
+        drop(new);
+    }
+
+    #[tokio::test]
+    async fn a_holder_whose_clock_steps_back_is_fenced_off_once_the_key_is_taken() {
+        let Some(mut run) = start("the SQLite backward clock step").await else {
+            return;
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let stepped = run.step(-10);
+        let (new, taken) = run.take_over().await;
+        let lost = said(&mut run.out, "LOST").await;
+        // The old holder learns at its next renewal after the take-over.
+        let learned = lost.saturating_duration_since(taken);
+        assert!(
+            learned <= TTL / 3 + Duration::from_millis(1500),
+            "{learned:?}"
+        );
+        let (old, newer) = run.check_history().await;
+        assert!(old >= 1 && newer == 1, "{old} old, {newer} new writes");
+        println!(
+            "sqlite_holder_clock_back_10s: taken_after_ms={} lost_after_take_ms={}",
+            (taken - stepped).as_millis(),
+            learned.as_millis()
+        );
+        drop(new);
+    }
 }
