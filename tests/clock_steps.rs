@@ -1,8 +1,8 @@
 //! Steps of the database server's clock while keys are held: dblock's expiry is the database's
-//! clock, so a step moves every live lease at once. Each test runs a PostgreSQL cluster of its
-//! own under libfaketime (`common::cluster::PrivatePg::start_with_clock`), whose time of day the
-//! test steps; without PostgreSQL's server binaries or libfaketime it says SKIPPING and passes,
-//! unless `DBLOCK_REQUIRE_SERVERS=1`.
+//! clock, so a step moves every live lease at once. Each PostgreSQL and MariaDB test runs a server
+//! of its own under libfaketime (`common::cluster::PrivatePg::start_with_clock`,
+//! `PrivateMariaDb::start_with_clock`), whose time of day the test steps; without the server
+//! binaries or libfaketime it says SKIPPING and passes, unless `DBLOCK_REQUIRE_SERVERS=1`.
 //!
 //! - **Forward** by more than the remaining lease (an NTP correction of a clock that was behind,
 //!   a failover to a server whose clock is ahead): every lease ends at once on the database. The
@@ -27,7 +27,7 @@
 //!
 //! In all, the fenced writes are checked in commit order: their fencing tokens never go down (no
 //! write of an old holder after a newer holder's).
-#![cfg(any(feature = "postgres", feature = "sqlite"))]
+#![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
 mod common;
 
@@ -36,152 +36,201 @@ use std::time::{Duration, Instant};
 use dblock::sqlx;
 use dblock::{LockError, LockGuard, Locker, Owner};
 
-#[cfg(feature = "postgres")]
-use common::cluster::PrivatePg;
-#[cfg(feature = "postgres")]
-use dblock::sqlx::PgPool;
+/// The two tests of a server backend: `$start` gives a server of the test's own with a clock
+/// (`url()`, `set_clock(secs)`), `$pool` the application's pool type, `$create` and `$insert` the
+/// table of fenced writes and one write (token, who).
+macro_rules! server_clock_steps {
+    ($module:ident, $feature:literal, $start:expr, $pool:ty, $create:literal, $insert:literal) => {
+        #[cfg(feature = $feature)]
+        mod $module {
+            use super::*;
 
-/// A cluster with a clock of its own, a locker on it (migrated), and an application pool with
-/// the table of fenced writes; `None` where the set-up cannot run.
-#[cfg(feature = "postgres")]
-async fn setup(test: &str) -> Option<(PrivatePg, Locker, PgPool)> {
-    let pg = PrivatePg::start_with_clock(test, &[])?;
-    let locker = Locker::connect(&pg.url()).await.expect("connect");
-    locker.migrate().await.expect("migrate");
-    let pool = PgPool::connect(&pg.url()).await.expect("app pool");
-    sqlx::query(
-        "CREATE TABLE writes (id bigserial PRIMARY KEY, token bigint NOT NULL, who text NOT NULL)",
-    )
-    .execute(&pool)
-    .await
-    .expect("writes table");
-    Some((pg, locker, pool))
+            /// The server, a locker on it (migrated), and an application pool with the table of
+            /// fenced writes; `None` where the set-up cannot run.
+            async fn setup(test: &str) -> Option<(impl Server, Locker, $pool)> {
+                let server = $start(test).await?;
+                let locker = Locker::connect(&server.url()).await.expect("connect");
+                locker.migrate().await.expect("migrate");
+                let pool = <$pool>::connect(&server.url()).await.expect("app pool");
+                sqlx::query($create)
+                    .execute(&pool)
+                    .await
+                    .expect("writes table");
+                Some((server, locker, pool))
+            }
+
+            /// One fenced write of `who` under `guard`: the fence and the insert in one
+            /// transaction, committed only if the fence held.
+            async fn fenced_write(
+                pool: &$pool,
+                guard: &LockGuard,
+                who: &str,
+            ) -> Result<(), LockError> {
+                let mut tx = pool.begin().await.map_err(LockError::Database)?;
+                guard.fence(&mut *tx).await?;
+                sqlx::query($insert)
+                    .bind(guard.fencing_token() as i64)
+                    .bind(who)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(LockError::Database)?;
+                tx.commit().await.map_err(LockError::Database)
+            }
+
+            /// The committed writes in commit order: their tokens never go down.
+            async fn check_history(pool: &$pool) -> usize {
+                let rows: Vec<(i64, i64, String)> =
+                    sqlx::query_as("SELECT id, token, who FROM writes ORDER BY id")
+                        .fetch_all(pool)
+                        .await
+                        .expect("read the writes");
+                for pair in rows.windows(2) {
+                    assert!(
+                        pair[1].1 >= pair[0].1,
+                        "a write under an older token after a newer one: {pair:?}"
+                    );
+                }
+                rows.len()
+            }
+
+            #[tokio::test]
+            async fn a_forward_step_ends_every_lease_and_the_holder_learns_within_a_renewal() {
+                let Some((server, locker, pool)) = setup("a forward clock step").await else {
+                    return;
+                };
+                let ttl = Duration::from_secs(6);
+                let old = locker.lock("k").ttl(ttl).await.expect("lock").auto_renew();
+                fenced_write(&pool, &old, "old, before the step")
+                    .await
+                    .expect("a fenced write of the holder");
+                // Mid-transaction when the clock steps.
+                let mut tx = pool.begin().await.expect("begin");
+                server.set_clock(60);
+                let stepped = Instant::now();
+                let refused = old.fence(&mut *tx).await;
+                assert!(refused.is_err(), "fenced after the step: {refused:?}");
+                drop(tx);
+                let newer = locker
+                    .lock("k")
+                    .owner(&Owner::new())
+                    .await
+                    .expect("another owner takes the key at once");
+                assert!(newer.fencing_token() > old.fencing_token());
+                fenced_write(&pool, &newer, "newer")
+                    .await
+                    .expect("the newer holder writes");
+                let lost = tokio::time::timeout(ttl, old.lost()).await;
+                let learned = stepped.elapsed();
+                assert!(matches!(lost, Ok(LockError::Lost { .. })), "{lost:?}");
+                // One renewal period (ttl/3), and a little for the statement.
+                assert!(
+                    learned <= ttl / 3 + Duration::from_millis(1500),
+                    "{learned:?}"
+                );
+                assert!(fenced_write(&pool, &old, "old, after").await.is_err());
+                assert_eq!(check_history(&pool).await, 2);
+                println!(
+                    "{}: clock_step_forward_60s_to_lost_ms={}",
+                    stringify!($module),
+                    learned.as_millis()
+                );
+                server.set_clock(0);
+            }
+
+            #[tokio::test]
+            async fn a_backward_step_lengthens_every_lease_by_the_step() {
+                let Some((server, locker, pool)) = setup("a backward clock step").await else {
+                    return;
+                };
+                let step = 10;
+                let renewing = locker
+                    .lock("renewed")
+                    .ttl(Duration::from_secs(3))
+                    .await
+                    .expect("lock")
+                    .auto_renew();
+                let ttl = Duration::from_secs(2);
+                // A holder that crashed: its lease is never renewed nor released.
+                let abandoned = locker.lock("abandoned").ttl(ttl).await.expect("lock");
+                let taken_at = Instant::now();
+                std::mem::forget(abandoned);
+                server.set_clock(-step);
+                let other = locker
+                    .lock("abandoned")
+                    .owner(&Owner::new())
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .expect("the key comes back once the lease ends on the stepped clock");
+                let held_for = taken_at.elapsed();
+                let error = held_for.saturating_sub(ttl);
+                // The lease lasted its ttl plus the step (less what passed before the step).
+                assert!(
+                    error >= Duration::from_secs(step as u64) - Duration::from_millis(800)
+                        && error <= Duration::from_secs(step as u64) + Duration::from_secs(2),
+                    "held {held_for:?} for a {ttl:?} lease after a {step} s step back"
+                );
+                drop(other);
+                // Meanwhile the renewing holder kept its key, and its fenced writes commit.
+                assert!(!renewing.is_lost());
+                fenced_write(&pool, &renewing, "renewing, after the step")
+                    .await
+                    .expect("the renewing holder still writes");
+                let info = locker
+                    .inspect("renewed")
+                    .await
+                    .expect("inspect")
+                    .expect("row");
+                assert!(info.held && info.fencing_token == renewing.fencing_token());
+                assert_eq!(check_history(&pool).await, 1);
+                println!(
+                    "{}: clock_step_back_{step}s_lease_error_ms={}",
+                    stringify!($module),
+                    error.as_millis()
+                );
+                renewing.release().await.expect("release");
+                server.set_clock(0);
+            }
+        }
+    };
 }
 
-/// One fenced write of `who` under `guard`: the fence and the insert in one transaction,
-/// committed only if the fence held.
-#[cfg(feature = "postgres")]
-async fn fenced_write(pool: &PgPool, guard: &LockGuard, who: &str) -> Result<(), LockError> {
-    let mut tx = pool.begin().await.map_err(LockError::Database)?;
-    guard.fence(&mut *tx).await?;
-    sqlx::query("INSERT INTO writes (token, who) VALUES ($1, $2)")
-        .bind(guard.fencing_token() as i64)
-        .bind(who)
-        .execute(&mut *tx)
-        .await
-        .map_err(LockError::Database)?;
-    tx.commit().await.map_err(LockError::Database)
+/// A database server whose clock the test steps.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+trait Server {
+    fn set_clock(&self, secs: i64);
 }
 
-/// The committed writes in commit order: their tokens never go down.
 #[cfg(feature = "postgres")]
-async fn check_history(pool: &PgPool) -> usize {
-    let rows: Vec<(i64, i64, String)> =
-        sqlx::query_as("SELECT id, token, who FROM writes ORDER BY id")
-            .fetch_all(pool)
-            .await
-            .expect("read the writes");
-    for pair in rows.windows(2) {
-        assert!(
-            pair[1].1 >= pair[0].1,
-            "a write under an older token after a newer one: {pair:?}"
-        );
+impl Server for common::cluster::PrivatePg {
+    fn set_clock(&self, secs: i64) {
+        common::cluster::PrivatePg::set_clock(self, secs)
     }
-    rows.len()
 }
 
-#[cfg(feature = "postgres")]
-#[tokio::test]
-async fn a_forward_step_ends_every_lease_and_the_holder_learns_within_a_renewal() {
-    let Some((pg, locker, pool)) = setup("a forward clock step").await else {
-        return;
-    };
-    let ttl = Duration::from_secs(6);
-    let old = locker.lock("k").ttl(ttl).await.expect("lock").auto_renew();
-    fenced_write(&pool, &old, "old, before the step")
-        .await
-        .expect("a fenced write of the holder");
-    // Mid-transaction when the clock steps.
-    let mut tx = pool.begin().await.expect("begin");
-    pg.set_clock(60);
-    let stepped = Instant::now();
-    let refused = old.fence(&mut *tx).await;
-    assert!(refused.is_err(), "fenced after the step: {refused:?}");
-    drop(tx);
-    let newer = locker
-        .lock("k")
-        .owner(&Owner::new())
-        .await
-        .expect("another owner takes the key at once");
-    assert!(newer.fencing_token() > old.fencing_token());
-    fenced_write(&pool, &newer, "newer")
-        .await
-        .expect("the newer holder writes");
-    let lost = tokio::time::timeout(ttl, old.lost()).await;
-    let learned = stepped.elapsed();
-    assert!(matches!(lost, Ok(LockError::Lost { .. })), "{lost:?}");
-    // One renewal period (ttl/3), and a little for the statement.
-    assert!(
-        learned <= ttl / 3 + Duration::from_millis(1500),
-        "{learned:?}"
-    );
-    assert!(fenced_write(&pool, &old, "old, after").await.is_err());
-    assert_eq!(check_history(&pool).await, 2);
-    println!("clock_step_forward_60s_to_lost_ms={}", learned.as_millis());
+#[cfg(feature = "mysql")]
+impl Server for common::cluster::PrivateMariaDb {
+    fn set_clock(&self, secs: i64) {
+        common::cluster::PrivateMariaDb::set_clock(self, secs)
+    }
 }
 
-#[cfg(feature = "postgres")]
-#[tokio::test]
-async fn a_backward_step_lengthens_every_lease_by_the_step() {
-    let Some((pg, locker, pool)) = setup("a backward clock step").await else {
-        return;
-    };
-    let step = 10;
-    let renewing = locker
-        .lock("renewed")
-        .ttl(Duration::from_secs(3))
-        .await
-        .expect("lock")
-        .auto_renew();
-    let ttl = Duration::from_secs(2);
-    // A holder that crashed: its lease is never renewed nor released.
-    let abandoned = locker.lock("abandoned").ttl(ttl).await.expect("lock");
-    let taken_at = Instant::now();
-    std::mem::forget(abandoned);
-    pg.set_clock(-step);
-    let other = locker
-        .lock("abandoned")
-        .owner(&Owner::new())
-        .wait(Duration::from_secs(30))
-        .await
-        .expect("the key comes back once the lease ends on the stepped clock");
-    let held_for = taken_at.elapsed();
-    let error = held_for.saturating_sub(ttl);
-    // The lease lasted its ttl plus the step (less what passed before the step).
-    assert!(
-        error >= Duration::from_secs(step as u64) - Duration::from_millis(800)
-            && error <= Duration::from_secs(step as u64) + Duration::from_secs(2),
-        "held {held_for:?} for a {ttl:?} lease after a {step} s step back"
-    );
-    drop(other);
-    // Meanwhile the renewing holder kept its key, and its fenced writes commit.
-    assert!(!renewing.is_lost());
-    fenced_write(&pool, &renewing, "renewing, after the step")
-        .await
-        .expect("the renewing holder still writes");
-    let info = locker
-        .inspect("renewed")
-        .await
-        .expect("inspect")
-        .expect("row");
-    assert!(info.held && info.fencing_token == renewing.fencing_token());
-    assert_eq!(check_history(&pool).await, 1);
-    println!(
-        "clock_step_back_{step}s_lease_error_ms={}",
-        error.as_millis()
-    );
-    renewing.release().await.expect("release");
-}
+server_clock_steps!(
+    postgres,
+    "postgres",
+    |test| async move { common::cluster::PrivatePg::start_with_clock(test, &[]) },
+    sqlx::PgPool,
+    "CREATE TABLE writes (id bigserial PRIMARY KEY, token bigint NOT NULL, who text NOT NULL)",
+    "INSERT INTO writes (token, who) VALUES ($1, $2)"
+);
+
+server_clock_steps!(
+    mariadb,
+    "mysql",
+    common::cluster::PrivateMariaDb::start_with_clock,
+    sqlx::MySqlPool,
+    "CREATE TABLE writes (id BIGINT AUTO_INCREMENT PRIMARY KEY, token BIGINT NOT NULL, who TEXT NOT NULL)",
+    "INSERT INTO writes (token, who) VALUES (?, ?)"
+);
 
 /// SQLite: the holder in a child process under libfaketime, the contender here.
 #[cfg(feature = "sqlite")]

@@ -260,3 +260,115 @@ fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().unwrap().port()
 }
+
+#[cfg(feature = "mysql")]
+use dblock::sqlx;
+
+/// A MariaDB server of the test's own under libfaketime (its time of day the real one plus an
+/// offset that [`set_clock`](Self::set_clock) changes at once): its own data directory (a temp
+/// dir owned by `mysql`) and port, root with an empty password, database `test`. Needs root,
+/// `mariadbd` and libfaketime; `None` (after SKIPPING) otherwise, unless servers are required.
+#[cfg(feature = "mysql")]
+pub struct PrivateMariaDb {
+    dir: tempfile::TempDir,
+    port: u16,
+    server: std::process::Child,
+    offset: PathBuf,
+}
+
+#[cfg(feature = "mysql")]
+const MARIADBD: &str = "/usr/sbin/mariadbd";
+
+#[cfg(feature = "mysql")]
+impl PrivateMariaDb {
+    pub async fn start_with_clock(test: &str) -> Option<PrivateMariaDb> {
+        let missing = [MARIADBD, FAKETIME_LIB, "/usr/bin/mariadb-install-db"]
+            .into_iter()
+            .find(|p| !Path::new(p).exists());
+        if let Some(missing) = missing.or((!is_root()).then_some("root")) {
+            let msg = format!("SKIPPING {test}: a private MariaDB server needs {missing}");
+            assert!(!super::require_servers(), "{msg}");
+            super::shout(&msg);
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("dblock-mariadb-")
+            .tempdir()
+            .expect("tempdir");
+        let port = free_port();
+        let d = dir.path().display();
+        let cnf = dir.path().join("my.cnf");
+        std::fs::write(
+            &cnf,
+            format!(
+                "[mariadbd]\ndatadir={d}/data\nsocket={d}/mysqld.sock\npid-file={d}/mysqld.pid\n\
+                 log-error={d}/error.log\ntmpdir={d}\nport={port}\nbind-address=127.0.0.1\n\
+                 user=mysql\nskip-name-resolve\nskip-log-bin\ninnodb_buffer_pool_size=32M\n\
+                 innodb_log_file_size=16M\ninnodb_flush_log_at_trx_commit=2\n"
+            ),
+        )
+        .expect("my.cnf");
+        run(Command::new("chown")
+            .args(["-R", "mysql:mysql"])
+            .arg(dir.path()));
+        run(Command::new("mariadb-install-db")
+            .arg(format!("--defaults-file={}", cnf.display()))
+            .args(["--user=mysql", "--auth-root-authentication-method=normal"]));
+        let offset = dir.path().join("clock-offset");
+        std::fs::write(&offset, "+0\n").expect("offset file");
+        let server = Command::new(MARIADBD)
+            .arg(format!("--defaults-file={}", cnf.display()))
+            .env("LD_PRELOAD", FAKETIME_LIB)
+            .env("FAKETIME_TIMESTAMP_FILE", &offset)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mariadbd");
+        let db = PrivateMariaDb {
+            dir,
+            port,
+            server,
+            offset,
+        };
+        let admin = format!("mysql://root@127.0.0.1:{port}/mysql");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match <sqlx::MySqlConnection as sqlx::Connection>::connect(&admin).await {
+                Ok(mut conn) => {
+                    sqlx::query("CREATE DATABASE IF NOT EXISTS test")
+                        .execute(&mut conn)
+                        .await
+                        .expect("CREATE DATABASE test");
+                    break;
+                }
+                Err(e) if std::time::Instant::now() > deadline => {
+                    let log = std::fs::read_to_string(db.dir.path().join("error.log"))
+                        .unwrap_or_default();
+                    panic!("the private MariaDB server did not start: {e}\n{log}");
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            }
+        }
+        Some(db)
+    }
+
+    pub fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/test", self.port)
+    }
+
+    /// Steps the server's clock: its time of day is the real one plus `secs` from now on.
+    pub fn set_clock(&self, secs: i64) {
+        std::fs::write(&self.offset, format!("{secs:+}\n")).expect("write the offset file");
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Drop for PrivateMariaDb {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
