@@ -591,12 +591,47 @@ async fn fenced_writes_keep_their_order_through_faults_and_steals() {
     }
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     for (name, direct, columns) in targets {
-        run_fenced(name, &direct, columns).await;
+        run_fenced(name, &direct, columns, None).await;
+    }
+    // The same on a PostgreSQL cluster whose clock steps forward by more than the ttl mid-run,
+    // and back again: every lease ends at once, then every lease lasts the step longer.
+    #[cfg(feature = "postgres")]
+    if let Some(pg) =
+        common::cluster::PrivatePg::start_with_clock("the fenced chaos run under clock steps", &[])
+    {
+        run_fenced(
+            "postgres, clock steps",
+            &pg.url(),
+            "(id BIGSERIAL PRIMARY KEY, token BIGINT NOT NULL)",
+            Some(&pg),
+        )
+        .await;
     }
 }
 
+/// Steps `pg`'s clock forward by 20 s (ten ttls) a third into the run, back to the real time two
+/// thirds in; how many steps.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn run_fenced(name: &str, direct: &str, columns: &str) {
+async fn step_clock(pg: Option<&common::cluster::PrivatePg>) -> usize {
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = pg {
+        tokio::time::sleep(RUN / 3).await;
+        pg.set_clock(20);
+        tokio::time::sleep(RUN / 3).await;
+        pg.set_clock(0);
+        return 2;
+    }
+    let _ = pg;
+    0
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn run_fenced(
+    name: &str,
+    direct: &str,
+    columns: &str,
+    clock: Option<&common::cluster::PrivatePg>,
+) {
     use sqlx::Row;
 
     let table = common::table_for("chaos_fenced");
@@ -621,7 +656,10 @@ async fn run_fenced(name: &str, direct: &str, columns: &str) {
         .await
         .map(drop))
     .unwrap();
-    let (text, injected) = through_faults(name, "fenced_worker", direct, &table).await;
+    let ((text, injected), steps) = tokio::join!(
+        through_faults(name, "fenced_worker", direct, &table),
+        step_clock(clock)
+    );
     let tokens: Vec<i64> = on_pool!(|p| sqlx::query(sqlx::AssertSqlSafe(select.clone()))
         .fetch_all(p)
         .await
@@ -636,8 +674,9 @@ async fn run_fenced(name: &str, direct: &str, columns: &str) {
     };
     let steals = text.lines().filter(|l| l.ends_with("STOLE")).count();
     println!(
-        "{name}: {injected} faults; {steals} steals; {} fenced writes committed; fences \
-         refused (stolen or run out before the fence): {} of leases, {} of stealers",
+        "{name}: {injected} faults, {steps} clock steps; {steals} steals; {} fenced writes \
+         committed; fences refused (stolen or run out before the fence): {} of leases, {} of \
+         stealers",
         tokens.len(),
         refused("lease"),
         refused("steal"),
