@@ -11,6 +11,11 @@ const SECOND: Duration = Duration::from_secs(1);
 /// Real time a test may take where paused time passes: far below what it waits on the clock.
 const REAL_BOUND: Duration = Duration::from_secs(3);
 
+fn took_little_real_time(since: std::time::Instant) {
+    let real = since.elapsed();
+    assert!(real < REAL_BOUND, "{real:?} of real time");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lease_runs_out_when_the_paused_clock_passes_its_ttl() -> Result<(), LockError> {
     let locker = testing::locker().await?;
@@ -39,11 +44,7 @@ async fn a_wait_for_a_busy_key_takes_paused_time_not_real_time() -> Result<(), L
         on_the_clock >= 5 * SECOND && on_the_clock < 7 * SECOND,
         "{on_the_clock:?}"
     );
-    assert!(
-        real.elapsed() < REAL_BOUND,
-        "{:?} of real time",
-        real.elapsed()
-    );
+    took_little_real_time(real);
     Ok(())
 }
 
@@ -58,11 +59,7 @@ async fn renewal_keeps_a_lease_through_an_hour_of_paused_time() -> Result<(), Lo
     assert!(info.time_left <= 3 * SECOND, "{:?}", info.time_left);
     guard.release().await?;
     testing::assert_free(&locker, "k").await;
-    assert!(
-        real.elapsed() < REAL_BOUND,
-        "{:?} of real time",
-        real.elapsed()
-    );
+    took_little_real_time(real);
     Ok(())
 }
 

@@ -41,7 +41,6 @@ mod clock;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
@@ -74,9 +73,7 @@ pub async fn locker() -> Result<Locker, LockError> {
     // No jump of the paused clock while the database opens.
     let _still = Still::new();
     let clock = clock::Clock::here();
-    let options = SqliteConnectOptions::from_str("sqlite::memory:")
-        .map_err(LockError::Database)?
-        .busy_timeout(Duration::ZERO);
+    let options = SqliteConnectOptions::from_str("sqlite::memory:").map_err(LockError::Database)?;
     // The database lives as long as its one connection: kept open, never replaced.
     let pool = SqlitePoolOptions::new()
         .max_connections(1)
