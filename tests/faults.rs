@@ -69,6 +69,24 @@ async fn servers(test: &str, options: ConnectOptions) -> Vec<Faulty> {
     out
 }
 
+/// `key`'s row once it shows what `shows` looks for, polled for up to 5 s: a statement whose
+/// reply the proxy holds back has committed on the server by then, however loaded the machine
+/// (a fixed 300 ms once did not suffice for an acquire in a CI run).
+async fn row_once(
+    observer: &Locker,
+    key: &str,
+    shows: impl Fn(&dblock::LockInfo) -> bool,
+) -> Option<dblock::LockInfo> {
+    let deadline = Instant::now() + 5 * SEC;
+    loop {
+        let row = observer.inspect(key).await.unwrap();
+        if row.as_ref().is_some_and(&shows) || Instant::now() >= deadline {
+            return row;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// sqlx pings a connection in the background when it goes back to the pool: let that finish,
 /// so the next statement runs on the warm connection rather than a new one.
 async fn settle() {
@@ -99,8 +117,7 @@ async fn a_lost_reply_is_resolved_and_counted_once() {
             tokio::spawn(
                 async move { l.lock("k").owner(&owner).ttl(10 * SEC).wait(5 * SEC).await },
             );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let row = s.observer.inspect("k").await.unwrap().expect("row");
+        let row = row_once(&s.observer, "k", |r| r.held).await.expect("row");
         assert!(row.held, "{}: the acquire did not commit", s.name);
         assert_eq!(row.owner.as_deref(), Some(me.id()));
         // The reply never comes; the connections die; reconnecting fails for 1.5 s.
@@ -192,8 +209,7 @@ async fn an_owner_back_while_its_acquire_is_resolved_gets_a_first_hold() {
         let (l, owner) = (s.locker.clone(), me.clone());
         let first =
             tokio::spawn(async move { l.lock("k").owner(&owner).ttl(30 * SEC).wait(SEC).await });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let row = s.observer.inspect("k").await.unwrap().expect("row");
+        let row = row_once(&s.observer, "k", |r| r.held).await.expect("row");
         assert!(row.held, "{}: the acquire did not commit", s.name);
         // Its reply is lost, and reconnecting fails: the call gives up, the resolution goes on.
         s.proxy.set(Mode::Refuse);
@@ -945,8 +961,7 @@ async fn reads_and_permits_count_once_through_lost_replies() {
         s.proxy.set(Mode::HoldReplies);
         let l = s.locker.clone();
         let call = tokio::spawn(async move { l.read("r").ttl(10 * SEC).wait(5 * SEC).await });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let row = s.observer.inspect("r").await.unwrap().expect("row");
+        let row = row_once(&s.observer, "r", |r| r.held).await.expect("row");
         assert!(row.held && row.hold_count == 1, "{}: {row:?}", s.name);
         s.proxy.set(Mode::Refuse);
         s.proxy.reset_all();
