@@ -36,6 +36,24 @@ use std::time::{Duration, Instant};
 use dblock::sqlx;
 use dblock::{LockError, LockGuard, Locker, Owner};
 
+/// `fenced_write(pool, guard, who)` on a pool of type `$pool`: the fence and `$insert` (token,
+/// who) in one transaction, committed only if the fence held.
+macro_rules! fenced_write {
+    ($pool:ty, $insert:literal) => {
+        async fn fenced_write(pool: &$pool, guard: &LockGuard, who: &str) -> Result<(), LockError> {
+            let mut tx = pool.begin().await.map_err(LockError::Database)?;
+            guard.fence(&mut *tx).await?;
+            sqlx::query($insert)
+                .bind(guard.fencing_token() as i64)
+                .bind(who)
+                .execute(&mut *tx)
+                .await
+                .map_err(LockError::Database)?;
+            tx.commit().await.map_err(LockError::Database)
+        }
+    };
+}
+
 /// The two tests of a server backend: `$start` gives a server of the test's own with a clock
 /// (`url()`, `set_clock(secs)`), `$pool` the application's pool type, `$create` and `$insert` the
 /// table of fenced writes and one write (token, who).
@@ -59,23 +77,7 @@ macro_rules! server_clock_steps {
                 Some((server, locker, pool))
             }
 
-            /// One fenced write of `who` under `guard`: the fence and the insert in one
-            /// transaction, committed only if the fence held.
-            async fn fenced_write(
-                pool: &$pool,
-                guard: &LockGuard,
-                who: &str,
-            ) -> Result<(), LockError> {
-                let mut tx = pool.begin().await.map_err(LockError::Database)?;
-                guard.fence(&mut *tx).await?;
-                sqlx::query($insert)
-                    .bind(guard.fencing_token() as i64)
-                    .bind(who)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(LockError::Database)?;
-                tx.commit().await.map_err(LockError::Database)
-            }
+            fenced_write!($pool, $insert);
 
             /// The committed writes in commit order: their tokens never go down.
             async fn check_history(pool: &$pool) -> usize {
@@ -251,22 +253,10 @@ mod sqlite {
     const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
     const TTL: Duration = Duration::from_secs(6);
 
-    /// A fenced write on the SQLite file, as `super::fenced_write` on PostgreSQL.
-    async fn fenced_write(
-        pool: &SqlitePool,
-        guard: &LockGuard,
-        who: &str,
-    ) -> Result<(), LockError> {
-        let mut tx = pool.begin().await.map_err(LockError::Database)?;
-        guard.fence(&mut *tx).await?;
-        sqlx::query("INSERT INTO writes (token, who) VALUES ($1, $2)")
-            .bind(guard.fencing_token() as i64)
-            .bind(who)
-            .execute(&mut *tx)
-            .await
-            .map_err(LockError::Database)?;
-        tx.commit().await.map_err(LockError::Database)
-    }
+    fenced_write!(
+        SqlitePool,
+        "INSERT INTO writes (token, who) VALUES ($1, $2)"
+    );
 
     /// The holder: takes `k` with renewal, writes under it every 100 ms, and says what happens
     /// on its stdout: `HELD`, `REFUSED` (a fenced write refused, the first time), `LOST`.
