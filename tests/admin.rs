@@ -63,7 +63,7 @@ async fn migration_status_follows_the_schema() {
     for db in dbs.iter().filter(|d| d.name != "mysql8-path") {
         let status = db.locker.migration_status().await.unwrap();
         let versions: Vec<u32> = status.iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2, 3, 4, 5, 6], "{}", db.name);
+        assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7], "{}", db.name);
         assert_eq!(
             status.iter().map(|m| m.name).collect::<Vec<_>>(),
             [
@@ -72,7 +72,8 @@ async fn migration_status_follows_the_schema() {
                 "exactly_once",
                 "fair_queue",
                 "permits",
-                "shared"
+                "shared",
+                "renewals"
             ]
         );
         assert!(status.iter().all(|m| m.applied), "{}: {status:?}", db.name);
@@ -87,7 +88,7 @@ async fn migration_status_follows_the_schema() {
         let applied: Vec<bool> = status.iter().map(|m| m.applied).collect();
         assert_eq!(
             applied,
-            [true, false, false, false, false, false],
+            [true, false, false, false, false, false, false],
             "{}",
             db.name
         );
@@ -160,5 +161,84 @@ async fn waiters_are_the_fair_queue() {
             "{}",
             db.name
         );
+    }
+}
+
+/// The admin view counts each tenure's lease extensions (`LockInfo::renewals`, migration 0007):
+/// every `extend` and every background renewal (the batched statement) adds one; a release
+/// keeps the last tenure's count in the row; a new tenure starts again at 0 and its first
+/// renewal counts 1, not one more than the tenure before. Permits count theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_view_counts_renewals() {
+    const TTL: Duration = Duration::from_millis(900);
+    let (dbs, _dir) = common::all("admin_renewals").await;
+    for db in &dbs {
+        let name = db.name;
+        let l = &db.locker;
+        let renewals = |key: &'static str| async move {
+            l.inspect(key).await.unwrap().expect("the row").renewals
+        };
+
+        let first = l.lock("renewed").ttl(TTL).await.unwrap();
+        assert_eq!(renewals("renewed").await, 0, "{name}: a new tenure");
+        for n in 1..=5 {
+            first.extend(TTL).await.unwrap();
+            assert_eq!(renewals("renewed").await, n, "{name}: extend {n}");
+        }
+        first.release().await.unwrap();
+        let after = l.inspect("renewed").await.unwrap().unwrap();
+        assert!(!after.held, "{name}");
+        assert_eq!(after.renewals, 5, "{name}: the last tenure's count stays");
+
+        // A new tenure, renewed in the background every ttl/3.
+        let second = l.lock("renewed").ttl(TTL).await.unwrap().auto_renew();
+        assert_eq!(
+            renewals("renewed").await,
+            0,
+            "{name}: the new tenure starts at 0"
+        );
+        let seen = first_nonzero(|| renewals("renewed")).await;
+        assert!(
+            seen < 5,
+            "{name}: the new tenure's first renewals counted {seen}: carried on from the last"
+        );
+        tokio::time::sleep(TTL * 2).await;
+        let info = l.inspect("renewed").await.unwrap().unwrap();
+        assert!(
+            info.held && info.fencing_token == second.fencing_token() && info.renewals > seen,
+            "{name}: renewal goes on counting: {info:?}, first seen {seen}"
+        );
+        second.release().await.unwrap();
+
+        if name != "mysql8-path" {
+            let permit = l
+                .semaphore("renewed-sem", 2)
+                .ttl(TTL)
+                .await
+                .unwrap()
+                .auto_renew();
+            let counted =
+                first_nonzero(|| async { l.permits("renewed-sem").await.unwrap()[0].renewals })
+                    .await;
+            assert!(counted >= 1, "{name}");
+            permit.release().await.unwrap();
+        }
+    }
+}
+
+/// Polls `read` every 20 ms for up to 10 s until it is not 0.
+async fn first_nonzero<F, Fut>(read: F) -> u32
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = u32>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = read().await;
+        if n > 0 {
+            return n;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never renewed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -22,6 +22,8 @@ pub struct Lock {
     /// Lease left in seconds (millisecond precision), measured by the database; 0 when free.
     pub time_left_secs: f64,
     pub acquired_at: String,
+    /// How many times the tenure's lease was extended (renewal or `extend`).
+    pub renewals: u32,
     pub last_outcome: Option<&'static str>,
     pub finished_at: Option<String>,
 }
@@ -64,6 +66,7 @@ impl From<&LockInfo> for Lock {
             expires_at: rfc3339(r.expires_at),
             time_left_secs: secs(r.time_left),
             acquired_at: rfc3339(r.acquired_at),
+            renewals: r.renewals,
             last_outcome: r.last_outcome.map(outcome),
             finished_at: r.finished_at.map(rfc3339),
         }

@@ -50,7 +50,7 @@ pub fn render(header: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
     lines
 }
 
-pub const LOCK_COLUMNS: [(&str, Align); 10] = [
+pub const LOCK_COLUMNS: [(&str, Align); 11] = [
     ("KEY", Align::Left),
     ("KIND", Align::Left),
     ("HELD", Align::Left),
@@ -60,6 +60,7 @@ pub const LOCK_COLUMNS: [(&str, Align); 10] = [
     ("FENCING TOKEN", Align::Right),
     ("EXPIRES", Align::Left),
     ("ACQUIRED", Align::Left),
+    ("RENEWED", Align::Right),
     ("LAST", Align::Left),
 ];
 
@@ -112,6 +113,7 @@ pub fn lock_row(r: &LockInfo, now: SystemTime) -> Vec<String> {
         r.fencing_token.to_string(),
         expires,
         when(r.acquired_at, now),
+        r.renewals.to_string(),
         last,
     ]
 }

@@ -21,6 +21,7 @@ fn check_lock(db: &str, lock: &Value, info: &dblock::LockInfo) {
     assert_eq!(lock["holder"], json!(info.holder), "{db}");
     assert_eq!(lock["hold_count"], json!(info.hold_count), "{db}");
     assert_eq!(lock["fencing_token"], json!(info.fencing_token), "{db}");
+    assert_eq!(lock["renewals"], json!(info.renewals), "{db}");
     for (field, at) in [
         ("expires_at", info.expires_at),
         ("acquired_at", info.acquired_at),
@@ -48,7 +49,7 @@ fn check_lock(db: &str, lock: &Value, info: &dblock::LockInfo) {
     let keys: Vec<&String> = lock.as_object().unwrap().keys().collect();
     assert_eq!(
         keys.len(),
-        12,
+        13,
         "{db}: one schema, no field more or less: {keys:?}"
     );
 }
@@ -482,13 +483,14 @@ async fn migrate_a_fresh_table_and_its_status() {
                 (3, "exactly_once"),
                 (4, "fair_queue"),
                 (5, "permits"),
-                (6, "shared")
+                (6, "shared"),
+                (7, "renewals")
             ]
         );
-        assert_eq!(applied(&v), [false; 6], "{}", db.name);
+        assert_eq!(applied(&v), [false; 7], "{}", db.name);
         let status = stdout(&on(&["migrate", "status"], 0));
         assert!(
-            status.contains("0001    dblock_locks pending") && status.contains("6 pending"),
+            status.contains("0001    dblock_locks pending") && status.contains("7 pending"),
             "{}: {status}",
             db.name
         );
@@ -520,13 +522,13 @@ async fn migrate_a_fresh_table_and_its_status() {
 
         let out = stdout(&on(&["migrate"], 0));
         assert!(
-            out.contains("applied 0001_dblock_locks, 0002_outcomes, 0003_exactly_once, 0004_fair_queue, 0005_permits, 0006_shared"),
+            out.contains("applied 0001_dblock_locks, 0002_outcomes, 0003_exactly_once, 0004_fair_queue, 0005_permits, 0006_shared, 0007_renewals"),
             "{}: {out}",
             db.name
         );
         let v: Value =
             serde_json::from_slice(&on(&["migrate", "status", "--json"], 0).stdout).unwrap();
-        assert_eq!(applied(&v), [true; 6], "{}", db.name);
+        assert_eq!(applied(&v), [true; 7], "{}", db.name);
         assert!(stdout(&on(&["migrate", "status"], 0)).contains("all applied"));
         for again in [&["migrate"][..], &["migrate", "run"]] {
             let out = stdout(&on(again, 0));
@@ -583,7 +585,7 @@ async fn a_table_behind_the_library_is_explained_and_migrated() {
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(
             applied(&v),
-            [true, false, false, false, false, false],
+            [true, false, false, false, false, false, false],
             "{}",
             db.name
         );

@@ -49,6 +49,12 @@ pub struct LockInfo {
     pub last_outcome: Option<Outcome>,
     /// When the last finished hold ended (for a lease that ran out: its end). Database clock.
     pub finished_at: Option<SystemTime>,
+    /// How many times the current (or last) tenure's lease was extended: by renewal
+    /// (`renew = true`, a [`Leadership`](crate::Leadership), a semaphore permit) and by
+    /// [`LockGuard::extend`](crate::LockGuard::extend). Re-entry does not count; a new tenure
+    /// starts at 0. With [`acquired_at`](Self::acquired_at) (the hold's age), it tells a hold
+    /// that lives on renewal from one that was just taken.
+    pub renewals: u32,
     /// What kind of hold the row is: a lock (also a leadership), or one permit of a semaphore.
     pub kind: LockKind,
 }
@@ -155,6 +161,8 @@ pub(crate) struct LockRow {
     pub(crate) finished_at_us: Option<i64>,
     /// A writer waits behind the readers (its intent is live).
     pub(crate) writer_waiting: bool,
+    /// How many times the tenure's lease was extended.
+    pub(crate) renewals: i64,
 }
 
 impl From<LockRow> for LockInfo {
@@ -186,6 +194,7 @@ impl From<LockRow> for LockInfo {
             },
             last_outcome: r.last_outcome.and_then(Outcome::from_code),
             finished_at: r.finished_at_us.map(time_from_micros),
+            renewals: u32::try_from(r.renewals.max(0)).unwrap_or(u32::MAX),
             kind,
         }
     }

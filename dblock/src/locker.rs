@@ -277,7 +277,7 @@ impl Locker {
     /// Idempotent and safe to run from many processes at once; it never touches sqlx's
     /// `_sqlx_migrations`, and says nothing when there is nothing to do. For teams that run
     /// their own migrations, the same statements are the files `migrations/<backend>/0001` to
-    /// `0006` shipped in this crate's package (what `migrate()` runs is read from them); rename
+    /// `0007` shipped in this crate's package (what `migrate()` runs is read from them); rename
     /// the tables there when [`table`](Locker::table) names another.
     ///
     #[cfg_attr(feature = "sqlite", doc = "```")]

@@ -226,7 +226,7 @@ impl Locker {
         Ok(n)
     }
 
-    /// Which migrations of the lock table's schema (`migrations/<backend>/`, 0001 to 0006) this
+    /// Which migrations of the lock table's schema (`migrations/<backend>/`, 0001 to 0007) this
     /// locker's table has, oldest first: each probed by reading none of the rows of the
     /// tables and columns it creates. Read-only; a table that is not there is no error (its
     /// migrations are pending). [`migrate`](Locker::migrate) applies the pending ones.

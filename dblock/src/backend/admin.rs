@@ -82,6 +82,7 @@ where
         last_outcome: r.try_get(9)?,
         finished_at_us: r.try_get(10)?,
         writer_waiting: r.try_get(11)?,
+        renewals: r.try_get(12)?,
     })
 }
 

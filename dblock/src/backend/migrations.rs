@@ -8,7 +8,8 @@
 
 /// Each migration's file for each backend, by number: 0001 the lock table, 0002 outcomes and
 /// min_hold, 0003 exactly-once, 0004 the fair queue, 0005 the semaphores' permits (0001 to 0004
-/// for `<table>_permits`, which `migrate()` runs as such), 0006 shared locks.
+/// for `<table>_permits`, which `migrate()` runs as such), 0006 shared locks, 0007 the renewal
+/// count of the admin view.
 macro_rules! files {
     ($backend:literal) => {
         [
@@ -30,27 +31,29 @@ macro_rules! files {
             )),
             include_str!(concat!("../../migrations/", $backend, "/0005_permits.sql")),
             include_str!(concat!("../../migrations/", $backend, "/0006_shared.sql")),
+            include_str!(concat!("../../migrations/", $backend, "/0007_renewals.sql")),
         ]
     };
 }
 
 /// The migrations' names, in order (their files are `NNNN_<name>.sql`, numbered from 1).
 #[cfg_attr(not(test), allow(dead_code))]
-pub(crate) const NAMES: [&str; 6] = [
+pub(crate) const NAMES: [&str; 7] = [
     "dblock_locks",
     "outcomes",
     "exactly_once",
     "fair_queue",
     "permits",
     "shared",
+    "renewals",
 ];
 
 #[cfg(feature = "postgres")]
-pub(crate) const POSTGRES: [&str; 6] = files!("postgres");
+pub(crate) const POSTGRES: [&str; 7] = files!("postgres");
 #[cfg(feature = "mysql")]
-pub(crate) const MYSQL: [&str; 6] = files!("mysql");
+pub(crate) const MYSQL: [&str; 7] = files!("mysql");
 #[cfg(feature = "sqlite")]
-pub(crate) const SQLITE: [&str; 6] = files!("sqlite");
+pub(crate) const SQLITE: [&str; 7] = files!("sqlite");
 
 /// The statements of `file` that change the table `quoted` (as the file writes its name, quotes
 /// included), with `{table}` in its place: a template for the dialect's statement builder.

@@ -17,7 +17,7 @@ pub(crate) struct Migration {
 }
 
 /// Every migration, in order (the files of `migrations/<backend>/`).
-pub(crate) const MIGRATIONS: [Migration; 6] = [
+pub(crate) const MIGRATIONS: [Migration; 7] = [
     Migration {
         version: 1,
         name: "dblock_locks",
@@ -56,6 +56,14 @@ pub(crate) const MIGRATIONS: [Migration; 6] = [
             (Tables::Permits, SHARED_COLUMNS),
         ],
     },
+    Migration {
+        version: 7,
+        name: "renewals",
+        probes: &[
+            (Tables::Locks, RENEWAL_COLUMNS),
+            (Tables::Permits, RENEWAL_COLUMNS),
+        ],
+    },
 ];
 
 const LOCK_COLUMNS: &str =
@@ -64,6 +72,7 @@ const OUTCOME_COLUMNS: &str = "last_outcome, finished_at, available_at";
 const EXACTLY_ONCE_COLUMNS: &str = "success_token, once_key, release_id, release_token";
 const QUEUE_COLUMNS: &str = "lock_key, ticket, owner, expires_at";
 const SHARED_COLUMNS: &str = "readers, intent_until, intent_token, intent_owner";
+const RENEWAL_COLUMNS: &str = "renewals, renewals_token";
 
 /// The tables of one lock table's schema.
 #[derive(Clone, Copy)]

@@ -98,6 +98,8 @@ struct Statements {
     has_exactly_once: SqlStr,
     has_shared: SqlStr,
     shared: SqlStr,
+    has_renewals: SqlStr,
+    renewals: SqlStr,
     queue: SqlStr,
     queue_join: SqlStr,
     queue_ahead: SqlStr,
@@ -137,6 +139,13 @@ const TAKE_OVER: &str = "ON CONFLICT (lock_key) DO UPDATE SET
 WHERE (l.expires_at <= {now} OR l.owner = excluded.owner)
   AND NOT ({once} AND l.last_outcome IS 1 AND NOT {ran_out_l})";
 
+/// The `SET` items of an extension that count it (migration 0007): the count of the tenure
+/// `renewals_token` names, started again at 1 by a tenure's first extension. Every item of a
+/// `SET` reads the row as it was before the statement.
+pub(super) const RENEWED: &str =
+    "renewals = CASE WHEN renewals_token = fencing_token THEN renewals + 1 ELSE 1 END,
+    renewals_token = fencing_token";
+
 fn sql(template: &str, table: &str) -> SqlStr {
     let text = template
         .replace("{info}", INFO_COLUMNS)
@@ -144,6 +153,7 @@ fn sql(template: &str, table: &str) -> SqlStr {
         .replace("{ran_out_l}", &ran_out("l."))
         .replace("{ran_out}", &ran_out(""))
         .replace("{now}", NOW)
+        .replace("{renewed}", RENEWED)
         .replace("{table}", table);
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
@@ -155,7 +165,8 @@ const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
        max(0, expires_at - {now}),
        CASE WHEN {ran_out} THEN 2 ELSE last_outcome END,
        CASE WHEN {ran_out} THEN expires_at ELSE finished_at END * 1000,
-       coalesce(intent_until > {now} AND intent_token = fencing_token, 0)";
+       coalesce(intent_until > {now} AND intent_token = fencing_token, 0),
+       CASE WHEN renewals_token = fencing_token THEN renewals ELSE 0 END";
 
 /// Microseconds to whole milliseconds, rounding up so a lease is never shorter than asked.
 fn ms_ceil(us: i64) -> i64 {
@@ -270,6 +281,11 @@ impl Lite {
             has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
             has_exactly_once: sql("SELECT release_token FROM {table} LIMIT 0", &t),
             has_shared: sql("SELECT intent_owner FROM {table} LIMIT 0", &t),
+            has_renewals: sql("SELECT renewals_token FROM {table} LIMIT 0", &t),
+            renewals: sql(
+                &super::migrations::statements(files[6], "\"dblock_locks\""),
+                &t,
+            ),
             shared: sql(
                 &super::migrations::statements(files[5], "\"dblock_locks\""),
                 &t,
@@ -356,7 +372,8 @@ RETURNING hold_count",
                 &t,
             ),
             extend: sql(
-                "UPDATE {table} SET expires_at = max(expires_at, min({now} + $4, acquired_at + $5))
+                "UPDATE {table} SET expires_at = max(expires_at, min({now} + $4, acquired_at + $5)),
+    {renewed}
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > {now}
 RETURNING expires_at * 1000",
                 &t,

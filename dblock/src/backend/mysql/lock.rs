@@ -170,10 +170,12 @@ impl OnMySql for ExtendMany<'_> {
             "UPDATE {table} AS l JOIN ({rows}) AS r
   ON l.lock_key = r.k AND l.owner = r.o AND l.fencing_token = r.tok
 SET l.expires_at = GREATEST(l.expires_at, LEAST(UTC_TIMESTAMP(6) + INTERVAL r.ttl MICROSECOND,
-                                                l.acquired_at + INTERVAL r.cap MICROSECOND))
+                                                l.acquired_at + INTERVAL r.cap MICROSECOND)),
+    {renewed}
 WHERE l.expires_at > UTC_TIMESTAMP(6)",
             table = my.table,
             rows = rows.join(" UNION ALL "),
+            renewed = super::sql::renewed("l."),
         );
         let mut q = sqlx::query(AssertSqlSafe(text));
         for i in items {

@@ -19,10 +19,15 @@ impl OnMySql for Migrate {
         sqlx::raw_sql(my.sql.ddl.clone())
             .execute(&mut *conn)
             .await?;
-        // Migrations 0002, 0003 and 0006 (MySQL 8 has no ADD COLUMN IF NOT EXISTS; each ALTER adds
+        // Migrations 0002, 0003, 0006 and 0007 (MySQL 8 has no ADD COLUMN IF NOT EXISTS; each ALTER adds
         // all its columns or none): a column already there, added before or by a racing
         // process, is fine (1060, duplicate column).
-        for add in [&my.sql.outcomes, &my.sql.exactly_once, &my.sql.shared] {
+        for add in [
+            &my.sql.outcomes,
+            &my.sql.exactly_once,
+            &my.sql.shared,
+            &my.sql.renewals,
+        ] {
             match sqlx::raw_sql(add.clone()).execute(&mut *conn).await {
                 Err(sqlx::Error::Database(e))
                     if e.try_downcast_ref::<MySqlDatabaseError>()

@@ -14,6 +14,7 @@ pub(super) struct Statements {
     pub(super) exactly_once: SqlStr,
     pub(super) queue: SqlStr,
     pub(super) shared: SqlStr,
+    pub(super) renewals: SqlStr,
     pub(super) has_queue: SqlStr,
     pub(super) queue_join: SqlStr,
     pub(super) queue_ahead: SqlStr,
@@ -45,6 +46,18 @@ pub(super) fn expand(template: &str) -> String {
         .replace("{info}", INFO_COLUMNS)
         .replace("{ran_out}", RAN_OUT)
         .replace("{us_now}", US_NOW)
+        .replace("{renewed}", &renewed(""))
+}
+
+/// The `SET` items of an extension that count it (migration 0007), the table's columns prefixed
+/// by `t`: the count of the tenure `renewals_token` names, started again at 1 by a tenure's first
+/// extension. MySQL assigns a `SET`'s items from left to right, each seeing the ones before it, so
+/// the count is written before the token it compares.
+pub(super) fn renewed(t: &str) -> String {
+    format!(
+        "{t}renewals = IF({t}renewals_token <=> {t}fencing_token, {t}renewals + 1, 1),
+    {t}renewals_token = {t}fencing_token"
+    )
 }
 
 /// The columns of `LockRow`, in its order and types (the binary key is valid UTF-8: dblock only
@@ -57,7 +70,8 @@ pub(super) const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, h
        GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000),
        CAST(IF({ran_out}, 2, last_outcome) AS SIGNED),
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', IF({ran_out}, expires_at, finished_at)),
-       COALESCE(intent_until > UTC_TIMESTAMP(6) AND intent_token <=> fencing_token, 0) <> 0";
+       COALESCE(intent_until > UTC_TIMESTAMP(6) AND intent_token <=> fencing_token, 0) <> 0,
+       CAST(IF(renewals_token <=> fencing_token, renewals, 0) AS SIGNED)";
 
 /// Acquire, re-entry and takeover as one INSERT ... ON DUPLICATE KEY UPDATE on the primary key.
 ///
@@ -269,11 +283,12 @@ impl My {
             exactly_once: sql(&crate::backend::migrations::statements(files[2], "`dblock_locks`"), &t),
             queue: sql(&crate::backend::migrations::statements(files[3], "`dblock_locks_queue`"), &q),
             shared: sql(&crate::backend::migrations::statements(files[5], "`dblock_locks`"), &t),
+            renewals: sql(&crate::backend::migrations::statements(files[6], "`dblock_locks`"), &t),
             // Both tables with their newest columns (a lock table dropped by hand beside its
             // queue is made again).
             has_queue: sql(
                 &format!(
-                    "SELECT t.intent_owner, q.ticket FROM {{table}} AS t, {q} AS q LIMIT 0"
+                    "SELECT t.renewals_token, q.ticket FROM {{table}} AS t, {q} AS q LIMIT 0"
                 ),
                 &t,
             ),
@@ -376,7 +391,8 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND NOT (attempt_id <=> ?
     expires_at    = GREATEST(expires_at, LEAST(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
                                            acquired_at + INTERVAL ? MICROSECOND)),
     fencing_token = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)) > 0,
-                       fencing_token, fencing_token)
+                       fencing_token, fencing_token),
+    {renewed}
 WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIMESTAMP(6)",
                 &t,
             ),

@@ -32,13 +32,14 @@ impl OnPostgres for Migrate {
             // transaction (no explicit one to leave open on a shared server connection, and
             // fine in statement pooling mode too).
             let script = format!(
-                "{}{MIGRATE_LOCK};\nSET LOCAL client_min_messages = warning;\n{}{}{}{}{}",
+                "{}{MIGRATE_LOCK};\nSET LOCAL client_min_messages = warning;\n{}{}{}{}{}{}",
                 p.prefix(),
                 pg.sql.ddl.as_str(),
                 pg.sql.outcomes.as_str(),
                 pg.sql.exactly_once.as_str(),
                 pg.sql.queue.as_str(),
-                pg.sql.shared.as_str()
+                pg.sql.shared.as_str(),
+                pg.sql.renewals.as_str()
             );
             sqlx::raw_sql(AssertSqlSafe(script)).execute(conn).await?;
             return Ok(());
@@ -59,6 +60,9 @@ impl OnPostgres for Migrate {
             .execute(&mut *tx)
             .await?;
         sqlx::raw_sql(pg.sql.shared.clone())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(pg.sql.renewals.clone())
             .execute(&mut *tx)
             .await?;
         tx.commit().await

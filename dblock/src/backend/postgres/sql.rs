@@ -23,6 +23,7 @@ pub(super) struct Statements {
     pub(super) exactly_once: SqlStr,
     pub(super) queue: SqlStr,
     pub(super) shared: SqlStr,
+    pub(super) renewals: SqlStr,
     /// `$1`, `$2` = the quoted queue and lock tables: are both there, with the newest columns?
     pub(super) exists: Stmt,
     pub(super) acquire: Stmt,
@@ -142,12 +143,20 @@ pub(super) fn take_one() -> String {
         .replace("{ran_out}", &ran_out("l."))
 }
 
+/// The `SET` items of an extension that count it (migration 0007): the count of the tenure
+/// `renewals_token` names, started again at 1 by a tenure's first extension. Every item of a
+/// `SET` reads the row as it was before the statement.
+const RENEWED: &str =
+    "renewals = CASE WHEN renewals_token = fencing_token THEN renewals + 1 ELSE 1 END,
+    renewals_token = fencing_token";
+
 pub(super) fn sql(template: &str, table: &str) -> SqlStr {
     let text = template
         .replace("{us_expires}", &US.replace("{c}", "expires_at"))
         .replace("{us_acquired}", &US.replace("{c}", "acquired_at"))
         .replace("{us_finished}", &US.replace("{c}", "finished_at"))
         .replace("{ran_out}", &ran_out(""))
+        .replace("{renewed}", RENEWED)
         .replace("{table}", table);
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
@@ -167,7 +176,8 @@ pub(super) const INFO_COLUMNS: &str =
        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8,
        CASE WHEN {ran_out} THEN 2 ELSE last_outcome END::int8,
        CASE WHEN {ran_out} THEN {us_expires} ELSE {us_finished} END,
-       coalesce(intent_until > statement_timestamp() AND intent_token = fencing_token, false)";
+       coalesce(intent_until > statement_timestamp() AND intent_token = fencing_token, false),
+       CASE WHEN renewals_token = fencing_token THEN renewals ELSE 0 END::int8";
 
 impl Pg {
     pub(super) fn build(pool: Conns<Postgres>, table: &str, settings: Settings) -> Self {
@@ -182,11 +192,12 @@ impl Pg {
             exactly_once: sql(&crate::backend::migrations::statements(files[2], "\"dblock_locks\""), &t),
             queue: sql(&crate::backend::migrations::statements(files[3], "\"dblock_locks_queue\""), &q),
             shared: sql(&crate::backend::migrations::statements(files[5], "\"dblock_locks\""), &t),
+            renewals: sql(&crate::backend::migrations::statements(files[6], "\"dblock_locks\""), &t),
             // Both tables with their newest columns (a lock table dropped by hand beside its
             // queue is made again).
             exists: stmt(
                 "SELECT to_regclass($1) IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute
-             WHERE attrelid = to_regclass($2) AND attname = 'intent_owner' AND NOT attisdropped)",
+             WHERE attrelid = to_regclass($2) AND attname = 'renewals_token' AND NOT attisdropped)",
                 &t,
             ),
 
@@ -341,7 +352,8 @@ FROM r",
                 "UPDATE {table}
 SET expires_at = greatest(expires_at, least(
         statement_timestamp() + $4::float8 * interval '1 microsecond',
-        acquired_at + $5::float8 * interval '1 microsecond'))
+        acquired_at + $5::float8 * interval '1 microsecond')),
+    {renewed}
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > statement_timestamp()
 RETURNING {us_expires}",
                 &t,
@@ -354,7 +366,8 @@ RETURNING {us_expires}",
                 "UPDATE {table} AS l
 SET expires_at = greatest(l.expires_at, least(
         statement_timestamp() + r.ttl_us * interval '1 microsecond',
-        l.acquired_at + r.cap_us * interval '1 microsecond'))
+        l.acquired_at + r.cap_us * interval '1 microsecond')),
+    {renewed}
 FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[], $5::float8[])
     AS r(k, o, tok, ttl_us, cap_us)
 WHERE l.lock_key = r.k AND l.owner = r.o AND l.fencing_token = r.tok

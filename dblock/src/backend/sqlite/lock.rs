@@ -162,13 +162,15 @@ impl OnSqlite for ExtendMany<'_> {
         let rows = vec!["(?, ?, ?, ?, ?)"; items.len()].join(", ");
         let text = format!(
             "UPDATE {table} AS l
-SET expires_at = max(l.expires_at, min({now} + r.column4, l.acquired_at + r.column5))
+SET expires_at = max(l.expires_at, min({now} + r.column4, l.acquired_at + r.column5)),
+    {renewed}
 FROM (VALUES {rows}) AS r
 WHERE l.lock_key = r.column1 AND l.owner = r.column2 AND l.fencing_token = r.column3
   AND l.expires_at > {now}
 RETURNING lock_key, owner, fencing_token",
             table = lite.table,
             now = NOW,
+            renewed = RENEWED,
         );
         let mut q = sqlx::query_as::<_, (String, String, i64)>(AssertSqlSafe(text));
         for i in items {

@@ -10,13 +10,14 @@ impl OnSqlite for Migrate {
         sqlx::raw_sql(lite.sql.ddl.clone())
             .execute(&mut *conn)
             .await?;
-        // Migrations 0002, 0003 and 0006, each unless its columns are there: checked again and
+        // Migrations 0002, 0003, 0006 and 0007, each unless its columns are there: checked again and
         // applied under the database's write lock (BEGIN IMMEDIATE), so racing processes add
         // them once.
         for (has, add) in [
             (&lite.sql.has_outcomes, &lite.sql.outcomes),
             (&lite.sql.has_exactly_once, &lite.sql.exactly_once),
             (&lite.sql.has_shared, &lite.sql.shared),
+            (&lite.sql.has_renewals, &lite.sql.renewals),
         ] {
             if sqlx::query(has.clone()).execute(&mut *conn).await.is_ok() {
                 continue;
