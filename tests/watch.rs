@@ -22,16 +22,20 @@ async fn next(events: &mut Watch, name: &str) -> LockEvent {
 /// Starts the watch and waits until its first read (the starting point) is behind it: a
 /// sentinel key taken after that read is reported. Then the sentinel is gone again, and so are
 /// the events of the sentinels before it.
-async fn started(events: &mut Watch, l: &dblock::Locker, prefix: &str) {
+async fn started(events: &mut Watch, l: &dblock::Locker, prefix: &str, every: Duration) {
     let sentinel = |e: &LockEvent, key: &str, acquired: bool| match e {
         LockEvent::Acquired(e) => acquired && e.key == key,
         LockEvent::Released { event, .. } => !acquired && event.key == key,
         _ => false,
     };
+    // The first poll starts the watch, whose first read (the starting point) follows at once.
+    let first = tokio::time::timeout(Duration::from_millis(1), events.next()).await;
+    assert!(first.is_err(), "an event before the first read: {first:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
     for round in 0..50 {
         let key = format!("{prefix}sentinel:{round}");
         let g = l.lock(key.as_str()).await.unwrap();
-        let seen = tokio::time::timeout(EVERY * 6, async {
+        let seen = tokio::time::timeout(every * 6, async {
             while let Some(Ok(e)) = events.next().await {
                 if sentinel(&e, &key, true) {
                     return;
@@ -64,7 +68,7 @@ async fn watch_reports_what_happens_to_keys() {
         let l = common::own_table(db, "watch").await;
         let already = l.lock("w:already").await.unwrap();
         let mut events = l.watch("w:").every(EVERY);
-        started(&mut events, &l, "w:").await;
+        started(&mut events, &l, "w:", EVERY).await;
 
         // Taken and released: with the owner, holder, token and outcome.
         let g = l.lock("w:a").holder("job-a").await.unwrap();
@@ -134,9 +138,56 @@ async fn watch_reports_what_happens_to_keys() {
             LockEvent::Released { event, .. } if event.key == "w:already"
         ));
 
+        // Holds that begin and end between two reads (a read every second here).
+        let mut rare = l.watch("w:short:").every(Duration::from_secs(1));
+        started(&mut rare, &l, "w:short:", Duration::from_secs(1)).await;
+        // Seen held by a read; the holds below come right after it.
+        let seen = l.lock("w:short:seen").await.unwrap();
+        assert!(matches!(next(&mut rare, name).await,
+                LockEvent::Acquired(e) if e.key == "w:short:seen"));
+        let brief = l.lock("w:short:a").holder("brief").await.unwrap();
+        let brief_token = brief.fencing_token();
+        brief.release().await.unwrap();
+        seen.release().await.unwrap(); // the tenure seen held ends, and another begins and ends
+        let twice = l.lock("w:short:seen").await.unwrap();
+        let twice_token = twice.fencing_token();
+        twice.release().await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            got.push(next(&mut rare, name).await);
+        }
+        let [a, b, c, d, e] = <[LockEvent; 5]>::try_from(got).unwrap();
+        match (a, b) {
+            (LockEvent::Acquired(a), LockEvent::Released { event, outcome }) => {
+                assert_eq!(
+                    (a.key.as_str(), a.fencing_token),
+                    ("w:short:a", brief_token)
+                );
+                assert!(a.holder.unwrap().ends_with("brief"), "{name}");
+                assert_eq!(event.fencing_token, brief_token, "{name}");
+                assert_eq!(outcome, Some(Outcome::Succeeded), "{name}");
+            }
+            other => panic!("{name}: the brief hold: {other:?}"),
+        }
+        assert!(
+            matches!(&c, LockEvent::Released { event, outcome: None }
+                if event.key == "w:short:seen" && event.fencing_token < twice_token),
+            "{name}: {c:?}"
+        );
+        assert!(
+            matches!(&d, LockEvent::Acquired(e) if e.fencing_token == twice_token),
+            "{name}: {d:?}"
+        );
+        assert!(
+            matches!(&e, LockEvent::Released { event, outcome: Some(Outcome::Succeeded) }
+                if event.fencing_token == twice_token),
+            "{name}: {e:?}"
+        );
+        drop(rare);
+
         // A consumer that does not read: bounded, and told how much it missed.
         let mut slow = l.watch("w:lag:").every(EVERY).capacity(2);
-        started(&mut slow, &l, "w:lag:").await;
+        started(&mut slow, &l, "w:lag:", EVERY).await;
         let mut held = Vec::new();
         for i in 0..8 {
             held.push(l.lock(format!("w:lag:{i}")).await.unwrap());
@@ -165,8 +216,8 @@ async fn watch_reports_what_happens_to_keys() {
     }
 }
 
-/// How many events a watch keeps up with: `KEYS` keys taken and released in waves, every
-/// change reported? Prints events/s per backend (`cargo test --test watch -- --ignored
+/// How many events a watch keeps up with: `KEYS` keys taken and released in waves, then a
+/// wave of brief holds (each released at once), every change reported? Prints events/s per backend (`cargo test --test watch -- --ignored
 /// --nocapture`); a measurement, not a check of speed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run it by name"]
@@ -181,11 +232,11 @@ async fn watch_throughput() {
             .watch("t:")
             .every(Duration::from_millis(250))
             .capacity(100_000);
-        started(&mut events, &l, "t:").await;
+        started(&mut events, &l, "t:", Duration::from_millis(250)).await;
         let counted = tokio::spawn(async move {
             let mut n = 0usize;
             let until = std::time::Instant::now() + Duration::from_secs(120);
-            while n < KEYS * WAVES * 2 && std::time::Instant::now() < until {
+            while n < KEYS * (WAVES + 1) * 2 && std::time::Instant::now() < until {
                 match tokio::time::timeout(Duration::from_secs(10), events.next()).await {
                     Ok(Some(Ok(LockEvent::Lagged { .. }))) | Err(_) | Ok(None) => break,
                     Ok(Some(_)) => n += 1,
@@ -207,11 +258,20 @@ async fn watch_throughput() {
             }
             tokio::time::sleep(Duration::from_millis(600)).await;
         }
+        // And a wave of brief holds, each over before a read can see it held.
+        futures::future::join_all((0..KEYS).map(|i| {
+            let l = &l;
+            async move {
+                let g = l.lock(format!("t:{i}")).await.unwrap();
+                g.release().await.unwrap();
+            }
+        }))
+        .await;
         let n = counted.await.unwrap();
         let took = start.elapsed();
         eprintln!(
             "{name}: {n} of {} events in {took:?}: {:.0} events/s",
-            KEYS * WAVES * 2,
+            KEYS * (WAVES + 1) * 2,
             n as f64 / took.as_secs_f64()
         );
     }

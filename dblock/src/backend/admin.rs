@@ -23,6 +23,9 @@ pub(crate) struct AdminSql {
     /// `$1`, `$2` / `?`, `?` = from, to; every row with a live lease whose key is in
     /// `from..to`, ordered by key.
     pub(crate) held_in: SqlStr,
+    /// `$1`, `$2`, `$3` / `?`, `?`, `?` = from, to, window in µs: the rows whose key is in
+    /// `from..to` with a live lease or taken within the window, ordered by key (the watch's read).
+    pub(crate) recent_in: SqlStr,
     /// `$1`/`?` = key; frees a live lease whoever holds it, keeping the fencing token.
     pub(crate) force_release: SqlStr,
     /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
@@ -86,13 +89,14 @@ where
     })
 }
 
-/// Runs one of the operator's reads (`sql`, with `texts` bound in order) and decodes every row
+/// Runs one of the operator's reads (`sql`, with `texts` then `ints` bound in order) and decodes every row
 /// it returns.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn infos<DB>(
     conn: &mut DB::Connection,
     sql: &SqlStr,
     texts: &[&str],
+    ints: &[i64],
 ) -> Result<Vec<LockInfo>, sqlx::Error>
 where
     DB: Database,
@@ -100,6 +104,7 @@ where
     DB::Arguments: IntoArguments<DB>,
     usize: ColumnIndex<DB::Row>,
     for<'q> String: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB>,
     for<'r> String: Decode<'r, DB> + Type<DB>,
     for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
@@ -109,6 +114,9 @@ where
     let mut query = sqlx::query(sql.clone());
     for text in texts {
         query = query.bind((*text).to_owned());
+    }
+    for int in ints {
+        query = query.bind(*int);
     }
     let rows = query.fetch_all(&mut *conn).await?;
     rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
@@ -181,20 +189,26 @@ macro_rules! shared_admin {
 
         impl $trait for $crate::backend::Inspect<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Option<$crate::info::LockInfo>, sqlx::Error> {
-                let rows = $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.inspect, &[self.0]).await?;
+                let rows = $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.inspect, &[self.0], &[]).await?;
                 Ok(rows.into_iter().next())
             }
         }
 
         impl $trait for $crate::backend::LiveRows {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
-                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held, &[]).await
+                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held, &[], &[]).await
             }
         }
 
         impl $trait for $crate::backend::LiveRowsIn<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
-                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held_in, &[self.from, self.to]).await
+                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held_in, &[self.from, self.to], &[]).await
+            }
+        }
+
+        impl $trait for $crate::backend::RecentRowsIn<'_> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
+                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.recent_in, &[self.from, self.to], &[self.window_us]).await
             }
         }
 

@@ -280,6 +280,19 @@ impl Statement for LiveRowsIn<'_> {
     type Output = Vec<crate::info::LockInfo>;
 }
 
+/// The rows whose key is in `from..to` (bytes) that have a live lease or were taken in the last
+/// `window_us` on the database clock (a hold that may have begun and ended since the last look),
+/// ordered by key. The watch's read.
+pub(crate) struct RecentRowsIn<'a> {
+    pub from: &'a str,
+    pub to: &'a str,
+    pub window_us: i64,
+}
+
+impl Statement for RecentRowsIn<'_> {
+    type Output = Vec<crate::info::LockInfo>;
+}
+
 /// Frees a live lease whoever holds it; whether there was one.
 pub(crate) struct ForceRelease<'a>(pub &'a str);
 

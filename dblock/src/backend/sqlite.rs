@@ -396,6 +396,13 @@ WHERE lock_key >= $1 AND lock_key < $2 AND owner IS NOT NULL AND expires_at > {n
 ORDER BY lock_key",
                     &t,
                 ),
+                recent_in: sql(
+                    "SELECT {info} FROM {table}
+WHERE lock_key >= $1 AND lock_key < $2
+  AND (owner IS NOT NULL AND expires_at > {now} OR acquired_at > {now} - $3 / 1000)
+ORDER BY lock_key",
+                    &t,
+                ),
                 force_release: sql(
                     "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = {now},
     last_outcome = CASE WHEN success_token IS fencing_token THEN 1 ELSE 2 END,

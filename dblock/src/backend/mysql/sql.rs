@@ -414,6 +414,14 @@ WHERE lock_key >= ? AND lock_key < ? AND owner IS NOT NULL AND expires_at > UTC_
 ORDER BY lock_key",
                     &t,
                 ),
+                recent_in: sql(
+                    "SELECT {info} FROM {table}
+WHERE lock_key >= ? AND lock_key < ?
+  AND (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)
+       OR acquired_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)
+ORDER BY lock_key",
+                    &t,
+                ),
                 force_release: sql(
                     "UPDATE {table} SET hold_count = 0, owner = NULL, expires_at = UTC_TIMESTAMP(6),
     last_outcome = IF(success_token <=> fencing_token, 1, 2), finished_at = UTC_TIMESTAMP(6)

@@ -71,6 +71,25 @@ impl OnPostgres for LiveRowsIn<'_> {
     }
 }
 
+impl OnPostgres for RecentRowsIn<'_> {
+    async fn postgres(
+        &self,
+        pg: &Pg,
+        conn: &mut PgConnection,
+    ) -> Result<Vec<LockInfo>, sqlx::Error> {
+        let &RecentRowsIn {
+            from,
+            to,
+            window_us,
+        } = self;
+        let args = [Arg::Text(from), Arg::Text(to), Arg::Int8(window_us)];
+        let rows = pg.fetch_all(conn, &pg.sql.recent_in, &args).await?;
+        rows.iter()
+            .map(|r| crate::backend::admin::decode(r).map(LockInfo::from))
+            .collect()
+    }
+}
+
 impl OnPostgres for ForceRelease<'_> {
     async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
         let key = self.0;

@@ -36,6 +36,7 @@ pub(super) struct Statements {
     pub(super) inspect: Stmt,
     pub(super) held: Stmt,
     pub(super) held_in: Stmt,
+    pub(super) recent_in: Stmt,
     pub(super) force_release: Stmt,
     pub(super) reset: Stmt,
     pub(super) purge: Stmt,
@@ -396,6 +397,16 @@ WHERE owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key
                     "SELECT {INFO_COLUMNS} FROM {{table}}
 WHERE lock_key >= $1 AND lock_key < $2
   AND owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key"
+                ),
+                &t,
+            ),
+            recent_in: stmt(
+                &format!(
+                    "SELECT {INFO_COLUMNS} FROM {{table}}
+WHERE lock_key >= $1 AND lock_key < $2
+  AND (owner IS NOT NULL AND expires_at > statement_timestamp()
+       OR acquired_at > statement_timestamp() - $3::int8 * interval '1 microsecond')
+ORDER BY lock_key"
                 ),
                 &t,
             ),
