@@ -2,7 +2,8 @@
 # PostgreSQL as production runs it, on one machine: three nodes managed by Patroni (3.0) on one
 # etcd (3.4), reached through HAProxy (2.6), which routes to the leader by Patroni's REST health
 # check (`OPTIONS /primary`), as Patroni's own documentation sets it up. For tests/replicated.rs's
-# `patroni_*` chaos runs: switchover, the leader killed (SIGKILL), the leader's network cut.
+# `patroni_*` chaos runs: switchover, the leader killed (SIGKILL), the leader's network cut; and
+# a switchover to a node whose PostgreSQL clock is ahead.
 #
 # Each node runs in a network namespace of its own (`dblock-pN`, address 10.78.0.1N on a bridge
 # `dblock-br` whose host side, 10.78.0.1, runs etcd), so that "the leader's network is cut" is
@@ -14,8 +15,10 @@
 #   scripts/patroni.sh test [sync|async|both] [ARGS]
 #                               the one command: install what is missing, build the test, bring
 #                               the cluster up, run the chaos runs of the mode(s) (default both;
+#                               `patroni_failover`, then `patroni_failover_to_a_clock_ahead`;
 #                               ARGS go to the test binary), tear down (also on error or Ctrl-C)
-#   scripts/patroni.sh install  apt-get what is missing (patroni, etcd-server, haproxy, iproute2)
+#   scripts/patroni.sh install  apt-get what is missing (patroni, etcd-server, haproxy, iproute2,
+#                               faketime)
 #   scripts/patroni.sh up       start and wait until ready: a leader, two streaming replicas
 #   scripts/patroni.sh env      `export` lines for the test: eval "$(scripts/patroni.sh env)"
 #   scripts/patroni.sh status   patronictl list
@@ -25,6 +28,14 @@
 #   scripts/patroni.sh switchover
 #                               planned: patronictl switchover to a replica; waits for the new
 #                               leader behind HAProxy
+#   scripts/patroni.sh switchover-to N
+#                               planned, to node N (in synchronous mode the other replica is
+#                               tagged `nosync` until N is the synchronous standby, then untagged);
+#                               waits for N writable behind HAProxy
+#   scripts/patroni.sh clock N OFFSET
+#                               steps node N's PostgreSQL clock (node 3 only): its time of day
+#                               becomes the real one plus OFFSET (libfaketime's `+60s`, `-10s`,
+#                               `+0`), at once: its backends read the offset at every call
 #   scripts/patroni.sh kill-leader
 #                               SIGKILL Patroni and PostgreSQL of the leader's node (a crash)
 #   scripts/patroni.sh cut-leader
@@ -37,6 +48,14 @@
 #   scripts/patroni.sh wait-replicas
 #                               until every node runs and streams from the leader
 #   scripts/patroni.sh down     stop everything, delete the namespaces, the bridge and the data
+#
+# Node 3's PostgreSQL runs under libfaketime (Patroni itself does not): its `bin_dir` is a
+# directory of symlinks to $PGBIN but for `postgres`, a wrapper that execs the real one with
+# libfaketime preloaded, reading its offset from a file at every call (`+0` at bring-up;
+# the monotonic clock is left alone). Node 1 bootstraps the cluster, so node 3 starts as a
+# replica. Step its clock only while its postmaster runs: a postmaster started under an offset
+# writes its stepped start time into postmaster.pid, which Patroni compares with the process's
+# real one when it reads that file again.
 #
 # Measurements go to stdout as `name=value` lines, progress to stderr.
 set -euo pipefail
@@ -58,6 +77,9 @@ READY_TIMEOUT=120
 TTL=10
 LOOP_WAIT=1
 RETRY_TIMEOUT=4
+# The node whose PostgreSQL clock `clock` steps, and libfaketime (package faketime).
+CLOCK_NODE=3
+FAKETIME_LIB=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
 
 log() { printf '==> [%s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'patroni.sh: %s\n' "$*" >&2; exit 1; }
@@ -79,6 +101,9 @@ node_ip() { echo "10.78.0.1$1"; }
 netns() { echo "dblock-p$1"; }
 veth() { echo "dblock-v$1"; }
 node_dir() { echo "$DIR/n$1"; }
+clock_file() { echo "$(node_dir "$1")/clock-offset"; }
+# The node's PostgreSQL binaries: $PGBIN, or for the clock node its wrappers.
+bin_dir() { if [ "$1" = "$CLOCK_NODE" ]; then echo "$(node_dir "$1")/bin"; else echo "$PGBIN"; fi; }
 
 # ---------------------------------------------------------------------------------------------
 # Packages
@@ -91,6 +116,7 @@ cmd_install() {
     command -v ip >/dev/null || missing+=(iproute2)
     command -v curl >/dev/null || missing+=(curl)
     [ -x "$PGBIN/postgres" ] || missing+=(postgresql-15)
+    [ -f "$FAKETIME_LIB" ] || missing+=(faketime)
     if [ "${#missing[@]}" -eq 0 ]; then
         log "packages: all present"
         return
@@ -150,8 +176,8 @@ start_etcd() {
     wait_until 30 "etcd" curl -sf "http://$HOST_IP:$ETCD_PORT/health"
 }
 
-write_patroni_yml() {
-    local i=$1 d ip sync=${2:-false}
+write_patroni_yml() { # write_patroni_yml <i> [synchronous_mode] [nosync tag]
+    local i=$1 d ip sync=${2:-false} nosync=${3:-false}
     d=$(node_dir "$i")
     ip=$(node_ip "$i")
     cat >"$d/patroni.yml" <<EOF
@@ -194,7 +220,7 @@ postgresql:
   listen: $ip:5432
   connect_address: $ip:5432
   data_dir: $d/data
-  bin_dir: $PGBIN
+  bin_dir: $(bin_dir "$i")
   pgpass: $d/pgpass
   authentication:
     superuser:
@@ -213,9 +239,32 @@ tags:
   nofailover: false
   noloadbalance: false
   clonefrom: false
-  nosync: false
+  nosync: $nosync
 EOF
     chown postgres:postgres "$d/patroni.yml"
+}
+
+# The clock node's bin_dir: every PostgreSQL binary a symlink, but `postgres` (which Patroni
+# runs itself, `bin_dir/postgres -D ...`, and which `exec` keeps at the pid Patroni was given)
+# runs under libfaketime; the offset file says `+0` until `clock` steps it.
+write_clock_wrappers() {
+    local i=$1 d f
+    d=$(bin_dir "$i")
+    install -d -o postgres -g postgres -m 0755 "$d"
+    for f in "$PGBIN"/*; do
+        [ "$(basename "$f")" = postgres ] || ln -s "$f" "$d/"
+    done
+    cat >"$d/postgres" <<EOF
+#!/bin/sh
+# PostgreSQL with a clock of its own (scripts/patroni.sh clock $i OFFSET).
+exec env LD_PRELOAD=$FAKETIME_LIB FAKETIME_TIMESTAMP_FILE=$(clock_file "$i") \\
+    FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1 $PGBIN/postgres "\$@"
+EOF
+    chown postgres:postgres "$d/postgres"
+    chmod 0755 "$d/postgres"
+    echo +0 >"$(clock_file "$i")"
+    chown postgres:postgres "$(clock_file "$i")"
+    chmod 0644 "$(clock_file "$i")"
 }
 
 start_patroni() { # start_patroni <i>: in the node's namespace, as postgres, a session of its own
@@ -285,6 +334,9 @@ replicas_streaming() {
     [ "$n" = "$want" ] || return 1
     if [ "$(ctl show-config 2>/dev/null | awk '/^synchronous_mode:/ {print $2}')" = true ]; then
         [ "$(psql_node "$l" "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'" 2>/dev/null)" = 1 ] || return 1
+        # And in etcd's /sync key, which a switchover requires (Patroni writes it once the
+        # standby caught up, after PostgreSQL's `sync`).
+        [ "$(cluster_roles | grep -c ' sync_standby$')" = 1 ] || return 1
     fi
 }
 
@@ -314,6 +366,7 @@ bring_up() {
     start_etcd
     for i in "${NODES[@]}"; do
         install -d -o postgres -g postgres -m 0700 "$(node_dir "$i")"
+        [ "$i" != "$CLOCK_NODE" ] || write_clock_wrappers "$i"
         write_patroni_yml "$i"
     done
     log "Patroni: n1 bootstraps"
@@ -367,6 +420,101 @@ cmd_switchover() {
     echo "old_leader=$old"
     ctl switchover --leader "n$old" --force >&2
     wait_new_leader "$old" "$t0"
+}
+
+# Patroni's view of the cluster, from the REST API of the first node that answers (quicker
+# than patronictl): one `name role` line per member (role leader, sync_standby, replica...).
+cluster_roles() {
+    local i
+    for i in "${NODES[@]}"; do
+        curl -sf --max-time 1 "http://$(node_ip "$i"):8008/cluster" |
+            python3 -c 'import json,sys; [print(m["name"], m["role"]) for m in json.load(sys.stdin)["members"]]' &&
+            return 0
+    done
+    return 1
+}
+
+synchronous_mode() { [ "$(ctl show-config 2>/dev/null | awk '/^synchronous_mode:/ {print $2}')" = true ]; }
+
+# Node $1 streams from the leader and, with $2 = true (synchronous mode), is the synchronous
+# standby, both in etcd's /sync key (which a switchover to it requires) and on the leader.
+streams_as_candidate() {
+    local n=$1 sync=$2 roles l
+    roles=$(cluster_roles) || return 1
+    l=$(awk '$2 == "leader" {print substr($1, 2)}' <<<"$roles")
+    [ -n "$l" ] && [ "$l" != "$n" ] || return 1
+    [ "$(psql_node "$l" "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'n$n' AND state = 'streaming'" 2>/dev/null)" != "" ] || return 1
+    if [ "$sync" = true ]; then
+        grep -qx "n$n sync_standby" <<<"$roles" || return 1
+        [ "$(psql_node "$l" "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'n$n'" 2>/dev/null)" = sync ] || return 1
+    fi
+}
+
+# The same for a second in a row (a replica whose clock was just stepped ahead drops its
+# stream once: its walreceiver's wal_receiver_timeout runs on its own time of day).
+candidate_settled() {
+    local _
+    for _ in 1 2 3 4 5; do streams_as_candidate "$1" "$2" || return 1; sleep 0.25; done
+}
+
+# `tag_nosync <true|false> <nodes...>`: their `nosync` tag, in patroni.yml, reloaded.
+tag_nosync() {
+    local value=$1 i
+    shift
+    for i in "$@"; do
+        # (synchronous_mode there is bootstrap-only: what the cluster runs is etcd's.)
+        write_patroni_yml "$i" true "$value"
+        ctl reload dblock "n$i" --force >/dev/null
+    done
+}
+
+# The nodes `switchover-to` tagged nosync, untagged again when it ends (whichever way).
+NOSYNC_TAGGED=()
+untag_nosync() {
+    [ "${#NOSYNC_TAGGED[@]}" -eq 0 ] || tag_nosync false "${NOSYNC_TAGGED[@]}"
+    NOSYNC_TAGGED=()
+}
+
+cmd_switchover_to() {
+    local n=${1:?node number} old t0 others=() i t_prep sync=false out
+    old=$(leader)
+    [ -n "$old" ] || die "no leader"
+    [ "$old" != "$n" ] || die "n$n leads already"
+    echo "old_leader=$old"
+    t_prep=$(now_ms)
+    # In synchronous mode Patroni switches over to the synchronous standby only: the other
+    # replica is tagged nosync until n$n is that standby (the leader picks it within a loop).
+    if synchronous_mode; then
+        sync=true
+        for i in "${NODES[@]}"; do [ "$i" = "$old" ] || [ "$i" = "$n" ] || others+=("$i"); done
+        NOSYNC_TAGGED=("${others[@]}")
+        trap untag_nosync EXIT
+        tag_nosync true "${others[@]}"
+    fi
+    wait_until 60 "n$n streaming (and the synchronous standby)" candidate_settled "$n" "$sync"
+    echo "candidate_ready_ms=$(($(now_ms) - t_prep))"
+    t0=$(now_ms)
+    echo "switchover_at_ms=$t0"
+    log "Patroni: switchover from n$old to n$n"
+    # patronictl says why it refused a switchover, but exits 0.
+    out=$(ctl switchover --leader "n$old" --candidate "n$n" --force 2>&1) || true
+    printf '%s\n' "$out" >&2
+    ! grep -q "Switchover failed" <<<"$out" || die "switchover to n$n refused"
+    wait_new_leader "$old" "$t0"
+    [ "$(leader)" = "$n" ] || die "the new leader is n$(leader), not n$n"
+    untag_nosync
+    trap - EXIT
+}
+
+# clock N OFFSET: node N's PostgreSQL time of day is the real one plus OFFSET from now on.
+cmd_clock() {
+    local i=${1:?node number} offset=${2:?offset, e.g. +60s or +0}
+    [ "$i" = "$CLOCK_NODE" ] || die "clock: only node $CLOCK_NODE runs under libfaketime"
+    [[ $offset =~ ^[+-][0-9]+[smhd]?$ ]] || die "clock: an offset like +60s, -10s or +0"
+    # Rewritten in place (owner and mode kept); every call of the server reads it.
+    printf '%s\n' "$offset" >"$(clock_file "$i")"
+    log "Patroni: n$i's PostgreSQL clock at real time $offset"
+    echo "clock_n$i=$offset"
 }
 
 cmd_kill_leader() {
@@ -466,7 +614,7 @@ cmd_test() {
         cmd_mode "$mode" >/dev/null
         (cd "$REPO" && DBLOCK_REQUIRE_REPLICATED=1 DBLOCK_PATRONI_MODE=$mode \
             cargo test --workspace --all-features --test replicated -- --nocapture \
-            --test-threads=1 --exact patroni_failover "$@")
+            --test-threads=1 --exact patroni_failover patroni_failover_to_a_clock_ahead "$@")
     done
     cmd_down
     trap - EXIT
@@ -485,6 +633,8 @@ status) cmd_status ;;
 mode) cmd_mode "$@" ;;
 leader) leader ;;
 switchover) cmd_switchover ;;
+switchover-to) cmd_switchover_to "$@" ;;
+clock) cmd_clock "$@" ;;
 kill-leader) cmd_kill_leader ;;
 cut-leader) cmd_cut_leader ;;
 heal) cmd_heal "$@" ;;

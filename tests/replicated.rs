@@ -94,20 +94,31 @@ async fn ctl(args: &[&str]) -> HashMap<String, String> {
     run_script("DBLOCK_REPLICATED_CTL", "replicated.sh", args).await
 }
 
+/// `scripts/<name>`, or the script the variable `var` names.
+fn script_path(var: &str, name: &str) -> String {
+    std::env::var(var)
+        .unwrap_or_else(|_| format!("{}/../scripts/{name}", env!("CARGO_MANIFEST_DIR")))
+}
+
+/// `scripts/<name> <args>` (or the script the variable `var` names): its stdout.
+fn run_script_blocking(var: &str, name: &str, args: &[String]) -> String {
+    let script = script_path(var, name);
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    assert!(out.status.success(), "{script} {args:?}: {}", out.status);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `scripts/<name> <args>` (or the script the variable `var` names): its `name=value` lines.
 async fn run_script(var: &str, name: &str, args: &[&str]) -> HashMap<String, String> {
-    let script = std::env::var(var)
-        .unwrap_or_else(|_| format!("{}/../scripts/{name}", env!("CARGO_MANIFEST_DIR")));
+    let (var, name) = (var.to_owned(), name.to_owned());
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     tokio::task::spawn_blocking(move || {
-        let out = Command::new("bash")
-            .arg(&script)
-            .args(&args)
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("run {script}: {e}"));
-        assert!(out.status.success(), "{script} {args:?}: {}", out.status);
-        String::from_utf8_lossy(&out.stdout)
+        run_script_blocking(&var, &name, &args)
             .lines()
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -1013,4 +1024,297 @@ async fn patroni_failover() {
         lost.len()
     ));
     report(name, &tally, &checked, &lines);
+}
+
+/// The node of `scripts/patroni.sh` whose PostgreSQL runs under libfaketime.
+#[cfg(feature = "postgres")]
+const CLOCK_NODE: &str = "3";
+
+/// Sets node 3's clock back to the real time when dropped, a failed assertion included: a
+/// leader whose clock is ahead would end every lease the next run takes.
+#[cfg(feature = "postgres")]
+struct ClockBack;
+
+#[cfg(feature = "postgres")]
+impl Drop for ClockBack {
+    fn drop(&mut self) {
+        // Never a panic here (it may run while a failed assertion unwinds): said, not asserted.
+        let script = script_path("DBLOCK_PATRONI_CTL", "patroni.sh");
+        match Command::new("bash")
+            .arg(&script)
+            .args(["clock", CLOCK_NODE, "+0"])
+            .stdout(Stdio::null())
+            .status()
+        {
+            Ok(s) if s.success() => {}
+            other => common::shout(&format!("{script} clock {CLOCK_NODE} +0: {other:?}")),
+        }
+    }
+}
+
+/// The fence and an INSERT of (token, who) into `writes` in one transaction, committed only if
+/// the fence held.
+#[cfg(feature = "postgres")]
+async fn fenced_write(
+    pool: &sqlx::PgPool,
+    writes: &str,
+    guard: &LockGuard,
+    who: &str,
+) -> Result<(), dblock::LockError> {
+    use dblock::LockError;
+    let mut tx = pool.begin().await.map_err(LockError::Database)?;
+    guard.fence(&mut *tx).await?;
+    // The table name is the test's own (`common::table_for`), not input.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {writes} (token, who) VALUES ($1, $2)"
+    )))
+    .bind(guard.fencing_token() as i64)
+    .bind(who)
+    .execute(&mut *tx)
+    .await
+    .map_err(LockError::Database)?;
+    tx.commit().await.map_err(LockError::Database)
+}
+
+/// A pool through HAProxy, made now (no connection of it reached a former leader).
+#[cfg(feature = "postgres")]
+async fn app_pool(url: &str) -> sqlx::PgPool {
+    retry("connect the application pool", || async {
+        sqlx::PgPool::connect(url)
+            .await
+            .map_err(dblock::LockError::Database)
+    })
+    .await
+}
+
+/// From now on, a fresh connection through HAProxy every 20 ms: when (µs since the epoch) the
+/// first attempt that reached a writable server other than the one first reached began (the
+/// early end of when it became writable to clients), and that server's clock's offset from ours
+/// (ms, at the middle of the attempt).
+#[cfg(feature = "postgres")]
+fn first_new_writable(url: &str) -> tokio::task::JoinHandle<(i64, i64)> {
+    use sqlx::Connection;
+    let url = url.to_owned();
+    tokio::spawn(async move {
+        let mut first: Option<String> = None;
+        loop {
+            let sent = now_us();
+            let answer = async {
+                let mut conn = sqlx::PgConnection::connect(&url).await?;
+                sqlx::query_as::<_, (String, bool, i64)>(
+                    "SELECT host(inet_server_addr()), pg_is_in_recovery(), \
+                     (extract(epoch FROM clock_timestamp()) * 1000000)::int8",
+                )
+                .fetch_one(&mut conn)
+                .await
+            };
+            if let Ok(Ok((server, recovering, clock_us))) =
+                tokio::time::timeout(Duration::from_secs(1), answer).await
+            {
+                let at = now_us();
+                match &first {
+                    None => first = Some(server),
+                    Some(old) if *old != server && !recovering => {
+                        return (sent, (clock_us - (sent + at) / 2) / 1000);
+                    }
+                    Some(_) => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+/// A Patroni switchover to a node whose clock is ahead (`scripts/patroni.sh clock 3 +60s`, then
+/// `switchover-to 3`): every lease ends at once on the new leader, as on a single server whose
+/// clock steps forward (tests/clock_steps.rs). A holder through HAProxy with a 6 s ttl, renewed
+/// every 2 s, must learn `Lost` at its next renewal once the new leader is writable (within a
+/// renewal period and a margin for the statement), its fenced writes must be refused there,
+/// another owner must take the key at once with a higher fencing token, and the fenced writes
+/// must commit in token order. Then node 3's clock goes back and it hands the leadership on.
+///
+/// `DBLOCK_PATRONI_CLOCK_STEP` (seconds, default 60) changes the step: with 0 the holder keeps
+/// its key across the switchover and this test fails, as it must.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patroni_failover_to_a_clock_ahead() {
+    use dblock::{LockError, Owner};
+    use std::sync::Arc;
+
+    let _one_at_a_time = SERIAL.lock().await;
+    let Some(url) = setup_url("DBLOCK_PATRONI_URL", "Patroni clock-ahead failover") else {
+        return;
+    };
+    let step: i64 = std::env::var("DBLOCK_PATRONI_CLOCK_STEP")
+        .ok()
+        .map_or(60, |s| {
+            s.parse().expect("DBLOCK_PATRONI_CLOCK_STEP: seconds")
+        });
+    let name = "patroni-clock-ahead";
+    let ttl = Duration::from_secs(6);
+
+    // Node 3 a replica: the switchover is to it.
+    let leader = tokio::task::spawn_blocking(|| {
+        run_script_blocking("DBLOCK_PATRONI_CTL", "patroni.sh", &["leader".to_owned()])
+    })
+    .await
+    .unwrap();
+    if leader.trim() == CLOCK_NODE {
+        // (In synchronous mode a switchover needs the synchronous standby in place.)
+        patroni(&["wait-replicas"]).await;
+        patroni(&["switchover"]).await;
+        patroni(&["wait-replicas"]).await;
+    }
+    let clock_back = ClockBack;
+
+    let connect = || async { retry("connect through HAProxy", || Locker::connect(&url)).await };
+    let holder = connect().await.table(&common::table_for("patroni_clock"));
+    retry("migrate", || holder.migrate()).await;
+    let table = holder.table_name().to_owned();
+    let writes = common::table_for("patroni_clock_writes");
+    let app = app_pool(&url).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {writes} (id bigserial PRIMARY KEY, token bigint NOT NULL, who text NOT NULL)"
+    )))
+    .execute(&app)
+    .await
+    .expect("the table of fenced writes");
+
+    let old = holder.lock("k").ttl(ttl).await.expect("lock").auto_renew();
+    fenced_write(&app, &writes, &old, "old, before the switchover")
+        .await
+        .expect("a fenced write of the holder");
+    app.close().await;
+    let old = Arc::new(old);
+    let lost = tokio::spawn({
+        let old = old.clone();
+        async move {
+            let e = old.lost().await;
+            (e, now_us())
+        }
+    });
+
+    patroni(&["clock", CLOCK_NODE, &format!("{step:+}s")]).await;
+    let writable = first_new_writable(&url);
+    let figures = patroni(&["switchover-to", CLOCK_NODE]).await;
+    let get = |k: &str| -> i64 {
+        figures
+            .get(k)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("switchover-to said no {k}: {figures:?}"))
+    };
+    let switchover_at_ms = get("switchover_at_ms");
+    // The new leader writable behind HAProxy, as a client first sees it (the script's
+    // `haproxy_writable_ms` comes after several checks in a row), and its clock stepped.
+    let (writable_at_us, skew_ms) = tokio::time::timeout(Duration::from_secs(10), writable)
+        .await
+        .expect("no new writable leader seen through HAProxy")
+        .unwrap();
+    let writable_at_ms = writable_at_us / 1000;
+    assert!(
+        (skew_ms - step * 1000).abs() < 2000,
+        "{name}: the new leader's clock is {skew_ms:+} ms off ours, not {step:+} s"
+    );
+    let lost = tokio::time::timeout(ttl, lost).await;
+    let Ok(Ok((lost, lost_at_us))) = lost else {
+        panic!(
+            "{name}: the holder did not learn it lost the key within {ttl:?} of the new leader \
+             writable (clock step {step:+} s; is_lost: {})",
+            old.is_lost()
+        );
+    };
+    assert!(matches!(lost, LockError::Lost { .. }), "{lost:?}");
+    let lost_after_ms = lost_at_us / 1000 - writable_at_ms;
+    // Held until the switchover began; learned at the next renewal on the new leader.
+    assert!(
+        lost_at_us / 1000 >= switchover_at_ms,
+        "{name}: lost {} ms before the switchover began",
+        switchover_at_ms - lost_at_us / 1000
+    );
+    assert!(
+        lost_after_ms <= (ttl / 3 + Duration::from_millis(1500)).as_millis() as i64,
+        "{name}: the holder learned it lost {lost_after_ms} ms after the new leader was writable"
+    );
+
+    // On the new leader: the old holder's fenced write refused, the key free at once.
+    let app = app_pool(&url).await;
+    let refused = fenced_write(&app, &writes, &old, "old, after the switchover").await;
+    assert!(
+        matches!(refused, Err(LockError::Lost { .. })),
+        "{name}: the old holder's fenced write after the switchover: {refused:?}"
+    );
+    let other = connect().await.table(&table);
+    let newer = other
+        .lock("k")
+        .owner(&Owner::new())
+        .ttl(ttl)
+        .await
+        .expect("another owner takes the key at once");
+    assert!(
+        newer.fencing_token() > old.fencing_token(),
+        "{name}: token {} after {}",
+        newer.fencing_token(),
+        old.fencing_token()
+    );
+    fenced_write(&app, &writes, &newer, "newer")
+        .await
+        .expect("the newer holder writes");
+    let refused_again = fenced_write(&app, &writes, &old, "old, after the newer").await;
+    assert!(
+        matches!(refused_again, Err(LockError::Lost { .. })),
+        "{refused_again:?}"
+    );
+    // The writes in commit order: tokens never go down; the old holder's one, then the newer's.
+    let rows: Vec<(i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT id, token, who FROM {writes} ORDER BY id"
+    )))
+    .fetch_all(&app)
+    .await
+    .expect("read the writes");
+    for pair in rows.windows(2) {
+        assert!(
+            pair[1].1 >= pair[0].1,
+            "{name}: a write under an older token after a newer one: {pair:?}"
+        );
+    }
+    let who: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
+    assert_eq!(who, ["old, before the switchover", "newer"], "{rows:?}");
+    let tokens = (old.fencing_token(), newer.fencing_token());
+    newer.release().await.expect("release");
+    drop(old);
+    app.close().await;
+
+    let at = |k: &str| figures.get(k).map_or("?", String::as_str).to_owned();
+    common::shout(&format!(
+        "FIGURES {name}\n  node {CLOCK_NODE}'s clock {step:+} s, switchover n{} -> n{}: new \
+         leader after {} ms, writable behind HAProxy after {} ms (first seen after {} ms, its \
+         clock {skew_ms:+} ms off ours; n{CLOCK_NODE} ready as the candidate in {} ms)\n  \
+         holder (ttl {} ms, renewed every {} ms): lost() {lost_after_ms:+} \
+         ms after the new leader was writable, {} ms after the switchover began\n  fencing \
+         tokens: old {}, newer {} (taken at once); the old holder's fenced writes refused: 2; \
+         fenced writes committed in token order: {}",
+        at("old_leader"),
+        at("new_leader"),
+        at("new_leader_ms"),
+        at("haproxy_writable_ms"),
+        writable_at_ms - switchover_at_ms,
+        at("candidate_ready_ms"),
+        ttl.as_millis(),
+        (ttl / 3).as_millis(),
+        lost_at_us / 1000 - switchover_at_ms,
+        tokens.0,
+        tokens.1,
+        rows.len(),
+    ));
+
+    // The clock back, then the leadership away from node 3, for whatever runs next.
+    drop(clock_back);
+    patroni(&["wait-replicas"]).await;
+    let back = patroni(&["switchover"]).await;
+    patroni(&["wait-replicas"]).await;
+    common::shout(&format!(
+        "{name}: n{CLOCK_NODE}'s clock back at +0, leader n{} after a switchover ({} ms)",
+        back.get("new_leader").map_or("?", String::as_str),
+        back.get("haproxy_writable_ms").map_or("?", String::as_str),
+    ));
 }
