@@ -189,9 +189,10 @@ pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, Lo
     let permits = shared.permits();
     let backend = permits.backend()?;
     let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
-    let read = crate::backend::LiveRowsIn {
+    let read = crate::backend::RowsIn {
         from: &from,
         to: &to,
+        taken_within_us: 0,
     };
     let rows = match permits
         .run_bounded("semaphore read", |limit| backend.run(&read, limit))
@@ -228,9 +229,10 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
     let permits = shared.permits();
     let backend = permits.backend()?;
     let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
-    let read = crate::backend::LiveRowsIn {
+    let read = crate::backend::RowsIn {
         from: &from,
         to: &to,
+        taken_within_us: 0,
     };
     let rows = match permits
         .run_bounded("semaphore read", |limit| backend.run(&read, limit))
@@ -344,9 +346,10 @@ impl PermitWait {
                 return req.take(permits, row, &self.owner).await.map(Some);
             }
         }
-        let read = crate::backend::LiveRowsIn {
+        let read = crate::backend::RowsIn {
             from: &self.from,
             to: &self.to,
+            taken_within_us: 0,
         };
         let backend = &self.backend;
         let live = permits

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
 
-use crate::backend::{Inspect, LastWriteOf, RecentRowsIn};
+use crate::backend::{Inspect, LastWriteOf, RowsIn};
 use crate::error::LockError;
 use crate::info::{LockInfo, Outcome};
 use crate::locker::Locker;
@@ -305,10 +305,10 @@ impl Reader {
         // Every key is at most 255 bytes, each character at most U+10FFFF: this bound is above
         // every key with the prefix.
         let to = format!("{}{}", self.prefix, "\u{10FFFF}".repeat(64));
-        let read = RecentRowsIn {
+        let read = RowsIn {
             from: &self.prefix,
             to: &to,
-            window_us: i64::try_from(window.as_micros()).unwrap_or(i64::MAX),
+            taken_within_us: i64::try_from(window.as_micros()).unwrap_or(i64::MAX),
         };
         let rows = shared
             .run_bounded("watch", |limit| backend.run(&read, limit))

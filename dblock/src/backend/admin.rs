@@ -20,12 +20,10 @@ pub(crate) struct AdminSql {
     pub(crate) inspect: SqlStr,
     /// Every row with a live lease, ordered by key.
     pub(crate) held: SqlStr,
-    /// `$1`, `$2` / `?`, `?` = from, to; every row with a live lease whose key is in
-    /// `from..to`, ordered by key.
-    pub(crate) held_in: SqlStr,
-    /// `$1`, `$2`, `$3` / `?`, `?`, `?` = from, to, window in µs: the rows whose key is in
-    /// `from..to` with a live lease or taken within the window, ordered by key (the watch's read).
-    pub(crate) recent_in: SqlStr,
+    /// `$1`, `$2`, `$3` / `?`, `?`, `?` = from, to, a span in µs: the rows whose key is in
+    /// `from..to` with a live lease or taken within the span (0: only the live ones), ordered
+    /// by key.
+    pub(crate) rows_in: SqlStr,
     /// `$1`/`?` = key; frees a live lease whoever holds it, keeping the fencing token.
     pub(crate) force_release: SqlStr,
     /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
@@ -200,15 +198,9 @@ macro_rules! shared_admin {
             }
         }
 
-        impl $trait for $crate::backend::LiveRowsIn<'_> {
+        impl $trait for $crate::backend::RowsIn<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
-                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held_in, &[self.from, self.to], &[]).await
-            }
-        }
-
-        impl $trait for $crate::backend::RecentRowsIn<'_> {
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
-                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.recent_in, &[self.from, self.to], &[self.window_us]).await
+                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.rows_in, &[self.from, self.to], &[self.taken_within_us]).await
             }
         }
 

@@ -270,26 +270,16 @@ impl Statement for LiveRows {
     type Output = Vec<crate::info::LockInfo>;
 }
 
-/// Every row with a live lease whose key is in `from..to` (bytes), ordered by key.
-pub(crate) struct LiveRowsIn<'a> {
+/// The rows whose key is in `from..to` (bytes) that have a live lease, or were taken in the last
+/// `taken_within_us` on the database clock (the watch: a hold that may have begun and ended
+/// since its last read; 0: only the live ones), ordered by key.
+pub(crate) struct RowsIn<'a> {
     pub from: &'a str,
     pub to: &'a str,
+    pub taken_within_us: i64,
 }
 
-impl Statement for LiveRowsIn<'_> {
-    type Output = Vec<crate::info::LockInfo>;
-}
-
-/// The rows whose key is in `from..to` (bytes) that have a live lease or were taken in the last
-/// `window_us` on the database clock (a hold that may have begun and ended since the last look),
-/// ordered by key. The watch's read.
-pub(crate) struct RecentRowsIn<'a> {
-    pub from: &'a str,
-    pub to: &'a str,
-    pub window_us: i64,
-}
-
-impl Statement for RecentRowsIn<'_> {
+impl Statement for RowsIn<'_> {
     type Output = Vec<crate::info::LockInfo>;
 }
 

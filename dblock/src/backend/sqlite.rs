@@ -390,13 +390,7 @@ WHERE lock_key = $1",
 WHERE owner IS NOT NULL AND expires_at > {now} ORDER BY lock_key",
                     &t,
                 ),
-                held_in: sql(
-                    "SELECT {info} FROM {table}
-WHERE lock_key >= $1 AND lock_key < $2 AND owner IS NOT NULL AND expires_at > {now}
-ORDER BY lock_key",
-                    &t,
-                ),
-                recent_in: sql(
+                rows_in: sql(
                     "SELECT {info} FROM {table}
 WHERE lock_key >= $1 AND lock_key < $2
   AND (owner IS NOT NULL AND expires_at > {now} OR acquired_at > {now} - $3 / 1000)

@@ -408,13 +408,7 @@ WHERE lock_key = ?",
 WHERE owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key",
                     &t,
                 ),
-                held_in: sql(
-                    "SELECT {info} FROM {table}
-WHERE lock_key >= ? AND lock_key < ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)
-ORDER BY lock_key",
-                    &t,
-                ),
-                recent_in: sql(
+                rows_in: sql(
                     "SELECT {info} FROM {table}
 WHERE lock_key >= ? AND lock_key < ?
   AND (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)

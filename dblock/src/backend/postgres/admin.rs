@@ -55,35 +55,19 @@ impl OnPostgres for LiveRows {
     }
 }
 
-impl OnPostgres for LiveRowsIn<'_> {
+impl OnPostgres for RowsIn<'_> {
     async fn postgres(
         &self,
         pg: &Pg,
         conn: &mut PgConnection,
     ) -> Result<Vec<LockInfo>, sqlx::Error> {
-        let &LiveRowsIn { from, to } = self;
-        let rows = pg
-            .fetch_all(conn, &pg.sql.held_in, &[Arg::Text(from), Arg::Text(to)])
-            .await?;
-        rows.iter()
-            .map(|r| crate::backend::admin::decode(r).map(LockInfo::from))
-            .collect()
-    }
-}
-
-impl OnPostgres for RecentRowsIn<'_> {
-    async fn postgres(
-        &self,
-        pg: &Pg,
-        conn: &mut PgConnection,
-    ) -> Result<Vec<LockInfo>, sqlx::Error> {
-        let &RecentRowsIn {
+        let &RowsIn {
             from,
             to,
-            window_us,
+            taken_within_us,
         } = self;
-        let args = [Arg::Text(from), Arg::Text(to), Arg::Int8(window_us)];
-        let rows = pg.fetch_all(conn, &pg.sql.recent_in, &args).await?;
+        let args = [Arg::Text(from), Arg::Text(to), Arg::Int8(taken_within_us)];
+        let rows = pg.fetch_all(conn, &pg.sql.rows_in, &args).await?;
         rows.iter()
             .map(|r| crate::backend::admin::decode(r).map(LockInfo::from))
             .collect()

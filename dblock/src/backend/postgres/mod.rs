@@ -473,7 +473,7 @@ mod tests {
             ("last_write", &sql.last_write, 1),
             ("inspect", &sql.inspect, 1),
             ("held", &sql.held, 0),
-            ("held_in", &sql.held_in, 2),
+            ("rows_in", &sql.rows_in, 3),
             ("force_release", &sql.force_release, 1),
             ("reset", &sql.reset, 1),
             ("purge", &sql.purge, 1),

@@ -35,8 +35,7 @@ pub(super) struct Statements {
     pub(super) last_write: Stmt,
     pub(super) inspect: Stmt,
     pub(super) held: Stmt,
-    pub(super) held_in: Stmt,
-    pub(super) recent_in: Stmt,
+    pub(super) rows_in: Stmt,
     pub(super) force_release: Stmt,
     pub(super) reset: Stmt,
     pub(super) purge: Stmt,
@@ -392,15 +391,7 @@ WHERE owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key
                 ),
                 &t,
             ),
-            held_in: stmt(
-                &format!(
-                    "SELECT {INFO_COLUMNS} FROM {{table}}
-WHERE lock_key >= $1 AND lock_key < $2
-  AND owner IS NOT NULL AND expires_at > statement_timestamp() ORDER BY lock_key"
-                ),
-                &t,
-            ),
-            recent_in: stmt(
+            rows_in: stmt(
                 &format!(
                     "SELECT {INFO_COLUMNS} FROM {{table}}
 WHERE lock_key >= $1 AND lock_key < $2
