@@ -238,7 +238,7 @@ impl Locker {
     /// assert!(locker.migration_status().await?.iter().all(|m| !m.applied));
     /// locker.migrate().await?;
     /// let status = locker.migration_status().await?;
-    /// assert_eq!(status.len(), 6);
+    /// assert_eq!(status.len(), 7);
     /// assert!(status.iter().all(|m| m.applied));
     /// # Ok(()) }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
