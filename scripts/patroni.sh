@@ -15,8 +15,9 @@
 #   scripts/patroni.sh test [sync|async|both] [ARGS]
 #                               the one command: install what is missing, build the test, bring
 #                               the cluster up, run the chaos runs of the mode(s) (default both;
-#                               `patroni_failover`, then `patroni_failover_to_a_clock_ahead`;
-#                               ARGS go to the test binary), tear down (also on error or Ctrl-C)
+#                               `patroni_failover`, `patroni_failover_fenced_writes_and_steals`,
+#                               then `patroni_failover_to_a_clock_ahead`; ARGS go to the test
+#                               binary), tear down (also on error or Ctrl-C)
 #   scripts/patroni.sh install  apt-get what is missing (patroni, etcd-server, haproxy, iproute2,
 #                               faketime)
 #   scripts/patroni.sh up       start and wait until ready: a leader, two streaming replicas
@@ -614,7 +615,8 @@ cmd_test() {
         cmd_mode "$mode" >/dev/null
         (cd "$REPO" && DBLOCK_REQUIRE_REPLICATED=1 DBLOCK_PATRONI_MODE=$mode \
             cargo test --workspace --all-features --test replicated -- --nocapture \
-            --test-threads=1 --exact patroni_failover patroni_failover_to_a_clock_ahead "$@")
+            --test-threads=1 --exact patroni_failover patroni_failover_fenced_writes_and_steals \
+            patroni_failover_to_a_clock_ahead "$@")
     done
     cmd_down
     trap - EXIT

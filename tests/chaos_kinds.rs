@@ -25,6 +25,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::fenced::{self, out_of_order};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use common::fenced::{pool_exhausted, App, Take, Worker};
 use common::history::{self, now_us};
 use common::proxy::{Mode, Proxy};
 use dblock::Locker;
@@ -42,48 +45,6 @@ const LINGER: Duration = Duration::from_secs(3);
 #[test]
 #[ignore = "the chaos run needs `--features postgres` and/or `--features mysql` (or --all-features)"]
 fn chaos_needs_a_server_backend() {}
-
-/// What a worker process starts with: the URL and lock table its parent gave it, a locker on
-/// them (through its fault proxy), and `line`, which appends `pid text` to the shared history.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-struct Worker {
-    url: String,
-    table: String,
-    locker: Locker,
-    line: Box<dyn Fn(String)>,
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-impl Worker {
-    async fn start() -> Worker {
-        let url = std::env::var("DBLOCK_CHAOS_URL").expect("DBLOCK_CHAOS_URL");
-        let table = std::env::var("DBLOCK_CHAOS_TABLE").unwrap();
-        let log = std::env::var("DBLOCK_CHAOS_LOG").unwrap();
-        let options = dblock::ConnectOptions::new()
-            .max_connections(2)
-            .statement_timeout(Duration::from_secs(4));
-        let locker = Locker::connect_with(&url, options)
-            .await
-            .unwrap()
-            .table(&table);
-        let pid = std::process::id();
-        let line = Box::new(move |text: String| {
-            use std::io::Write;
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&log)
-                .unwrap();
-            f.write_all(format!("{pid} {text}\n").as_bytes()).unwrap();
-        });
-        Worker {
-            url,
-            table,
-            locker,
-            line,
-        }
-    }
-}
 
 /// The worker: runs only inside a child process (ignored in normal runs).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -148,138 +109,6 @@ async fn kinds_worker() {
     }
     tokio::time::sleep(LINGER).await;
     line("EXIT".into());
-}
-
-/// The worker's own application pool (through its proxy, as the locker's), on which it takes the
-/// key with `lock_in` in transactions.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-enum App {
-    #[cfg(feature = "postgres")]
-    Pg(sqlx::PgPool),
-    #[cfg(feature = "mysql")]
-    My(sqlx::MySqlPool),
-}
-
-/// How a transaction of the app's own holds the key: `lock_in` within a wait, or the fence of a
-/// lease it holds.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-enum Take<'a> {
-    LockIn(&'a Locker, Duration),
-    Fence(&'a dblock::LockGuard),
-}
-
-/// One transaction holding the key ([`Take`]), a statement of the app's own with the token
-/// (`$write`, the token bound), a short hold, a commit. Only dblock's errors are the worker's
-/// to check: the app's own statements failing under the faults end the transaction (`None`).
-macro_rules! hold_in {
-    ($pool:expr, $take:expr, $prepare:expr, $write:expr) => {{
-        let app = async {
-            let mut conn = $pool.acquire().await.ok()?;
-            sqlx::raw_sql($prepare).execute(&mut *conn).await.ok()?;
-            Some(conn)
-        };
-        let Some(mut conn) = app.await else {
-            return Ok(None);
-        };
-        let Ok(mut tx) = sqlx::Connection::begin(&mut *conn).await else {
-            return Ok(None);
-        };
-        let token = match $take {
-            Take::LockIn(locker, wait) => locker
-                .lock_in(&mut *tx, "doc")
-                .wait(wait)
-                .await?
-                .fencing_token(),
-            Take::Fence(guard) => {
-                guard.fence(&mut *tx).await?;
-                guard.fencing_token()
-            }
-        } as i64;
-        let from = now_us();
-        if sqlx::query(sqlx::AssertSqlSafe($write))
-            .bind(token)
-            .execute(&mut *tx)
-            .await
-            .is_err()
-        {
-            return Ok(None);
-        }
-        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..40))).await;
-        let to = now_us();
-        Ok(tx.commit().await.ok().map(|()| (token, from, to)))
-    }};
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-impl App {
-    fn connect(url: &str) -> App {
-        fn options<DB: sqlx::Database>() -> sqlx::pool::PoolOptions<DB> {
-            sqlx::pool::PoolOptions::new()
-                .max_connections(2)
-                .acquire_timeout(Duration::from_secs(4))
-        }
-        #[cfg(feature = "postgres")]
-        if url.starts_with("postgres") {
-            return App::Pg(options().connect_lazy(url).unwrap());
-        }
-        #[cfg(feature = "mysql")]
-        return App::My(options().connect_lazy(url).unwrap());
-        #[allow(unreachable_code)]
-        {
-            unreachable!("no backend for {url}")
-        }
-    }
-
-    /// A transaction that held the key and committed: its token and the span in which it
-    /// surely held it; `None` when its commit failed (or the whole call hung past its bound).
-    /// `write`: the app's statement with the token (`$1` / `?`); `None`: a `SELECT` of it.
-    async fn hold_in(
-        &self,
-        take: Take<'_>,
-        write: Option<&str>,
-    ) -> Result<Option<(i64, i64, i64)>, dblock::LockError> {
-        let run = async {
-            match self {
-                // A transaction's statements on the proxied connection may hang with it: the
-                // locker's statement timeout bounds dblock's, 4 s bound the app's own.
-                #[cfg(feature = "postgres")]
-                App::Pg(pool) => hold_in!(
-                    pool,
-                    take,
-                    "SET statement_timeout = 4000",
-                    write.unwrap_or("SELECT $1::bigint").to_owned()
-                ),
-                // Half the transactions at READ COMMITTED, where a busy `lock_in` waits for the
-                // row; the others at MariaDB's REPEATABLE READ, where it is `Busy` at once.
-                #[cfg(feature = "mysql")]
-                App::My(pool) => hold_in!(
-                    pool,
-                    take,
-                    if fastrand::bool() {
-                        "SET SESSION max_statement_time = 4; \
-                         SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
-                    } else {
-                        "SET SESSION max_statement_time = 4"
-                    },
-                    write.unwrap_or("SELECT ?").to_owned()
-                ),
-            }
-        };
-        match tokio::time::timeout(Duration::from_secs(8), run).await {
-            Ok(held) => held,
-            Err(_) => Ok(None),
-        }
-    }
-}
-
-/// The worker's pool has two connections, and a fault that delays replies by more than the ttl
-/// can keep both busy past the call that used them (sqlx pings each connection on its way back
-/// to the pool, and that ping waits for the delayed bytes too). A call then finds the pool
-/// exhausted while the server accepts new connections, and says so: `PoolTimedOut`, a typed
-/// answer and no broken promise of the kinds (seen once in a full run of the suite,
-/// 2026-11-26, on a read). Every other error must still be typed.
-fn pool_exhausted(e: &dblock::LockError) -> bool {
-    matches!(e, dblock::LockError::Database(sqlx::Error::PoolTimedOut))
 }
 
 /// One hold of the history: the kind, and the span in which it was surely live (µs).
@@ -476,87 +305,20 @@ async fn inject_faults(proxies: &[Proxy]) -> usize {
     injected
 }
 
-/// The fenced-write run's worker: takes key `doc` with a lease (`lock`), by stealing it
-/// (`steal`), or with `lock_in` in a transaction, and writes its token into the app's table
-/// (`DBLOCK_CHAOS_TABLE` + `_w`) in a transaction that fences it (the lease's `fence`) or holds
-/// it (`lock_in`). A lease's holder waits a little between its grant and its fence, and holds its
-/// transaction a little before the commit, so that steals land before and during it. Logs each
-/// refused fence (`REFUSED`) and each untyped error (`BAD`).
+/// The fenced-write run's worker (`common::fenced`): leases, steals and `lock_in` transactions
+/// of key `doc`, each writing its token into the app's table in a transaction that fences it.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "chaos worker entry point, started by the fenced-write chaos test"]
 async fn fenced_worker() {
-    let Worker {
-        url,
-        table,
-        locker,
-        line,
-    } = Worker::start().await;
-    let app = App::connect(&url);
-    let placeholder = if url.starts_with("postgres") {
-        "$1"
-    } else {
-        "?"
-    };
-    let write = format!("INSERT INTO {table}_w (token) VALUES ({placeholder})");
-    let typed = |kind: &str, e: &dblock::LockError| {
-        if pool_exhausted(e) {
-            return;
-        }
-        if e.is_lost() {
-            line(format!("REFUSED {kind}"));
-        } else if let Err(untyped) = history::error_kind(e) {
-            line(format!("BAD {kind} {}", untyped.replace(' ', "_")));
-            panic!("untyped {kind} error: {untyped}");
-        }
-    };
-    let end = Instant::now() + RUN;
-    let wait = Duration::from_secs(3);
-    while Instant::now() < end {
-        let kind = match fastrand::u32(0..10) {
-            0..=3 => "lease",
-            4..=5 => "steal",
-            _ => "tx",
-        };
-        if kind == "tx" {
-            if let Err(e) = app.hold_in(Take::LockIn(&locker, wait), Some(&write)).await {
-                typed(kind, &e);
-            }
-            continue;
-        }
-        let taken = if kind == "steal" {
-            locker.steal("doc").ttl(TTL).await
-        } else {
-            locker.lock("doc").ttl(TTL).wait(wait).await
-        };
-        let guard = match taken {
-            Ok(guard) => {
-                if kind == "steal" {
-                    line("STOLE".into());
-                }
-                guard
-            }
-            Err(e) => {
-                typed(kind, &e);
-                continue;
-            }
-        };
-        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..30))).await;
-        if let Err(e) = app.hold_in(Take::Fence(&guard), Some(&write)).await {
-            typed(kind, &e);
-        }
-        if let Err(e) = guard.release().await {
-            typed("release", &e);
-        }
-    }
-    tokio::time::sleep(LINGER).await;
-    line("EXIT".into());
-}
-
-/// Writes whose token is not larger than the one committed before them (in the order the
-/// table's key gave them: after their fence or `lock_in`, which serialise them on the lock's row).
-fn out_of_order(tokens: &[i64]) -> usize {
-    tokens.windows(2).filter(|w| w[1] <= w[0]).count()
+    fenced::fenced_worker(&fenced::Plan {
+        run: RUN,
+        ttl: TTL,
+        linger: LINGER,
+        lock_in: true,
+        seq: false,
+    })
+    .await;
 }
 
 #[test]
@@ -632,54 +394,32 @@ async fn run_fenced(
     columns: &str,
     clock: Option<&common::cluster::PrivatePg>,
 ) {
-    use sqlx::Row;
-
     let table = common::table_for("chaos_fenced");
     let observer = Locker::connect(direct).await.unwrap().table(&table);
     observer.migrate().await.unwrap();
     let pool = App::connect(direct);
-    let create = format!("CREATE TABLE {table}_w {columns}");
-    let select = format!("SELECT token FROM {table}_w ORDER BY id");
-    // The same code on the app's pool of either backend.
-    macro_rules! on_pool {
-        (|$p:ident| $e:expr) => {
-            match &pool {
-                #[cfg(feature = "postgres")]
-                App::Pg($p) => $e,
-                #[cfg(feature = "mysql")]
-                App::My($p) => $e,
-            }
-        };
-    }
-    on_pool!(|p| sqlx::raw_sql(sqlx::AssertSqlSafe(create.clone()))
-        .execute(p)
+    pool.execute(&format!("CREATE TABLE {table}_w {columns}"))
         .await
-        .map(drop))
-    .unwrap();
+        .unwrap();
     let ((text, injected), steps) = tokio::join!(
         through_faults(name, "fenced_worker", direct, &table),
         step_clock(clock)
     );
-    let tokens: Vec<i64> = on_pool!(|p| sqlx::query(sqlx::AssertSqlSafe(select.clone()))
-        .fetch_all(p)
+    let tokens = pool
+        .column(&format!("SELECT token FROM {table}_w ORDER BY id"))
         .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect());
-    let refused = |kind: &str| {
-        text.lines()
-            .filter(|l| l.ends_with(&format!("REFUSED {kind}")))
-            .count()
-    };
-    let steals = text.lines().filter(|l| l.ends_with("STOLE")).count();
+        .unwrap();
+    let fenced::Tally {
+        steals,
+        refused_lease,
+        refused_steal,
+        exits,
+    } = fenced::tally(&text);
     println!(
         "{name}: {injected} faults, {steps} clock steps; {steals} steals; {} fenced writes \
-         committed; fences refused (stolen or run out before the fence): {} of leases, {} of \
-         stealers",
+         committed; fences refused (stolen or run out before the fence): {refused_lease} of \
+         leases, {refused_steal} of stealers",
         tokens.len(),
-        refused("lease"),
-        refused("steal"),
     );
     assert_eq!(
         out_of_order(&tokens),
@@ -688,9 +428,5 @@ async fn run_fenced(
     );
     assert!(tokens.len() > 10, "{name}: too few writes to say anything");
     assert!(steals > 0, "{name}: no steal");
-    assert_eq!(
-        text.lines().filter(|l| l.ends_with("EXIT")).count(),
-        WORKERS,
-        "{name}"
-    );
+    assert_eq!(exits, WORKERS, "{name}");
 }

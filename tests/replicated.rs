@@ -18,6 +18,12 @@
 //! it there. The workers' ttl (3 s) is deliberately shorter than Galera's stall: leases run out
 //! while nothing commits, and grants that come back late must be given back, not returned.
 //!
+//! The fenced-write run with steals of `tests/chaos_kinds.rs` (`common/fenced.rs`: leases,
+//! steals and `lock_in` transactions of one key, each writing its token in a fenced transaction;
+//! the committed tokens must grow in commit order) runs here too: through the Galera node kill
+//! (`galera_fenced_writes_through_a_node_kill`), and through a Patroni switchover and a killed
+//! leader (`patroni_failover_fenced_writes_and_steals`, run by `scripts/patroni.sh test`).
+//!
 //! Runs only when the script exported the set-ups' URLs (`scripts/replicated.sh test` does it
 //! all: install, up, this test, down); otherwise it says SKIPPING and passes, unless
 //! `DBLOCK_REQUIRE_REPLICATED=1`. A killed node or a promoted standby stays that way: each `up`
@@ -1317,4 +1323,341 @@ async fn patroni_failover_to_a_clock_ahead() {
         back.get("new_leader").map_or("?", String::as_str),
         back.get("haproxy_writable_ms").map_or("?", String::as_str),
     ));
+}
+
+/// The fenced-write workers of the replicated runs (`common::fenced`): 3 processes.
+#[cfg(any(feature = "postgres", all(feature = "mysql", feature = "_test-util")))]
+const FENCED_WORKERS: usize = 3;
+
+/// The fenced-write worker's plan on a replicated set-up: the ttl of the lease-only runs
+/// (shorter than Galera's stall and Patroni's failover, so leases run out in them), `run` only a
+/// bound (the parent ends it with a stop file), and on Galera a `seq` column for commit order.
+#[cfg(any(feature = "postgres", all(feature = "mysql", feature = "_test-util")))]
+fn fenced_plan(seq: bool) -> common::fenced::Plan {
+    common::fenced::Plan {
+        run: Duration::from_secs(120),
+        ttl: WORKLOAD.ttl,
+        linger: WORKLOAD.linger,
+        lock_in: true,
+        seq,
+    }
+}
+
+/// The Patroni fenced-write worker (child processes only).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "worker entry point, started by the Patroni fenced-write run"]
+async fn patroni_fenced_worker() {
+    common::fenced::fenced_worker(&fenced_plan(false)).await;
+}
+
+/// The Galera fenced-write worker (child processes only).
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "worker entry point, started by the Galera fenced-write run"]
+async fn galera_fenced_worker() {
+    common::fenced::fenced_worker(&fenced_plan(true)).await;
+}
+
+/// What a fenced-write run committed and its workers said; asserts every worker exited.
+#[cfg(any(feature = "postgres", all(feature = "mysql", feature = "_test-util")))]
+async fn fenced_finish(
+    name: &str,
+    children: Vec<Child>,
+    log: &Path,
+) -> (String, common::fenced::Tally) {
+    let statuses = history::wait_all(children).await;
+    let text = std::fs::read_to_string(log).unwrap();
+    history::assert_no_untyped_errors(name, &text);
+    for (i, status) in statuses.iter().enumerate() {
+        assert!(
+            status.success(),
+            "{name}: fenced worker {i} failed: {status}"
+        );
+    }
+    let tally = common::fenced::tally(&text);
+    assert_eq!(tally.exits, FENCED_WORKERS, "{name}");
+    (text, tally)
+}
+
+/// The fenced writes' figures, and the checks every set-up requires: more than 10 writes
+/// committed, a steal. Returns how many were out of order.
+#[cfg(any(feature = "postgres", all(feature = "mysql", feature = "_test-util")))]
+fn fenced_report(
+    name: &str,
+    faults: &str,
+    tokens: &[i64],
+    tally: &common::fenced::Tally,
+    extra: &str,
+) -> usize {
+    let out_of_order = common::fenced::out_of_order(tokens);
+    println!(
+        "\n{name} fenced writes with steals: {faults}; {} steals; {} fenced writes committed; \
+         fences refused (stolen or run out before the fence): {} of leases, {} of stealers; \
+         out of order: {out_of_order}{extra}",
+        tally.steals,
+        tokens.len(),
+        tally.refused_lease,
+        tally.refused_steal,
+    );
+    assert!(
+        tokens.len() > 10,
+        "{name}: too few fenced writes: {tokens:?}"
+    );
+    assert!(tally.steals > 0, "{name}: no steal");
+    out_of_order
+}
+
+/// The fenced-write run of `tests/chaos_kinds.rs` through Patroni's faults: 3 worker processes
+/// through HAProxy take key `doc` by lease, by `steal` or with `lock_in`, each writing its
+/// fencing token into an app table (`BIGSERIAL` key) in a transaction that fences it, through a
+/// planned switchover and then the leader killed (SIGKILL), never restarted. A steal, or a lease
+/// running out while the leader changes, lands between holders' grants and their commits.
+///
+/// With `DBLOCK_PATRONI_MODE=sync`, a committed transaction is on the synchronous standby before
+/// its commit returns, and Patroni promotes only that standby: no committed grant, fence or write
+/// is lost by either event, so the tokens in key order must strictly grow (the key is taken after
+/// the fence or `lock_in`, which hold the lock's row until the commit; the sequence's values are
+/// logged ahead, so a new leader only hands out higher ones). With `async` the order is measured
+/// and reported, not required: a failover may lose committed grants, and with them hand out a
+/// token again.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patroni_failover_fenced_writes_and_steals() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let Some(url) = setup_url("DBLOCK_PATRONI_URL", "Patroni fenced-write") else {
+        return;
+    };
+    let sync = std::env::var("DBLOCK_PATRONI_MODE").map_or(true, |m| m == "sync");
+    let name = if sync {
+        "patroni-synchronous"
+    } else {
+        "patroni-asynchronous"
+    };
+    let observer = retry("connect through HAProxy", || Locker::connect(&url))
+        .await
+        .table(&common::table_for("patroni_fenced"));
+    retry("migrate", || observer.migrate()).await;
+    let table = observer.table_name().to_owned();
+    let app = common::fenced::App::connect(&url);
+    let create =
+        format!("CREATE TABLE {table}_w (id BIGSERIAL PRIMARY KEY, token BIGINT NOT NULL)");
+    retry("create the app table", || async {
+        app.execute(&create)
+            .await
+            .map_err(dblock::LockError::Database)
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("history");
+    let stop_file = dir.path().join("stop");
+    let children: Vec<Child> = (0..FENCED_WORKERS)
+        .map(|_| {
+            history::worker_command("patroni_fenced_worker", &url, &table, &log, false)
+                .env("DBLOCK_CHAOS_STOP_FILE", &stop_file)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let started = Instant::now();
+    let mut events = Vec::new();
+    for (event, args) in [
+        ("switchover", &["switchover"][..]),
+        ("leader killed (SIGKILL)", &["kill-leader"][..]),
+    ] {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let figures = patroni(args).await;
+        if event == "leader killed (SIGKILL)" {
+            let old = figures.get("old_leader").cloned().unwrap_or_default();
+            patroni(&["start-node", &old]).await;
+        }
+        patroni(&["wait-replicas"]).await;
+        let get = |k: &str| figures.get(k).map_or("?", String::as_str).to_owned();
+        events.push(format!(
+            "{event} (n{} to n{}, writable behind HAProxy after {} ms)",
+            get("old_leader"),
+            get("new_leader"),
+            get("haproxy_writable_ms")
+        ));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    std::fs::write(&stop_file, b"").unwrap();
+    let (_, tally) = fenced_finish(name, children, &log).await;
+    let select = format!("SELECT token FROM {table}_w ORDER BY id");
+    let tokens = retry("read the fenced writes", || async {
+        app.column(&select)
+            .await
+            .map_err(dblock::LockError::Database)
+    })
+    .await;
+    let out_of_order = fenced_report(
+        name,
+        &format!(
+            "{} in {} s: {}",
+            events.len(),
+            started.elapsed().as_secs(),
+            events.join(", ")
+        ),
+        &tokens,
+        &tally,
+        if sync {
+            " (required: 0)"
+        } else {
+            " (measured)"
+        },
+    );
+    if sync {
+        assert_eq!(
+            out_of_order, 0,
+            "{name}: a stale write committed: {tokens:?}"
+        );
+    }
+}
+
+/// The fenced-write run through a Galera node kill: 3 worker processes, one a node through
+/// proxies of their own (as `galera_node_killed_mid_run` spreads its workers), take key `doc` by
+/// lease, by `steal` or with `lock_in`, each writing its fencing token into an app table in a
+/// transaction that fences it; mid-run node 3's mariadbd is killed (`kill -9`), the cluster
+/// stalls until it is evicted (leases run out meanwhile), and its worker's proxy is re-pointed
+/// to node 1.
+///
+/// The invariant: the committed writes' tokens grow in Galera's commit order. A row lock is the
+/// node's own, so neither a fence nor a `lock_in` excludes anything on another node before the
+/// commit: a lease taken or a key stolen on node 2 while a transaction holding it is open on
+/// node 1 is granted (docs/transactions.md). But every such transaction writes the lock's row
+/// (the fence is an `UPDATE` of it, `lock_in` writes the new tenure), as every grant and steal
+/// does, so Galera certifies all of them on that one row: of two that overlap, the later to
+/// certify is rolled back (1213 at its commit), and a transaction that commits saw every earlier
+/// committed write of the row, its fence or `lock_in` then checking the newest tenure. So the
+/// committed fenced writes are totally ordered by the lock row's versions, whose tokens only
+/// grow; `lock_in` keeps its meaning across nodes here (its token is not unique before the
+/// commit, but only a certified one commits), so it stays in. The table's auto-increment key is
+/// not that order (each node hands out its own interleaved ids), so each write stores `seq`, one
+/// more than the table's largest, in the same statement: by the same certification, two
+/// committed writes never read the same largest, and `seq` numbers the commits (checked:
+/// distinct). Ordered by `seq`, the tokens must strictly grow.
+///
+/// Leaves the cluster as it found it: node 3 started again and synced, for the next Galera run.
+#[cfg(all(feature = "mysql", feature = "_test-util"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn galera_fenced_writes_through_a_node_kill() {
+    use sqlx::MySqlPool;
+
+    let _one_at_a_time = SERIAL.lock().await;
+    let Some(urls) = setup_url("DBLOCK_GALERA_URLS", "MariaDB Galera fenced-write") else {
+        return;
+    };
+    let name = "galera";
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    assert_eq!(urls.len(), 3, "DBLOCK_GALERA_URLS: three node URLs");
+    let hosts: Vec<String> = urls.iter().map(|u| common::host_of(u)).collect();
+    const KILLED: usize = 2; // node 3
+    let plain = MySqlPool::connect(&urls[0]).await.expect("node 1");
+    if cluster_size(&plain).await.unwrap() != "3" {
+        ctl(&["start-node", "3"]).await;
+    }
+    assert_eq!(cluster_size(&plain).await.unwrap(), "3");
+    // Galera's conflict counters of the survivors: transactions certification rolled back.
+    let node2 = MySqlPool::connect(&urls[1]).await.expect("node 2");
+    let conflicts_before = conflicts(&plain).await + conflicts(&node2).await;
+
+    let observer = Locker::connect(&urls[0])
+        .await
+        .unwrap()
+        .table(&common::table_for("galera_fenced"));
+    observer.migrate().await.unwrap();
+    let table = observer.table_name().to_owned();
+    let app = common::fenced::App::connect(&urls[0]);
+    app.execute(&format!(
+        "CREATE TABLE {table}_w (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+         token BIGINT NOT NULL, seq BIGINT NOT NULL)"
+    ))
+    .await
+    .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("history");
+    let stop_file = dir.path().join("stop");
+    let mut proxies = Vec::new();
+    let mut children = Vec::new();
+    for node in 0..FENCED_WORKERS {
+        let proxy = Proxy::start(&hosts[node]).await;
+        children.push(
+            history::worker_command(
+                "galera_fenced_worker",
+                &proxy.url(&urls[node]),
+                &table,
+                &log,
+                false,
+            )
+            .env("DBLOCK_CHAOS_STOP_FILE", &stop_file)
+            .spawn()
+            .unwrap(),
+        );
+        proxies.push((node, proxy));
+    }
+    tokio::time::sleep(FAULT_AT).await;
+    let killed_at = Instant::now();
+    ctl(&["kill-node", "3"]).await;
+    tokio::time::sleep(REPOINT_AFTER).await;
+    for (node, proxy) in &proxies {
+        if *node == KILLED {
+            proxy.set_target(&hosts[0]);
+            proxy.reset_all();
+        }
+    }
+    let mut evicted = None;
+    while killed_at.elapsed() < Duration::from_secs(30) {
+        if cluster_size(&plain).await.is_ok_and(|s| s == "2") {
+            evicted = Some(killed_at.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let evicted = evicted.expect("node 3 was never evicted");
+    // The survivors' fenced writes after the eviction.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    std::fs::write(&stop_file, b"").unwrap();
+    let (_, tally) = fenced_finish(name, children, &log).await;
+    let rows: Vec<(i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT token, seq FROM {table}_w ORDER BY seq, id"
+    )))
+    .fetch_all(&plain)
+    .await
+    .unwrap();
+    let tokens: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let seqs: Vec<i64> = rows.iter().map(|r| r.1).collect();
+    let conflicts_seen = conflicts(&plain).await + conflicts(&node2).await - conflicts_before;
+    let seq_ties = seqs.windows(2).filter(|w| w[0] >= w[1]).count();
+    let out_of_order = fenced_report(
+        name,
+        &format!(
+            "kill -9 of node 3's mariadbd {} into the run, its worker re-pointed to node 1 {} \
+             later, node 3 evicted after {}",
+            ms(FAULT_AT),
+            ms(REPOINT_AFTER),
+            ms(evicted)
+        ),
+        &tokens,
+        &tally,
+        &format!(
+            " (required: 0); writes that read the same largest seq: {seq_ties} (required: 0); \
+             Galera conflicts on nodes 1 and 2 (wsrep_local_cert_failures + \
+             wsrep_local_bf_aborts), each a transaction or statement rolled back: \
+             {conflicts_seen}"
+        ),
+    );
+    assert_eq!(
+        seq_ties, 0,
+        "{name}: two committed writes read the same largest seq: {rows:?}"
+    );
+    assert_eq!(out_of_order, 0, "{name}: a stale write committed: {rows:?}");
+    // As found: three nodes, for the next run.
+    let rejoin = ctl(&["start-node", "3"]).await;
+    assert_eq!(cluster_size(&plain).await.unwrap(), "3");
+    println!(
+        "{name}: node 3 started again and synced in {} ms",
+        rejoin.get("rejoin_ms").map_or("?", String::as_str)
+    );
 }

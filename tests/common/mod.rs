@@ -8,6 +8,7 @@ use std::time::Duration;
 use dblock::{ConnectOptions, Locker};
 
 pub mod cluster;
+pub mod fenced;
 pub mod history;
 pub mod proxy;
 
