@@ -80,9 +80,8 @@ pub enum LockEvent {
 /// between two reads is reported (acquired, then how it ended), but when a key changes hands
 /// several times between two reads only the first and the last of those tenures are seen (the
 /// first as [`Released`](LockEvent::Released) with outcome `None` when the row no longer says
-/// how it ended), and
-/// events come in the order of the reads (by key within one read), not of the database's
-/// commits. Its owner is `None` when the hold had already ended. Never use it to decide who
+/// how it ended), and events come in the order of the reads (by key within one read), not of
+/// the database's commits. Its owner is `None` when the hold had already ended. Never use it to decide who
 /// holds a lock: take the lock.
 ///
 /// It polls on every backend, PostgreSQL included: a NOTIFY from every lock statement would

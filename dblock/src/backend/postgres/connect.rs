@@ -49,7 +49,10 @@ pub(crate) async fn connect(
             // connection is made, and statements stay prepared. Looked at without any SET, so
             // that nothing sticks to a server connection a transaction pooler shares.
             let bare = parsed.clone().extra_float_digits(None);
-            if !state_shared(&bare).await.map_err(LockError::Database)? {
+            if !shared_at_any_look(&bare)
+                .await
+                .map_err(LockError::Database)?
+            {
                 let pg = connect_pool(bare, table, opts, Startup::SetAfterConnect).await?;
                 pg.settings.pooler.settle(false);
                 tracing::info!(
@@ -147,6 +150,24 @@ async fn pooler_found(
 
 /// How many times [`state_shared`] looks.
 const PROBE_ROUNDS: usize = 8;
+
+/// How many times, each on a fresh pair of connections, a pooler that refused the start-up
+/// settings is looked at before it is taken for a session pooler. That answer is for good
+/// (statements stay prepared), so it needs more than one look: a transaction pooler busy with
+/// other clients can hand the two connections of one look two different, steady server
+/// connections (seen once in CI, under the suite's load: a locker then failed its first
+/// prepared statement with another client's).
+const SESSION_POOLER_LOOKS: usize = 3;
+
+/// [`state_shared`], [`SESSION_POOLER_LOOKS`] times: shared if any look says so.
+async fn shared_at_any_look(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
+    for _ in 0..SESSION_POOLER_LOOKS {
+        if state_shared(options).await? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
 
 /// Whether the server connections behind `options` are shared between clients (transaction or
 /// statement pooling, whose pooler hands an idle server connection to the next client), seen
