@@ -71,6 +71,7 @@ mod line;
 mod locker;
 mod meter;
 mod multi;
+mod open;
 mod operator;
 mod options;
 mod owner;

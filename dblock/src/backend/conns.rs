@@ -50,7 +50,7 @@ pub(crate) struct Conns<DB: Database> {
     /// A test locker's faults and clock (`dblock::testing`): every statement on these
     /// connections consults them.
     #[cfg(feature = "testing")]
-    faults: Option<Arc<crate::testing::Faults>>,
+    faults: Option<Arc<crate::testing::faults::Faults>>,
 }
 
 impl<DB: Database> Clone for Conns<DB> {
@@ -103,14 +103,14 @@ impl<DB: Database> Conns<DB> {
 
     /// The same connections, consulting `faults` at every statement (`dblock::testing`).
     #[cfg(feature = "testing")]
-    pub(crate) fn with_faults(mut self, faults: Arc<crate::testing::Faults>) -> Self {
+    pub(crate) fn with_faults(mut self, faults: Arc<crate::testing::faults::Faults>) -> Self {
         self.faults = Some(faults);
         self
     }
 
     /// A test locker's faults and clock, if these are a test locker's connections.
     #[cfg(feature = "testing")]
-    pub(crate) fn faults(&self) -> Option<&Arc<crate::testing::Faults>> {
+    pub(crate) fn faults(&self) -> Option<&Arc<crate::testing::faults::Faults>> {
         self.faults.as_ref()
     }
 

@@ -1,20 +1,14 @@
 //! What a backend owes: its connection concerns ([`Dialect`]) and, for each statement value of
-//! the contract, how it sends it (its own trait, gathered here as [`Runs`]); and the one path
-//! every statement takes to its connection ([`run`]).
+//! the contract, how it sends it (its own trait, gathered in `runs.rs` as [`Runs`](super::Runs)); and the one path
+//! every statement takes to its connection ([`run`]). It names no backend: `backend/mod.rs`
+//! gathers theirs.
 
 use std::future::Future;
 
 use tokio::time::Instant;
 
-use super::{exec, Conns, Failed, Statement};
+use super::{exec, Conns, Failed};
 use crate::retry::Failure;
-
-#[cfg(feature = "mysql")]
-use super::mysql;
-#[cfg(feature = "postgres")]
-use super::postgres;
-#[cfg(feature = "sqlite")]
-use super::sqlite;
 
 /// What every backend provides: one statement per operation, each on a connection the caller
 /// hands in (see [`exec`]), each future `Send`.
@@ -61,31 +55,6 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
     /// How a server error (by this backend's own codes) may be retried.
     fn classify(error: &dyn sqlx::error::DatabaseError) -> Failure;
 }
-
-#[cfg(feature = "mysql")]
-pub(crate) use mysql::OnMySql;
-#[cfg(feature = "postgres")]
-pub(crate) use postgres::OnPostgres;
-#[cfg(feature = "sqlite")]
-pub(crate) use sqlite::OnSqlite;
-
-/// Stand-ins for the traits of the backends a build leaves out: every statement "runs" there.
-#[cfg(not(feature = "postgres"))]
-pub(crate) trait OnPostgres {}
-#[cfg(not(feature = "postgres"))]
-impl<T: ?Sized> OnPostgres for T {}
-#[cfg(not(feature = "mysql"))]
-pub(crate) trait OnMySql {}
-#[cfg(not(feature = "mysql"))]
-impl<T: ?Sized> OnMySql for T {}
-#[cfg(not(feature = "sqlite"))]
-pub(crate) trait OnSqlite {}
-#[cfg(not(feature = "sqlite"))]
-impl<T: ?Sized> OnSqlite for T {}
-
-/// A statement every backend of this build can send: what [`Backend::run`] runs.
-pub(crate) trait Runs: Statement + OnPostgres + OnMySql + OnSqlite {}
-impl<T: Statement + OnPostgres + OnMySql + OnSqlite> Runs for T {}
 
 /// The connection type of a dialect's pool.
 pub(crate) type Conn<D> = <<D as Dialect>::Db as sqlx::Database>::Connection;

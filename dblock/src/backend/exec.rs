@@ -69,7 +69,7 @@ where
     // A test locker (`dblock::testing`): the paused clock stands still while the statement is
     // out, and an injected fault takes the statement's place.
     #[cfg(feature = "testing")]
-    let test = crate::testing::Statement::begin(pool.faults())?;
+    let test = crate::testing::faults::Statement::begin(pool.faults())?;
     let mut conn = connection(pool, deadline).await?;
     #[cfg(feature = "testing")]
     if test.reply_lost() {
@@ -144,7 +144,7 @@ where
         }
     }
     #[cfg(feature = "testing")]
-    let test = crate::testing::Statement::begin(pool.faults())?;
+    let test = crate::testing::faults::Statement::begin(pool.faults())?;
     let mut whole = Whole { conn: None };
     let conn = whole.conn.insert(connection(pool, deadline).await?);
     let out = op(conn.pooled_mut()).await;

@@ -14,6 +14,7 @@ use crate::error::LockError;
 use crate::retry::{self, Failure};
 pub(crate) use contract::*;
 pub(crate) use dialect::*;
+pub(crate) use runs::*;
 pub(crate) use tables::{permits_table, queue_table, quote_ident};
 
 mod admin;
@@ -31,6 +32,7 @@ pub(crate) mod operator;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod read;
+mod runs;
 pub(crate) mod semaphore;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;

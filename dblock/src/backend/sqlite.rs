@@ -229,7 +229,7 @@ pub(crate) async fn connect(
 #[cfg(feature = "testing")]
 impl Lite {
     /// A test locker's faults, if this is one's.
-    pub(crate) fn faults(&self) -> Option<&Arc<crate::testing::Faults>> {
+    pub(crate) fn faults(&self) -> Option<&Arc<crate::testing::faults::Faults>> {
         self.pool.faults()
     }
 
