@@ -340,6 +340,8 @@ impl LockWait {
 }
 
 impl Kind for LockWait {
+    type Grant = LockGuard;
+
     fn key(&self) -> &str {
         &self.req.key
     }

@@ -20,8 +20,8 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::owner::{HeldLock, Owner};
 use crate::shared::Shared;
-use crate::timing::{self, Backoff};
 use crate::validate;
+use crate::wait::{self, Kind, Seen, Try};
 
 /// One `locker.lock_in(&mut *tx, key)` call being configured; `.await` it to take the key inside
 /// the transaction.
@@ -110,71 +110,124 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
         let owner = self.owner.or_else(Owner::current).unwrap_or_default();
         let simple = self.shared.simple_statements();
         let started = Instant::now();
-        let until = timing::after(started, self.wait);
-        let mut backoff = Backoff::default();
-        loop {
-            let check = backend
-                .prepare_lock_in(&self.key)
-                .await
-                .map_err(LockError::from)?;
-            let taken = if check.free {
-                self.conn
-                    .lock_in_row(
-                        &self.shared.table,
-                        &self.key,
-                        owner.id(),
-                        &holder,
-                        simple,
-                        check.mariadb_wait,
-                    )
-                    .await
+        let mut kind = InTx {
+            shared: &self.shared,
+            conn: self.conn,
+            key: &self.key,
+            owner: &owner,
+            holder: &holder,
+            simple,
+            started,
+        };
+        let fencing_token =
+            wait::wait_for(&mut kind, &self.shared, started, self.wait, &mut None).await?;
+        tracing::debug!(key = %crate::Escaped(&self.key), fencing_token, "locked in the caller's transaction");
+        Ok(TxLock {
+            key: self.key,
+            fencing_token,
+            owner,
+            holder,
+            table: self.shared.table.as_str().into(),
+            simple,
+        })
+    }
+}
+
+/// `lock_in` as a kind of the one wait loop: an attempt is the check on the locker's own pool
+/// and the statement in the caller's transaction; it never lines up in the process's line nor
+/// listens (the caller's session must not wait), and a busy answer the transaction itself would
+/// keep busy ends the call at once.
+struct InTx<'a, C> {
+    shared: &'a Shared,
+    conn: &'a mut C,
+    key: &'a str,
+    owner: &'a Owner,
+    holder: &'a str,
+    simple: bool,
+    started: Instant,
+}
+
+impl<C: FenceConnection> InTx<'_, C> {
+    fn busy_now(&self) -> Try<u64> {
+        Try::Failed(LockError::Busy {
+            key: self.key.to_owned(),
+            waited: self.started.elapsed(),
+        })
+    }
+}
+
+impl<C: FenceConnection> Kind for InTx<'_, C> {
+    /// The tenure's fencing token.
+    type Grant = u64;
+
+    fn key(&self) -> &str {
+        self.key
+    }
+
+    fn lines_up(&self) -> bool {
+        false
+    }
+
+    fn wake_keys(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    async fn attempt(&mut self, _waiting: bool, _call_until: Instant) -> Try<u64> {
+        let backend = match self.shared.backend() {
+            Ok(b) => b,
+            Err(e) => return Try::Failed(e),
+        };
+        let check = match backend.prepare_lock_in(self.key).await {
+            Ok(check) => check,
+            Err(e) => return Try::Failed(e.into()),
+        };
+        // SQLite: the caller's transaction holds the file's write lock from its first write,
+        // so a lease's holder could not release while it waited: busy at once.
+        if !check.free {
+            return if C::BACKEND == "sqlite" {
+                self.busy_now()
             } else {
-                Ok(None)
+                Try::busy(None)
             };
-            match taken {
-                Ok(Some(fencing_token)) => {
-                    tracing::debug!(key = %crate::Escaped(&self.key), fencing_token, "locked in the caller's transaction");
-                    return Ok(TxLock {
-                        key: self.key,
-                        fencing_token,
-                        owner,
-                        holder,
-                        table: self.shared.table.as_str().into(),
-                        simple,
-                    });
-                }
-                // SQLite: the caller's transaction now holds the file's write lock, so the
-                // holder could not release while it waits: busy at once.
-                Ok(None) if C::BACKEND == "sqlite" => {
-                    return Err(LockError::Busy {
-                        key: self.key,
-                        waited: started.elapsed(),
-                    })
-                }
-                // MySQL at REPEATABLE READ: the key was taken in the instant after the check, and
-                // the transaction now keeps the row's lock, so the holder could not release
-                // while it waited: busy at once (roll back and try again).
-                Ok(None)
-                    if C::BACKEND == "mysql"
-                        && check.free
-                        && self.conn.keeps_read_row_locks().await =>
-                {
-                    return Err(LockError::Busy {
-                        key: self.key,
-                        waited: started.elapsed(),
-                    })
-                }
-                Ok(None) => {}
-                Err(e) if backend.lock_not_had(&e) => {}
-                Err(e) => return Err(e.into()),
+        }
+        let taken = self
+            .conn
+            .lock_in_row(
+                &self.shared.table,
+                self.key,
+                self.owner.id(),
+                self.holder,
+                self.simple,
+                check.mariadb_wait,
+            )
+            .await;
+        match taken {
+            Ok(Some(fencing_token)) => Try::Got(fencing_token),
+            // SQLite: the caller's transaction now holds the file's write lock, so the holder
+            // could not release while it waits: busy at once.
+            Ok(None) if C::BACKEND == "sqlite" => self.busy_now(),
+            // MySQL at REPEATABLE READ: the key was taken in the instant after the check, and
+            // the transaction now keeps the row's lock, so the holder could not release while
+            // it waited: busy at once (roll back and try again).
+            Ok(None) if C::BACKEND == "mysql" && self.conn.keeps_read_row_locks().await => {
+                self.busy_now()
             }
-            if Instant::now() >= until {
-                return Err(LockError::Busy {
-                    key: self.key,
-                    waited: started.elapsed(),
-                });
-            }
-            tokio::time::sleep(backoff.next(until, None)).await;
+            Ok(None) => Try::busy(None),
+            Err(e) if backend.lock_not_had(&e) => Try::busy(None),
+            Err(e) => Try::Failed(e.into()),
+        }
+    }
+
+    fn gave_up(&self, seen: Seen, waited: Duration) -> LockError {
+        match seen {
+            Seen::Nothing => LockError::no_answer(
+                waited,
+                &format!("lock_in of `{}`", crate::Escaped(self.key)),
+            ),
+            Seen::Busy | Seen::Stale => LockError::Busy {
+                key: self.key.to_owned(),
+                waited,
+            },
         }
     }
 }

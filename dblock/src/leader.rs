@@ -28,10 +28,6 @@ use crate::request::LockRequest;
 use crate::shared::Shared;
 use crate::validate;
 
-/// How long a campaign pauses after a failed attempt (the database unreachable, say) before it
-/// asks again.
-const CAMPAIGN_RETRY: Duration = Duration::from_millis(500);
-
 /// An election on one key: [`campaign`](Self::campaign) to lead, [`current`](Self::current) to
 /// ask who leads, [`observe`](Self::observe) to follow the changes. Made by
 /// [`Locker::leader`](crate::Locker::leader).
@@ -143,7 +139,7 @@ impl LeaderRequest {
                 }
                 Err(e @ (LockError::Database(_) | LockError::Busy { .. } | LockError::Lost { .. })) => {
                     tracing::warn!(key = %crate::Escaped(&self.key), error = %e, "campaign attempt failed; asking again");
-                    tokio::time::sleep(CAMPAIGN_RETRY).await;
+                    tokio::time::sleep(crate::timing::CAMPAIGN_RETRY).await;
                 }
                 Err(e) => return Err(e),
             }

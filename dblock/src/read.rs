@@ -162,6 +162,8 @@ struct ReadWait {
 }
 
 impl Kind for ReadWait {
+    type Grant = LockGuard;
+
     fn key(&self) -> &str {
         &self.key
     }

@@ -383,6 +383,8 @@ impl PermitWait {
 }
 
 impl Kind for PermitWait {
+    type Grant = LockGuard;
+
     fn key(&self) -> &str {
         &self.request.key
     }

@@ -24,6 +24,10 @@ pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(50);
 pub(crate) const INTENT_EVERY: Duration = Duration::from_millis(400);
 
 /// First and largest pause between attempts while waiting for a busy key.
+/// How long a leader's campaign pauses after a failed attempt (the database unreachable, say)
+/// before it asks again.
+pub(crate) const CAMPAIGN_RETRY: Duration = Duration::from_millis(500);
+
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
 

@@ -5,7 +5,7 @@
 //! holder's lease (`timing.rs`), and one rule for a call whose time ran out. What an attempt is,
 //! and what a busy answer means, is the kind's ([`Kind`]): the exclusive lock (`exclusive.rs`,
 //! with a fair caller's queue and a writer's intent behind readers), a read (`read.rs`), a
-//! semaphore's permit (`semaphore.rs`).
+//! semaphore's permit (`semaphore.rs`), the key taken in the caller's transaction (`in_tx.rs`).
 
 use std::future::Future;
 use std::time::Duration;
@@ -20,9 +20,10 @@ use crate::line;
 use crate::shared::Shared;
 use crate::timing::{self, Backoff, ANSWER_GRACE};
 
-/// What one attempt came to, with a grant already inside a guard.
-pub(crate) enum Try {
-    Got(LockGuard),
+/// What one attempt came to, with a grant already inside what the kind gives (a lease's
+/// [`LockGuard`], unless the kind says otherwise).
+pub(crate) enum Try<G = LockGuard> {
+    Got(G),
     /// Taken by someone else. `retry_after`: what is left of the holder's lease, where the
     /// backend says; `attempted`: `false` when the kind did not ask (a fair caller behind
     /// others in its queue, `ahead` of them).
@@ -49,9 +50,9 @@ impl Unreceived for Try {
     }
 }
 
-impl Try {
+impl<G> Try<G> {
     /// A busy answer to an attempt that was made.
-    pub(crate) fn busy(retry_after: Option<Duration>) -> Try {
+    pub(crate) fn busy(retry_after: Option<Duration>) -> Try<G> {
         Try::Busy {
             retry_after,
             behind: None,
@@ -82,6 +83,9 @@ pub(crate) enum Seen {
 
 /// One kind of hold as the wait loop drives it.
 pub(crate) trait Kind: Send {
+    /// What a granted attempt gives: a lease's [`LockGuard`]; `lock_in`'s fencing token.
+    type Grant: Send;
+
     /// The key of the process's line of waiters and of NOTIFY wake-ups (a semaphore's own key,
     /// for all its permits).
     fn key(&self) -> &str;
@@ -101,7 +105,11 @@ pub(crate) trait Kind: Send {
 
     /// One attempt; `waiting`: the call listens for releases (PostgreSQL: the attempt asks the
     /// holder's release to NOTIFY). It stops sending at `call_until`.
-    fn attempt(&mut self, waiting: bool, call_until: Instant) -> impl Future<Output = Try> + Send;
+    fn attempt(
+        &mut self,
+        waiting: bool,
+        call_until: Instant,
+    ) -> impl Future<Output = Try<Self::Grant>> + Send;
 
     /// After a busy answer, before the call waits: a reason not to wait at all (the owner would
     /// wait for itself), or a chore of the kind's while it waits (a writer records its intent;
@@ -142,7 +150,7 @@ pub(crate) async fn wait_for<K: Kind>(
     started: Instant,
     wait: Duration,
     first_busy: &mut Option<Instant>,
-) -> Result<LockGuard, LockError> {
+) -> Result<K::Grant, LockError> {
     let wait_until = timing::after(started, wait);
     let call_until = timing::call_until(
         started,
@@ -272,9 +280,10 @@ pub(crate) async fn wait_for<K: Kind>(
         tracing::trace!(?pause, "busy: waiting");
         // A release by this process wakes the head of its line (or a fair waiter, who looks at
         // its queue) at once.
+        let woken = turn.is_some() || kind.woken_by_releases();
         let freed = async {
             match &line {
-                Some(l) if turn.is_some() || kind.woken_by_releases() => l.freed().await,
+                Some(l) if woken => l.freed().await,
                 _ => std::future::pending().await,
             }
         };
