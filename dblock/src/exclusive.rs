@@ -23,7 +23,7 @@ use crate::meter;
 use crate::options::LockOptions;
 use crate::owner::Owner;
 use crate::registry::Serial;
-use crate::retry::{self, LastFailure, Policy};
+use crate::retry::{LastFailure, Policy};
 use crate::shared::Shared;
 use crate::timing::{self, INTENT_EVERY};
 use crate::wait::{self, Busy, Kind, Seen, Try};
@@ -100,12 +100,7 @@ impl Request {
             }
         }
         if record {
-            meter::call_ended(
-                &meter,
-                meter::CallOutcome::of(&result),
-                started.elapsed(),
-                first_busy.map(|t: Instant| t.elapsed()),
-            );
+            meter::call_ended(&meter, &result, started, first_busy);
         }
         result
     }
@@ -169,16 +164,16 @@ impl Request {
             // A later attempt of the call is a new statement with a new id, so it can never
             // be mistaken for a grant this attempt gave back.
             let attempt = fastrand::i64(1..i64::MAX);
+            // Nothing in doubt: worth trying while the caller waits. An unknown outcome:
+            // resolved until the lease it may have written has surely ended (the process no
+            // longer counts it by then either).
             let policy = Policy {
-                rolled_back: retry::ROLLBACK_RESENDS,
-                per_send: shared.statement_timeout,
-                // Nothing in doubt: worth trying while the caller waits.
-                send_until: call_until,
-                // An unknown outcome: resolved until the lease it may have written has
-                // surely ended (the process no longer counts it by then either).
-                resolve_until: sent + req.lease() + shared.statement_timeout,
                 report: Some(report),
-                locked_is_busy: true,
+                ..Policy::acquire(
+                    shared.statement_timeout,
+                    call_until,
+                    sent + req.lease() + shared.statement_timeout,
+                )
             };
             let (tried, serial) = shared
                 .acquire(&req.owner, req.statement(waiting, attempt), policy)

@@ -24,6 +24,8 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 /// What a call's metrics are labelled with.
 #[derive(Clone, Debug)]
 pub(crate) struct Label {
@@ -94,8 +96,9 @@ impl Label {
 }
 
 /// How a lock call ended, for the `outcome` label.
+#[cfg(feature = "metrics")]
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum CallOutcome {
+enum CallOutcome {
     Acquired,
     Busy,
     Lost,
@@ -103,8 +106,9 @@ pub(crate) enum CallOutcome {
     Error,
 }
 
+#[cfg(feature = "metrics")]
 impl CallOutcome {
-    pub(crate) fn of<T>(result: &Result<T, crate::LockError>) -> CallOutcome {
+    fn of<T>(result: &Result<T, crate::LockError>) -> CallOutcome {
         use crate::LockError;
         match result {
             Ok(_) => CallOutcome::Acquired,
@@ -115,7 +119,6 @@ impl CallOutcome {
         }
     }
 
-    #[cfg(feature = "metrics")]
     fn name(self) -> &'static str {
         match self {
             CallOutcome::Acquired => "acquired",
@@ -127,27 +130,31 @@ impl CallOutcome {
     }
 }
 
-/// A lock call ended after `took`; `waited`: since its first busy answer, if it had one.
-pub(crate) fn call_ended(
+/// A lock call that began at `started` ended with `result`; `first_busy`: when it was first
+/// told the key is busy, if it was (its wait time).
+pub(crate) fn call_ended<T>(
     label: &Label,
-    outcome: CallOutcome,
-    took: Duration,
-    waited: Option<Duration>,
+    result: &Result<T, crate::LockError>,
+    started: Instant,
+    first_busy: Option<Instant>,
 ) {
     #[cfg(feature = "metrics")]
     {
+        let outcome = CallOutcome::of(result);
         let mut with_outcome = label.labels();
         with_outcome.push(metrics::Label::new("outcome", outcome.name()));
-        metrics::histogram!("dblock_acquire_seconds", with_outcome).record(took.as_secs_f64());
-        if let Some(waited) = waited {
-            metrics::histogram!("dblock_wait_seconds", label.labels()).record(waited.as_secs_f64());
+        metrics::histogram!("dblock_acquire_seconds", with_outcome)
+            .record(started.elapsed().as_secs_f64());
+        if let Some(busy) = first_busy {
+            metrics::histogram!("dblock_wait_seconds", label.labels())
+                .record(busy.elapsed().as_secs_f64());
         }
         if matches!(outcome, CallOutcome::Busy) {
             metrics::counter!("dblock_busy_total", label.labels()).increment(1);
         }
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (label, outcome, took, waited);
+    let _ = (label, result, started, first_busy);
 }
 
 /// A guard now holds a lock.

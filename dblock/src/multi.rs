@@ -111,12 +111,7 @@ impl IntoFuture for LockAllRequest {
                 .instrument(span)
                 .await;
             if report {
-                meter::call_ended(
-                    &meter,
-                    meter::CallOutcome::of(&result),
-                    started.elapsed(),
-                    waiting_since.map(|t: Instant| t.elapsed()),
-                );
+                meter::call_ended(&meter, &result, started, waiting_since);
             }
             result
         })

@@ -272,3 +272,22 @@ let request = ", $call, ".lock_delay(std::time::Duration::from_secs(15));
 }
 
 pub(crate) use setters;
+
+/// The span of one call of a builder that embeds the options core (`$req.options`, with
+/// `$req.key` and `$req.shared`), named `$name`, with the call's owner and any fields of the
+/// kind's own after the key: every kind's span carries the same fields in the same order.
+macro_rules! call_span {
+    ($name:literal, $req:expr, $owner:expr $(, $field:ident = $value:expr)* $(,)?) => {
+        tracing::debug_span!(
+            $name,
+            key = %$crate::Escaped(&$req.key),
+            $($field = $value,)*
+            backend = $req.shared.backend_name(),
+            owner = %$owner,
+            ttl_ms = $req.options.ttl.as_millis() as u64,
+            wait_ms = $req.options.wait.as_millis() as u64,
+        )
+    };
+}
+
+pub(crate) use call_span;

@@ -73,14 +73,7 @@ impl IntoFuture for ReadRequest {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             let owner = self.options.owner();
-            let span = tracing::debug_span!(
-                "dblock.read",
-                key = %crate::Escaped(&self.key),
-                backend = self.shared.backend_name(),
-                owner = %owner,
-                ttl_ms = self.options.ttl.as_millis() as u64,
-                wait_ms = self.options.wait.as_millis() as u64,
-            );
+            let span = crate::options::call_span!("dblock.read", self, owner);
             let started = Instant::now();
             let meter = meter::Label::new(
                 self.options.metrics_key.as_ref(),
@@ -92,12 +85,7 @@ impl IntoFuture for ReadRequest {
                 .acquire(owner, meter.clone(), &mut first_busy)
                 .instrument(span)
                 .await;
-            meter::call_ended(
-                &meter,
-                meter::CallOutcome::of(&result),
-                started.elapsed(),
-                first_busy.map(|t: Instant| t.elapsed()),
-            );
+            meter::call_ended(&meter, &result, started, first_busy);
             result
         })
     }
@@ -194,14 +182,11 @@ impl Kind for ReadWait {
                 reentry: reentry.map(|t| t as i64),
                 waiting,
             };
-            let policy = Policy {
-                rolled_back: retry::ROLLBACK_RESENDS,
-                per_send: shared.statement_timeout,
-                send_until: call_until,
-                resolve_until: sent + ttl + shared.statement_timeout,
-                report: None,
-                locked_is_busy: true,
-            };
+            let policy = Policy::acquire(
+                shared.statement_timeout,
+                call_until,
+                sent + ttl + shared.statement_timeout,
+            );
             let tried = retry::run(
                 policy,
                 |f| backend.classify(f),

@@ -22,7 +22,7 @@ use crate::meter;
 use crate::options::{LockOptions, Options};
 use crate::owner::Owner;
 use crate::registry::Serial;
-use crate::retry::{self, Policy};
+use crate::retry::Policy;
 use crate::shared::Shared;
 use crate::validate;
 
@@ -118,14 +118,7 @@ impl IntoFuture for LockRequest {
         Box::pin(async move {
             // Resolved when first polled, in the awaiting task: the scope's owner if any.
             let owner = self.options.owner();
-            let span = tracing::debug_span!(
-                "dblock.lock",
-                key = %crate::Escaped(&self.key),
-                backend = self.shared.backend_name(),
-                owner = %owner,
-                ttl_ms = self.options.ttl.as_millis() as u64,
-                wait_ms = self.options.wait.as_millis() as u64,
-            );
+            let span = crate::options::call_span!("dblock.lock", self, owner);
             async move {
                 let steal = self.steal;
                 let (shared, request) = self.resolve(owner)?;
@@ -227,14 +220,11 @@ pub(crate) async fn try_all(
                 .map(Request::lease)
                 .max()
                 .unwrap_or_default();
-            let policy = Policy {
-                rolled_back: retry::ROLLBACK_RESENDS,
-                per_send: shared.statement_timeout,
-                send_until: call_until,
-                resolve_until: sent + longest + shared.statement_timeout,
-                report: None,
-                locked_is_busy: true,
-            };
+            let policy = Policy::acquire(
+                shared.statement_timeout,
+                call_until,
+                sent + longest + shared.statement_timeout,
+            );
             // One id per key of this attempt, the same in each resend (see `try_once`).
             let statements: Vec<Acquire<'_>> = resolved
                 .iter()

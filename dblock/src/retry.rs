@@ -112,7 +112,12 @@ impl Policy {
     /// A statement that nothing depends on resolving (a read, an idempotent write): tried for
     /// `per_send`, resends within that.
     pub(crate) fn within(per_send: Duration) -> Policy {
-        let until = Instant::now() + per_send;
+        Policy::until(per_send, Instant::now() + per_send)
+    }
+
+    /// A release or another write that must be resolved by `until` (the caller's deadline):
+    /// sent and resolved until then, each send at most `per_send`.
+    pub(crate) fn until(per_send: Duration, until: Instant) -> Policy {
         Policy {
             rolled_back: ROLLBACK_RESENDS,
             per_send,
@@ -120,6 +125,24 @@ impl Policy {
             resolve_until: until,
             report: None,
             locked_is_busy: false,
+        }
+    }
+
+    /// An acquire: sent while the caller waits (`call_until`), a lock wait ends the run (the
+    /// key is busy), and an unknown outcome is resolved until `resolve_until` (when the lease
+    /// it may have written has surely ended).
+    pub(crate) fn acquire(
+        per_send: Duration,
+        call_until: Instant,
+        resolve_until: Instant,
+    ) -> Policy {
+        Policy {
+            rolled_back: ROLLBACK_RESENDS,
+            per_send,
+            send_until: call_until,
+            resolve_until,
+            report: None,
+            locked_is_busy: true,
         }
     }
 }

@@ -106,15 +106,8 @@ impl IntoFuture for SemaphoreRequest {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             let owner = self.options.owner();
-            let span = tracing::debug_span!(
-                "dblock.semaphore",
-                key = %crate::Escaped(&self.key),
-                permits = self.permits,
-                backend = self.shared.backend_name(),
-                owner = %owner,
-                ttl_ms = self.options.ttl.as_millis() as u64,
-                wait_ms = self.options.wait.as_millis() as u64,
-            );
+            let span =
+                crate::options::call_span!("dblock.semaphore", self, owner, permits = self.permits);
             self.acquire(owner).instrument(span).await
         })
     }
@@ -183,9 +176,9 @@ pub(crate) fn as_permit(mut info: LockInfo) -> Option<LockInfo> {
     Some(info)
 }
 
-/// The live permits of semaphore `key` (any number of permits), as the operator sees them;
-/// none where the permits' table was never made.
-pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, LockError> {
+/// The live permit rows of semaphore `key` (any number of permits); `None` where the permits'
+/// table was never made.
+async fn slot_rows(shared: &Shared, key: &str) -> Result<Option<Vec<LockInfo>>, LockError> {
     let permits = shared.permits();
     let backend = permits.backend()?;
     let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
@@ -194,18 +187,25 @@ pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, Lo
         to: &to,
         taken_within_us: 0,
     };
-    let rows = match permits
+    match permits
         .run_bounded("semaphore read", |limit| backend.run(&read, limit))
         .await
     {
-        Err(e) if e.is_not_migrated() => return Ok(Vec::new()),
-        other => other?,
-    };
-    Ok(rows
-        .into_iter()
-        .filter(|r| Slot::of_row(key, &r.key).is_some())
-        .filter_map(as_permit)
-        .collect())
+        Err(e) if e.is_not_migrated() => Ok(None),
+        other => Ok(Some(
+            other?
+                .into_iter()
+                .filter(|r| Slot::of_row(key, &r.key).is_some())
+                .collect(),
+        )),
+    }
+}
+
+/// The live permits of semaphore `key` (any number of permits), as the operator sees them;
+/// none where the permits' table was never made.
+pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, LockError> {
+    let rows = slot_rows(shared, key).await?.unwrap_or_default();
+    Ok(rows.into_iter().filter_map(as_permit).collect())
 }
 
 /// Every live permit of every semaphore, as the operator sees them; none where the permits'
@@ -226,23 +226,13 @@ pub(crate) async fn all_live(shared: &Shared) -> Result<Vec<LockInfo>, LockError
 
 /// Frees every live permit of semaphore `key` (operator action); how many.
 pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, LockError> {
+    let Some(rows) = slot_rows(shared, key).await? else {
+        return Ok(0);
+    };
     let permits = shared.permits();
     let backend = permits.backend()?;
-    let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
-    let read = crate::backend::RowsIn {
-        from: &from,
-        to: &to,
-        taken_within_us: 0,
-    };
-    let rows = match permits
-        .run_bounded("semaphore read", |limit| backend.run(&read, limit))
-        .await
-    {
-        Err(e) if e.is_not_migrated() => return Ok(0),
-        other => other?,
-    };
     let mut freed = 0;
-    for row in rows.iter().filter(|r| Slot::of_row(key, &r.key).is_some()) {
+    for row in &rows {
         if permits
             .run_bounded("force_release", |limit| async move {
                 backend

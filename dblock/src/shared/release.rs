@@ -42,15 +42,8 @@ impl Shared {
         };
         let release_id = fastrand::i64(1..i64::MAX);
         let held = hold.as_ref();
-        let policy = Policy {
-            rolled_back: retry::ROLLBACK_RESENDS,
-            // Half a statement time-out a send: a resend fits in what the caller waits.
-            per_send: self.statement_timeout / 2,
-            send_until: until,
-            resolve_until: until,
-            report: None,
-            locked_is_busy: false,
-        };
+        // Half a statement time-out a send: a resend fits in what the caller waits.
+        let policy = Policy::until(self.statement_timeout / 2, until);
         let statement = crate::backend::Release {
             hold: held,
             remaining,
@@ -137,14 +130,7 @@ impl Shared {
             id,
             outcome,
         };
-        let policy = Policy {
-            rolled_back: retry::ROLLBACK_RESENDS,
-            per_send: self.statement_timeout / 2,
-            send_until: until,
-            resolve_until: until,
-            report: None,
-            locked_is_busy: false,
-        };
+        let policy = Policy::until(self.statement_timeout / 2, until);
         let tried = retry::run(
             policy,
             |f| backend.classify(f),
