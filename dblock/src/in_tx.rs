@@ -18,6 +18,7 @@ use tracing::Instrument;
 use crate::backend::fence::FenceConnection;
 use crate::error::LockError;
 use crate::guard::LockGuard;
+use crate::options::Options;
 use crate::owner::{HeldLock, Owner};
 use crate::shared::Shared;
 use crate::validate;
@@ -53,9 +54,9 @@ pub struct LockInRequest<'c, C> {
     shared: Arc<Shared>,
     conn: &'c mut C,
     key: String,
-    wait: Duration,
-    owner: Option<Owner>,
-    label: Option<String>,
+    /// Its `wait`, `owner` and `holder` (a hold in a transaction has no lease: the rest of the
+    /// options core does not apply).
+    options: Options,
 }
 
 impl<'c, C: FenceConnection> LockInRequest<'c, C> {
@@ -64,9 +65,7 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
             shared,
             conn,
             key,
-            wait: Duration::ZERO,
-            owner: None,
-            label: None,
+            options: Options::default(),
         }
     }
 
@@ -77,19 +76,19 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
     /// held by a lease is busy at once: the transaction holds the file's write lock from its
     /// first write, so the holder could not release while it waited.
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
+        self.options.wait = wait;
         self
     }
 
     /// A label stored with the hold (`host/pid/label`), as for [`LockRequest::holder`](crate::LockRequest::holder).
     pub fn holder(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
+        self.options.label = Some(label.into());
         self
     }
 
     /// Takes the key as `owner` (default: the running locked scope's owner, else a fresh one).
     pub fn owner(mut self, owner: &Owner) -> Self {
-        self.owner = Some(owner.clone());
+        self.options.owner = Some(owner.clone());
         self
     }
 
@@ -106,8 +105,8 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
                 backend.name()
             )));
         }
-        let holder = self.shared.holder_for(self.label.as_deref())?;
-        let owner = self.owner.or_else(Owner::current).unwrap_or_default();
+        let holder = self.options.holder(&self.shared)?;
+        let owner = self.options.owner();
         let simple = self.shared.simple_statements();
         let started = Instant::now();
         let mut kind = InTx {
@@ -119,8 +118,14 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
             simple,
             started,
         };
-        let fencing_token =
-            wait::wait_for(&mut kind, &self.shared, started, self.wait, &mut None).await?;
+        let fencing_token = wait::wait_for(
+            &mut kind,
+            &self.shared,
+            started,
+            self.options.wait,
+            &mut None,
+        )
+        .await?;
         tracing::debug!(key = %crate::Escaped(&self.key), fencing_token, "locked in the caller's transaction");
         Ok(TxLock {
             key: self.key,
@@ -241,7 +246,7 @@ impl<'c, C: FenceConnection> IntoFuture for LockInRequest<'c, C> {
             "dblock.lock_in",
             key = %crate::Escaped(&self.key),
             backend = self.shared.backend_name(),
-            wait_ms = self.wait.as_millis() as u64,
+            wait_ms = self.options.wait.as_millis() as u64,
         );
         Box::pin(self.take().instrument(span))
     }
