@@ -411,7 +411,7 @@ wait_new_leader() {
 }
 
 cmd_switchover() {
-    local old t0
+    local old t0 out
     old=$(leader)
     [ -n "$old" ] || die "no leader"
     t0=$(now_ms)
@@ -419,7 +419,11 @@ cmd_switchover() {
     # standby).
     log "Patroni: switchover from n$old"
     echo "old_leader=$old"
-    ctl switchover --leader "n$old" --force >&2
+    # patronictl says why it refused a switchover, but exits 0: fail at once rather than wait
+    # 90 s for a leader that is not coming.
+    out=$(ctl switchover --leader "n$old" --force 2>&1) || true
+    printf '%s\n' "$out" >&2
+    ! grep -q "Switchover failed" <<<"$out" || die "switchover from n$old refused"
     wait_new_leader "$old" "$t0"
 }
 
