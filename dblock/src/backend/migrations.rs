@@ -55,6 +55,15 @@ pub(crate) const MYSQL: [&str; 7] = files!("mysql");
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE: [&str; 7] = files!("sqlite");
 
+/// The `SET` items of an extension that count it (migration 0007): the count of the tenure
+/// `renewals_token` names, started again at 1 by a tenure's first extension. Every item of a
+/// `SET` reads the row as it was before the statement (PostgreSQL, SQLite; MySQL assigns left
+/// to right and writes its own, `mysql/sql.rs`).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) const RENEWED: &str =
+    "renewals = CASE WHEN renewals_token = fencing_token THEN renewals + 1 ELSE 1 END,
+    renewals_token = fencing_token";
+
 /// The statements of `file` that change the table `quoted` (as the file writes its name, quotes
 /// included), with `{table}` in its place: a template for the dialect's statement builder.
 pub(crate) fn statements(file: &str, quoted: &str) -> String {

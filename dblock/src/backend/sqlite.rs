@@ -25,6 +25,7 @@ mod queue;
 
 pub(crate) use batch::{one_command, write as write_batch, write_whole};
 pub(crate) mod read;
+use super::migrations::RENEWED;
 use super::{quote_ident, Acquire, Attempt, Dialect};
 use crate::backend::Conns;
 use crate::connect::ConnectOptions;
@@ -138,13 +139,6 @@ const TAKE_OVER: &str = "ON CONFLICT (lock_key) DO UPDATE SET
     owner         = excluded.owner
 WHERE (l.expires_at <= {now} OR l.owner = excluded.owner)
   AND NOT ({once} AND l.last_outcome IS 1 AND NOT {ran_out_l})";
-
-/// The `SET` items of an extension that count it (migration 0007): the count of the tenure
-/// `renewals_token` names, started again at 1 by a tenure's first extension. Every item of a
-/// `SET` reads the row as it was before the statement.
-pub(super) const RENEWED: &str =
-    "renewals = CASE WHEN renewals_token = fencing_token THEN renewals + 1 ELSE 1 END,
-    renewals_token = fencing_token";
 
 fn sql(template: &str, table: &str) -> SqlStr {
     let text = template

@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::backend::migrations::RENEWED;
 
 /// One statement of the dialect: its text with `$n` placeholders (prepared on the default path),
 /// and the same text cut at them (inlined behind a pooler).
@@ -142,13 +143,6 @@ pub(super) fn take_one() -> String {
         .replace("{once}", "$10")
         .replace("{ran_out}", &ran_out("l."))
 }
-
-/// The `SET` items of an extension that count it (migration 0007): the count of the tenure
-/// `renewals_token` names, started again at 1 by a tenure's first extension. Every item of a
-/// `SET` reads the row as it was before the statement.
-const RENEWED: &str =
-    "renewals = CASE WHEN renewals_token = fencing_token THEN renewals + 1 ELSE 1 END,
-    renewals_token = fencing_token";
 
 pub(super) fn sql(template: &str, table: &str) -> SqlStr {
     let text = template

@@ -170,7 +170,7 @@ WHERE l.lock_key = r.column1 AND l.owner = r.column2 AND l.fencing_token = r.col
 RETURNING lock_key, owner, fencing_token",
             table = lite.table,
             now = NOW,
-            renewed = RENEWED,
+            renewed = crate::backend::migrations::RENEWED,
         );
         let mut q = sqlx::query_as::<_, (String, String, i64)>(AssertSqlSafe(text));
         for i in items {
