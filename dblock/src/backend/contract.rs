@@ -183,6 +183,47 @@ where
     ))
 }
 
+/// [`per_key`] over grants still to decode (each row's [`keyed_grant`]): the first error, or one
+/// attempt per key of `all`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn per_key_decoded(
+    all: &[Acquire<'_>],
+    grants: impl IntoIterator<Item = Result<(String, Grant), sqlx::Error>>,
+) -> Result<Vec<Attempt>, sqlx::Error> {
+    let grants = grants.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(per_key(all, grants))
+}
+
+/// The answer of a one-key acquire from the row it returned (PostgreSQL's, and MySQL's with
+/// `RETURNING`): granted, hold count, fencing token, lease end (µs), the holder's time left
+/// (ms), done, finished at (µs).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn attempt_row<R>(row: &R) -> Result<Attempt, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    if row.try_get::<bool, _>(0)? {
+        Ok(Attempt::Acquired(Grant {
+            hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
+            fencing_token: row.try_get::<i64, _>(2)? as u64,
+            expires_at_us: row.try_get(3)?,
+        }))
+    } else if row.try_get::<bool, _>(5)? {
+        Ok(Attempt::Done {
+            finished_at_us: row.try_get(6)?,
+        })
+    } else {
+        Ok(Attempt::Busy {
+            retry_after: Some(crate::info::millis(row.try_get(4)?)),
+        })
+    }
+}
+
 // The statements of the lock table, as values (what each backend runs is in its files:
 // `lock.rs` the lock's own statements, `admin.rs` the operator's and the last-writer read,
 // `queue.rs` the fair queue's, `migrate.rs` the schema; the coalesced batch forms are the

@@ -21,21 +21,7 @@ impl OnMySql for Acquire<'_> {
             let Some(row) = rows.last() else {
                 return Err(sqlx::Error::RowNotFound);
             };
-            if row.try_get::<bool, _>(0)? {
-                Ok(Attempt::Acquired(Grant {
-                    hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
-                    fencing_token: row.try_get::<i64, _>(2)? as u64,
-                    expires_at_us: row.try_get(3)?,
-                }))
-            } else if row.try_get::<bool, _>(5)? {
-                Ok(Attempt::Done {
-                    finished_at_us: row.try_get(6)?,
-                })
-            } else {
-                Ok(Attempt::Busy {
-                    retry_after: Some(crate::info::millis(row.try_get(4)?)),
-                })
-            }
+            crate::backend::attempt_row(row)
         } else {
             let sent_at = std::time::SystemTime::now();
             let done = bound(&my.sql.acquire_last_insert_id)

@@ -34,21 +34,7 @@ impl OnPostgres for Acquire<'_> {
             // The key was inserted by someone else during this statement.
             return Ok(Attempt::Busy { retry_after: None });
         };
-        if row.try_get::<bool, _>(0)? {
-            Ok(Attempt::Acquired(Grant {
-                hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
-                fencing_token: row.try_get::<i64, _>(2)? as u64,
-                expires_at_us: row.try_get(3)?,
-            }))
-        } else if row.try_get::<bool, _>(5)? {
-            Ok(Attempt::Done {
-                finished_at_us: row.try_get(6)?,
-            })
-        } else {
-            Ok(Attempt::Busy {
-                retry_after: Some(crate::info::millis(row.try_get(4)?)),
-            })
-        }
+        crate::backend::attempt_row(&row)
     }
 }
 
@@ -83,11 +69,8 @@ impl OnPostgres for AcquireMany<'_> {
                 ],
             )
             .await?;
-        let grants = rows
-            .iter()
-            .map(|row| crate::backend::keyed_grant(row, 1))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Some(crate::backend::per_key(all, grants)))
+        let grants = rows.iter().map(|row| crate::backend::keyed_grant(row, 1));
+        Ok(Some(crate::backend::per_key_decoded(all, grants)?))
     }
 }
 

@@ -23,7 +23,7 @@ use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 use super::{bind_acquire, ran_out, sql, Lite, SAME, TAKE_OVER};
 use crate::backend::batch::{listed, pad};
 use crate::backend::coalesce::{ReleaseRow, MAX_ROWS as MAX};
-use crate::backend::{per_key, Acquire, Attempt, Extended, Outcome, Released, RenewItem};
+use crate::backend::{per_key_decoded, Acquire, Attempt, Extended, Outcome, Released, RenewItem};
 
 /// The coalesced statements of one table, by list size: `[i]` takes `2 << i` rows.
 #[derive(Debug)]
@@ -144,9 +144,8 @@ async fn attempts(
 ) -> Result<Vec<Attempt>, sqlx::Error> {
     let grants = granted
         .iter()
-        .map(|row| crate::backend::keyed_grant(row, 1))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut out = per_key(all, grants);
+        .map(|row| crate::backend::keyed_grant(row, 1));
+    let mut out = per_key_decoded(all, grants)?;
     for (a, attempt) in all.iter().zip(&mut out) {
         if a.once && matches!(attempt, Attempt::Busy { .. }) {
             // Busy: was it done? Read as the one-row acquire reads it.

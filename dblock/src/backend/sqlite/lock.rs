@@ -91,11 +91,8 @@ RETURNING lock_key, hold_count, fencing_token, expires_at * 1000",
                 .bind(i64::from(a.held));
         }
         let rows = q.fetch_all(&mut *conn).await?;
-        let grants = rows
-            .iter()
-            .map(|row| crate::backend::keyed_grant(row, 1))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Some(crate::backend::per_key(all, grants)))
+        let grants = rows.iter().map(|row| crate::backend::keyed_grant(row, 1));
+        Ok(Some(crate::backend::per_key_decoded(all, grants)?))
     }
 }
 
