@@ -150,3 +150,19 @@ macro_rules! runs {
     };
 }
 pub(crate) use runs;
+
+/// [`Dialect::database`] of a server reached over the network: `host:port/database`, the host
+/// being the Unix socket's path where the pool connects through one.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn server_database(
+    socket: Option<&std::path::PathBuf>,
+    host: &str,
+    port: u16,
+    database: &str,
+) -> String {
+    let host = match socket {
+        Some(socket) => socket.display().to_string(),
+        None => host.to_owned(),
+    };
+    format!("{host}:{port}/{database}")
+}

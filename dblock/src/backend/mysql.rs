@@ -225,15 +225,8 @@ impl Dialect for My {
 
     fn database(&self) -> String {
         let o = self.pool.connect_options();
-        let host = match o.get_socket() {
-            Some(socket) => socket.display().to_string(),
-            None => o.get_host().to_owned(),
-        };
-        format!(
-            "{host}:{}/{}",
-            o.get_port(),
-            o.get_database().unwrap_or_default()
-        )
+        let db = o.get_database().unwrap_or_default();
+        super::dialect::server_database(o.get_socket(), o.get_host(), o.get_port(), db)
     }
 }
 

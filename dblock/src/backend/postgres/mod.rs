@@ -401,12 +401,8 @@ impl Dialect for Pg {
 
     fn database(&self) -> String {
         let o = self.pool.connect_options();
-        let host = match o.get_socket() {
-            Some(socket) => socket.display().to_string(),
-            None => o.get_host().to_owned(),
-        };
         let db = o.get_database().unwrap_or(o.get_username());
-        format!("{host}:{}/{db}", o.get_port())
+        super::dialect::server_database(o.get_socket(), o.get_host(), o.get_port(), db)
     }
 }
 
