@@ -100,18 +100,7 @@ async fn count(b: &Backend, key: &str) -> u32 {
 #[tokio::test]
 async fn a_repeated_attempt_is_recognised_not_counted_twice() {
     for (name, b) in backends().await {
-        let mut p = Acquire {
-            key: "idem",
-            owner: "owner-1",
-            ttl_us: 30_000_000,
-            holder: "h",
-            attempt: 7,
-            waiting: false,
-            tenure: None,
-            held: 0,
-            min_hold_us: 0,
-            once: false,
-        };
+        let mut p = one("idem", "owner-1", 7);
         let first = grant(acquire(&b, &p).await);
         let repeat = grant(acquire(&b, &p).await);
         assert_eq!(
@@ -194,18 +183,7 @@ async fn a_repeated_attempt_is_recognised_not_counted_twice() {
 #[tokio::test]
 async fn an_untracked_hold_of_the_same_owner_is_taken_over_not_reentered() {
     for (name, b) in backends().await {
-        let p = Acquire {
-            key: "orphan",
-            owner: "owner-1",
-            ttl_us: 30_000_000,
-            holder: "h",
-            attempt: 1,
-            waiting: false,
-            tenure: None,
-            held: 0,
-            min_hold_us: 0,
-            once: false,
-        };
+        let p = one("orphan", "owner-1", 1);
         let orphan = grant(acquire(&b, &p).await);
         // The process never saw that grant: its next lock is a first hold.
         let fresh = grant(acquire(&b, &Acquire { attempt: 2, ..p }).await);
@@ -231,16 +209,8 @@ async fn an_untracked_hold_of_the_same_owner_is_taken_over_not_reentered() {
 async fn busy_attempts_report_the_holders_time_left_where_the_dialect_can() {
     for (name, b) in backends().await {
         let p = Acquire {
-            key: "left",
-            owner: "a",
             ttl_us: 10_000_000,
-            holder: "h",
-            attempt: 1,
-            waiting: false,
-            tenure: None,
-            held: 0,
-            min_hold_us: 0,
-            once: false,
+            ..one("left", "a", 1)
         };
         grant(acquire(&b, &p).await);
         let q = Acquire {
