@@ -55,53 +55,45 @@ pub(crate) async fn run<DB, T>(
 where
     DB: Database,
 {
-    Box::pin(run_inline(pool, deadline, op)).await
-}
-
-async fn run_inline<DB, T>(
-    pool: &Conns<DB>,
-    deadline: Instant,
-    op: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, sqlx::Error>,
-) -> Result<T, Failed>
-where
-    DB: Database,
-{
-    // A test locker (`dblock::testing`): the paused clock stands still while the statement is
-    // out, and an injected fault takes the statement's place.
-    #[cfg(feature = "testing")]
-    let test = crate::testing::faults::Statement::begin(pool.faults())?;
-    let mut conn = connection(pool, deadline).await?;
-    #[cfg(feature = "testing")]
-    if test.reply_lost() {
-        // Sent, and answered, but the answer never reaches the caller.
-        let _ = op(&mut conn).await;
-        pool.keep(conn);
-        return Err(no_reply());
-    }
-    match tokio::time::timeout_at(deadline, op(&mut conn)).await {
-        Ok(Err(sqlx::Error::Database(e))) if e.code().as_deref() == Some(READ_ONLY) => {
-            // A server that cannot write any more (a primary demoted to a standby by a
-            // failover): this connection stays on it, the next one may reach the new primary
-            // (through HAProxy, or a multi-host URL's `target_session_attrs`).
-            conn.close_on_drop();
-            Err(Failed::from(sqlx::Error::Database(e)))
-        }
-        Ok(Ok(out)) => {
+    Box::pin(async move {
+        // A test locker (`dblock::testing`): the paused clock stands still while the statement is
+        // out, and an injected fault takes the statement's place.
+        #[cfg(feature = "testing")]
+        let test = crate::testing::faults::Statement::begin(pool.faults())?;
+        let mut conn = connection(pool, deadline).await?;
+        #[cfg(feature = "testing")]
+        if test.reply_lost() {
+            // Sent, and answered, but the answer never reaches the caller.
+            let _ = op(&mut conn).await;
             pool.keep(conn);
-            Ok(out)
+            return Err(no_reply());
         }
-        Ok(Err(e)) => Err(Failed::from(e)),
-        Err(_) => {
-            // The statement may be executing, or done with its reply lost. On a network
-            // connection never reuse it (its next reader would get the old reply): closed in the
-            // background. SQLite answers each statement on a channel of its own, so the
-            // connection stays good, and closing it would destroy an in-memory database.
-            if DB::NAME != SQLITE {
+        match tokio::time::timeout_at(deadline, op(&mut conn)).await {
+            Ok(Err(sqlx::Error::Database(e))) if e.code().as_deref() == Some(READ_ONLY) => {
+                // A server that cannot write any more (a primary demoted to a standby by a
+                // failover): this connection stays on it, the next one may reach the new primary
+                // (through HAProxy, or a multi-host URL's `target_session_attrs`).
                 conn.close_on_drop();
+                Err(Failed::from(sqlx::Error::Database(e)))
             }
-            Err(no_reply())
+            Ok(Ok(out)) => {
+                pool.keep(conn);
+                Ok(out)
+            }
+            Ok(Err(e)) => Err(Failed::from(e)),
+            Err(_) => {
+                // The statement may be executing, or done with its reply lost. On a network
+                // connection never reuse it (its next reader would get the old reply): closed in
+                // the background. SQLite answers each statement on a channel of its own, so the
+                // connection stays good, and closing it would destroy an in-memory database.
+                if DB::NAME != SQLITE {
+                    conn.close_on_drop();
+                }
+                Err(no_reply())
+            }
         }
-    }
+    })
+    .await
 }
 
 /// A statement whose reply did not come by its deadline: its outcome is unknown.
