@@ -54,13 +54,18 @@ pub trait FenceConnection: Send + sealed::Sealed {
         simple: bool,
         succeed: bool,
         in_tx: bool,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send {
+        let text = Self::TEXTS.fence(table, succeed, in_tx);
+        async move {
+            self.owned_write(text, Owned::new(key, owner, token, simple))
+                .await
+        }
+    }
 
     /// Takes `key` for `owner` inside the connection's open transaction if no one holds it and
     /// no other transaction has its row locked: the new fencing token, or `None` (busy). `wait`:
     /// how long InnoDB may wait for the row (MariaDB only; whole seconds).
     #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
     fn lock_in_row(
         &mut self,
         table: &str,
@@ -69,7 +74,20 @@ pub trait FenceConnection: Send + sealed::Sealed {
         holder: &str,
         simple: bool,
         mariadb_wait: Option<u64>,
-    ) -> impl Future<Output = Result<Option<u64>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<u64>, sqlx::Error>> + Send {
+        let text = Self::TEXTS.text(Self::TEXTS.lock_in, table);
+        async move {
+            let args = LockIn {
+                text,
+                key,
+                owner,
+                holder,
+                simple,
+                mariadb_wait,
+            };
+            self.lock_in(args).await
+        }
+    }
 
     /// After a `lock_in` attempt that found the key taken: whether the transaction may now keep
     /// the lock of the row it read (InnoDB at REPEATABLE READ or SERIALIZABLE keeps the lock of
@@ -90,11 +108,72 @@ pub trait FenceConnection: Send + sealed::Sealed {
         owner: &str,
         token: u64,
         simple: bool,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send {
+        let text = Self::TEXTS.text(Self::TEXTS.release_in, table);
+        async move {
+            self.owned_write(text, Owned::new(key, owner, token, simple))
+                .await
+        }
+    }
 }
 
 mod sealed {
-    pub trait Sealed {}
+    use std::future::Future;
+
+    /// What each backend's connection brings to [`super::FenceConnection`]'s methods: its
+    /// texts, and how it runs them.
+    pub trait Sealed {
+        /// The backend's statement texts.
+        const TEXTS: super::Texts;
+
+        /// Runs `text`, a fence or `release_in` (key, owner, token bound in that order): how
+        /// many rows matched.
+        fn owned_write(
+            &mut self,
+            text: String,
+            row: super::Owned<'_>,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+        /// Runs a `lock_in`: the new fencing token, or `None` (busy).
+        fn lock_in(
+            &mut self,
+            args: super::LockIn<'_>,
+        ) -> impl Future<Output = Result<Option<u64>, sqlx::Error>> + Send;
+    }
+}
+
+/// The values of a fence or a `release_in`. `simple`: as a simple-protocol query with the values
+/// inlined (PostgreSQL behind a pooler; other backends ignore it).
+pub struct Owned<'a> {
+    key: &'a str,
+    owner: &'a str,
+    token: u64,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    simple: bool,
+}
+
+impl<'a> Owned<'a> {
+    fn new(key: &'a str, owner: &'a str, token: u64, simple: bool) -> Self {
+        Owned {
+            key,
+            owner,
+            token,
+            simple,
+        }
+    }
+}
+
+/// A `lock_in`: its text (`{table}` filled in), its values, and how it goes (`simple`: see
+/// [`Owned`]; `mariadb_wait`: [`FenceConnection::lock_in_row`]'s `wait`).
+pub struct LockIn<'a> {
+    text: String,
+    key: &'a str,
+    owner: &'a str,
+    holder: &'a str,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    simple: bool,
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    mariadb_wait: Option<u64>,
 }
 
 /// The fence's `SET`: nothing changes, the row is locked.
@@ -102,38 +181,6 @@ const FENCE_ONLY: &str = "lock_key = lock_key";
 
 fn sql(text: String) -> SqlStr {
     sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(text))
-}
-
-/// `fence_row` and `release_in_row` of a backend whose statements always go prepared (`simple`
-/// is for PostgreSQL behind a pooler), on the calling module's `TEXTS`: MySQL's and SQLite's.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-macro_rules! prepared_owned_writes {
-    () => {
-        async fn fence_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            token: u64,
-            _simple: bool,
-            succeed: bool,
-            in_tx: bool,
-        ) -> Result<u64, sqlx::Error> {
-            owned_write!(self, TEXTS.fence(table, succeed, in_tx), key, owner, token).await
-        }
-
-        async fn release_in_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            token: u64,
-            _simple: bool,
-        ) -> Result<u64, sqlx::Error> {
-            let text = TEXTS.text(TEXTS.release_in, table);
-            owned_write!(self, text, key, owner, token).await
-        }
-    };
 }
 
 /// Runs `text` (a fence or `release_in`: key, owner and token bound in that order) as a prepared
@@ -155,7 +202,7 @@ macro_rules! owned_write {
 /// The texts of one backend's statements on the caller's connection: `{table}`, the fence's
 /// `{set}` and `{live}` (the lease check, empty for a `lock_in` hold), with `$1` key, `$2` owner,
 /// `$3` token (fence, release_in) or holder (lock_in).
-struct Texts {
+pub struct Texts {
     quote: char,
     fence: &'static str,
     live: &'static str,
@@ -262,47 +309,20 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
         Ok((rows.len() as u64, first))
     }
 
-    /// A fence or `release_in` (key, owner, token) on the caller's connection: prepared, or
-    /// (`simple`) inlined; how many rows matched.
-    async fn owned(
-        conn: &mut sqlx::PgConnection,
-        text: String,
-        key: &str,
-        owner: &str,
-        token: u64,
-        simple: bool,
-    ) -> Result<u64, sqlx::Error> {
-        if simple {
-            let args = [Arg::Text(key), Arg::Text(owner), Arg::Int8(token as i64)];
-            return Ok(rows(conn, text, &args, true).await?.0);
-        }
-        owned_write!(conn, text, key, owner, token).await
-    }
+    impl sealed::Sealed for sqlx::PgConnection {
+        const TEXTS: Texts = TEXTS;
 
-    impl sealed::Sealed for sqlx::PgConnection {}
-
-    impl FenceConnection for sqlx::PgConnection {
-        const BACKEND: &'static str = "postgres";
-
-        async fn fence_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            token: u64,
-            simple: bool,
-            succeed: bool,
-            in_tx: bool,
-        ) -> Result<u64, sqlx::Error> {
-            owned(
-                self,
-                TEXTS.fence(table, succeed, in_tx),
-                key,
-                owner,
-                token,
-                simple,
-            )
-            .await
+        /// Prepared, or (`simple`) inlined.
+        async fn owned_write(&mut self, text: String, row: Owned<'_>) -> Result<u64, sqlx::Error> {
+            if row.simple {
+                let args = [
+                    Arg::Text(row.key),
+                    Arg::Text(row.owner),
+                    Arg::Int8(row.token as i64),
+                ];
+                return Ok(rows(self, text, &args, true).await?.0);
+            }
+            owned_write!(self, text, row.key, row.owner, row.token).await
         }
 
         /// Inside a savepoint: a key found taken (`s` locked the row's latest version, then its
@@ -312,25 +332,16 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
         /// open: the caller's transaction commits it with the rest. Prepared (the connection's
         /// statement cache keeps its plan) after the savepoint; behind a pooler both go as one
         /// simple query, the values inlined.
-        async fn lock_in_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            holder: &str,
-            simple: bool,
-            _mariadb_wait: Option<u64>,
-        ) -> Result<Option<u64>, sqlx::Error> {
-            let text = TEXTS.text(TEXTS.lock_in, table);
-            let args = [Arg::Text(key), Arg::Text(owner), Arg::Text(holder)];
-            let token = if simple {
-                let text = format!("SAVEPOINT dblock_lock_in; {text}");
+        async fn lock_in(&mut self, a: LockIn<'_>) -> Result<Option<u64>, sqlx::Error> {
+            let args = [Arg::Text(a.key), Arg::Text(a.owner), Arg::Text(a.holder)];
+            let token = if a.simple {
+                let text = format!("SAVEPOINT dblock_lock_in; {}", a.text);
                 rows(self, text, &args, true).await?.1
             } else {
                 sqlx::raw_sql("SAVEPOINT dblock_lock_in")
                     .execute(&mut *self)
                     .await?;
-                rows(self, text, &args, false).await?.1
+                rows(self, a.text, &args, false).await?.1
             };
             if token.is_none() {
                 sqlx::raw_sql("ROLLBACK TO SAVEPOINT dblock_lock_in")
@@ -339,18 +350,10 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
             }
             Ok(token.map(|t| t as u64))
         }
+    }
 
-        async fn release_in_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            token: u64,
-            simple: bool,
-        ) -> Result<u64, sqlx::Error> {
-            let text = TEXTS.text(TEXTS.release_in, table);
-            owned(self, text, key, owner, token, simple).await
-        }
+    impl FenceConnection for sqlx::PgConnection {
+        const BACKEND: &'static str = "postgres";
     }
 }
 
@@ -381,35 +384,31 @@ WHERE lock_key = ? AND expires_at <= UTC_TIMESTAMP(6)",
 WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIMESTAMP(6)",
     };
 
-    impl sealed::Sealed for sqlx::MySqlConnection {}
+    impl sealed::Sealed for sqlx::MySqlConnection {
+        const TEXTS: Texts = TEXTS;
 
-    impl FenceConnection for sqlx::MySqlConnection {
-        const BACKEND: &'static str = "mysql";
+        async fn owned_write(&mut self, text: String, row: Owned<'_>) -> Result<u64, sqlx::Error> {
+            owned_write!(self, text, row.key, row.owner, row.token).await
+        }
 
-        prepared_owned_writes!();
-
-        async fn lock_in_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            holder: &str,
-            _simple: bool,
-            mariadb_wait: Option<u64>,
-        ) -> Result<Option<u64>, sqlx::Error> {
-            let mut text = TEXTS.text(TEXTS.lock_in, table);
-            if let Some(secs) = mariadb_wait {
+        async fn lock_in(&mut self, a: LockIn<'_>) -> Result<Option<u64>, sqlx::Error> {
+            let mut text = a.text;
+            if let Some(secs) = a.mariadb_wait {
                 // MariaDB: the wait for the row lock is bounded for this statement only.
                 text = format!("SET STATEMENT innodb_lock_wait_timeout = {secs} FOR {text}");
             }
             let done = sqlx::query(sql(text))
-                .bind(owner)
-                .bind(holder)
-                .bind(key)
+                .bind(a.owner)
+                .bind(a.holder)
+                .bind(a.key)
                 .execute(&mut *self)
                 .await?;
             Ok((done.rows_affected() == 1).then(|| done.last_insert_id()))
         }
+    }
+
+    impl FenceConnection for sqlx::MySqlConnection {
+        const BACKEND: &'static str = "mysql";
 
         /// The session's isolation level (MariaDB's `tx_isolation`, MySQL 8's
         /// `transaction_isolation`); anything but READ COMMITTED / READ UNCOMMITTED, or no
@@ -485,30 +484,26 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > ",
         ),
     };
 
-    impl sealed::Sealed for sqlx::SqliteConnection {}
+    impl sealed::Sealed for sqlx::SqliteConnection {
+        const TEXTS: Texts = TEXTS;
 
-    impl FenceConnection for sqlx::SqliteConnection {
-        const BACKEND: &'static str = "sqlite";
+        async fn owned_write(&mut self, text: String, row: Owned<'_>) -> Result<u64, sqlx::Error> {
+            owned_write!(self, text, row.key, row.owner, row.token).await
+        }
 
-        prepared_owned_writes!();
-
-        async fn lock_in_row(
-            &mut self,
-            table: &str,
-            key: &str,
-            owner: &str,
-            holder: &str,
-            _simple: bool,
-            _mariadb_wait: Option<u64>,
-        ) -> Result<Option<u64>, sqlx::Error> {
-            let row = sqlx::query(sql(TEXTS.text(TEXTS.lock_in, table)))
-                .bind(key)
-                .bind(owner)
-                .bind(holder)
+        async fn lock_in(&mut self, a: LockIn<'_>) -> Result<Option<u64>, sqlx::Error> {
+            let row = sqlx::query(sql(a.text))
+                .bind(a.key)
+                .bind(a.owner)
+                .bind(a.holder)
                 .fetch_optional(&mut *self)
                 .await?;
             row.map(|r| r.try_get::<i64, _>(0).map(|t| t as u64))
                 .transpose()
         }
+    }
+
+    impl FenceConnection for sqlx::SqliteConnection {
+        const BACKEND: &'static str = "sqlite";
     }
 }
