@@ -296,8 +296,7 @@ async fn inject_faults(proxies: &[Proxy]) -> usize {
         tokio::time::sleep(Duration::from_millis(fastrand::u64(200..800))).await;
         if mode == Mode::HoldReplies {
             // A lost reply: the held bytes never arrive, the connection breaks.
-            proxy.set(Mode::Refuse);
-            proxy.reset_all();
+            proxy.cut_off();
         }
         proxy.set(Mode::Pass);
         injected += 1;

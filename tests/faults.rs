@@ -121,8 +121,7 @@ async fn a_lost_reply_is_resolved_and_counted_once() {
         assert!(row.held, "{}: the acquire did not commit", s.name);
         assert_eq!(row.owner.as_deref(), Some(me.id()));
         // The reply never comes; the connections die; reconnecting fails for 1.5 s.
-        s.proxy.set(Mode::Refuse);
-        s.proxy.reset_all();
+        s.proxy.cut_off();
         tokio::time::sleep(Duration::from_millis(1500)).await;
         s.proxy.set(Mode::Pass);
         let g = call.await.unwrap().unwrap_or_else(|e| {
@@ -154,8 +153,7 @@ async fn an_unresolved_acquire_returns_at_its_deadline_and_is_given_back_later()
         let call =
             tokio::spawn(async move { l.lock("k").owner(&owner).ttl(30 * SEC).wait(SEC).await });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        s.proxy.set(Mode::Refuse);
-        s.proxy.reset_all();
+        s.proxy.cut_off();
         let e = call.await.unwrap().unwrap_err();
         let took = started.elapsed();
         assert!(
@@ -212,8 +210,7 @@ async fn an_owner_back_while_its_acquire_is_resolved_gets_a_first_hold() {
         let row = row_once(&s.observer, "k", |r| r.held).await.expect("row");
         assert!(row.held, "{}: the acquire did not commit", s.name);
         // Its reply is lost, and reconnecting fails: the call gives up, the resolution goes on.
-        s.proxy.set(Mode::Refuse);
-        s.proxy.reset_all();
+        s.proxy.cut_off();
         let e = first.await.unwrap().unwrap_err();
         assert!(e.is_outcome_unknown(), "{}: {e}", s.name);
         // The same owner, again, while the resolution still cannot reach the server.
@@ -296,8 +293,7 @@ async fn a_release_after_a_lost_send_is_checked_before_it_counts() {
         );
         let (accepted, refused) = (s.proxy.accepted(), s.proxy.refused());
         // Refuse before the reset: the held reply is never delivered (Pass would flush it).
-        s.proxy.set(Mode::Refuse);
-        s.proxy.reset_all();
+        s.proxy.cut_off();
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(
             !release.is_finished(),
@@ -390,8 +386,7 @@ where
         "{}: the release did not commit",
         s.name
     );
-    s.proxy.set(Mode::Refuse);
-    s.proxy.reset_all();
+    s.proxy.cut_off();
     let kept = meanwhile(s).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
@@ -614,8 +609,7 @@ async fn cancelled_statements_are_sent_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_named_as_the_cause() {
     for s in servers("fault_refused", options()).await {
-        s.proxy.set(Mode::Refuse);
-        s.proxy.reset_all();
+        s.proxy.cut_off();
         // A locker whose pool has no connection yet: every connect is refused.
         let lazy = Locker::connect_with(&s.url, options()).await;
         assert!(
@@ -963,8 +957,7 @@ async fn reads_and_permits_count_once_through_lost_replies() {
         let call = tokio::spawn(async move { l.read("r").ttl(10 * SEC).wait(5 * SEC).await });
         let row = row_once(&s.observer, "r", |r| r.held).await.expect("row");
         assert!(row.held && row.hold_count == 1, "{}: {row:?}", s.name);
-        s.proxy.set(Mode::Refuse);
-        s.proxy.reset_all();
+        s.proxy.cut_off();
         tokio::time::sleep(Duration::from_millis(1500)).await;
         s.proxy.set(Mode::Pass);
         let a = call
@@ -987,8 +980,7 @@ async fn reads_and_permits_count_once_through_lost_replies() {
             "{}: the release did not commit",
             s.name
         );
-        s.proxy.set(Mode::Refuse);
-        s.proxy.reset_all();
+        s.proxy.cut_off();
         tokio::time::sleep(Duration::from_millis(500)).await;
         s.proxy.set(Mode::Pass);
         let outcome = release.await.unwrap();
@@ -1017,8 +1009,7 @@ async fn reads_and_permits_count_once_through_lost_replies() {
                 .await
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        s.proxy.set(Mode::Refuse);
-        s.proxy.reset_all();
+        s.proxy.cut_off();
         tokio::time::sleep(Duration::from_millis(1500)).await;
         s.proxy.set(Mode::Pass);
         let again = call.await.unwrap().unwrap();
@@ -1043,8 +1034,7 @@ async fn reads_and_permits_count_once_through_lost_replies() {
             "{}",
             s.name
         );
-        s.proxy.set(Mode::Refuse);
-        s.proxy.reset_all();
+        s.proxy.cut_off();
         tokio::time::sleep(Duration::from_millis(500)).await;
         s.proxy.set(Mode::Pass);
         let outcome = release.await.unwrap();
@@ -1086,8 +1076,7 @@ async fn batches_cut_mid_flight_are_settled_row_by_row() {
             tokio::time::sleep(Duration::from_millis(2)).await;
             s.proxy.set(fault);
             tokio::time::sleep(Duration::from_millis(1200)).await;
-            s.proxy.set(Mode::Refuse);
-            s.proxy.reset_all();
+            s.proxy.cut_off();
             tokio::time::sleep(Duration::from_millis(300)).await;
             s.proxy.set(Mode::Pass);
             let mut guards = Vec::new();

@@ -28,7 +28,7 @@ pub enum Mode {
     /// Pass everything through.
     Pass,
     /// Client → server passes; server → client bytes are held back (a lost reply), and
-    /// released if the mode goes back to `Pass`.
+    /// released if the mode goes back to `Pass` (another mode keeps them held).
     HoldReplies,
     /// Client → server bytes are dropped (a lost send); replies pass.
     DropSends,
@@ -154,6 +154,15 @@ impl Proxy {
             let _ = r.send(true);
         }
     }
+
+    /// Cuts the clients off: every open connection reset, new ones refused, and nothing held
+    /// back (a lost reply) gets through. The resets go out before `Refuse` is set: under
+    /// `Refuse` an open connection would carry on, so a reply that reached the proxy between
+    /// the two would otherwise be delivered.
+    pub fn cut_off(&self) {
+        self.reset_all();
+        self.set(Mode::Refuse);
+    }
 }
 
 async fn connection(
@@ -173,10 +182,12 @@ async fn connection(
         shared.mode.subscribe(),
         Direction::Replies,
     );
+    // A reset wins over traffic ready at the same poll: nothing passes once it is sent.
     tokio::select! {
+        biased;
+        _ = reset.wait_for(|r| *r) => {}
         _ = up => {}
         _ = down => {}
-        _ = reset.wait_for(|r| *r) => {}
     }
     // Reset both sides: linger 0 makes the close an RST.
     let client = cr.reunite(cw).ok();
@@ -229,6 +240,10 @@ async fn pump(
                 held.extend_from_slice(&buf[..n])
             }
             (Mode::DropSends, Direction::Sends) => {}
+            // What was held back stays behind, in order, until `Pass` lets it go: a reply held
+            // and then a switch to `Refuse` (the test's "and reconnecting fails") must stay
+            // lost, even when the rest of that reply reaches the proxy after the switch.
+            _ if now != Mode::Pass && !held.is_empty() => held.extend_from_slice(&buf[..n]),
             (Mode::DelayReplies(d), Direction::Replies) => {
                 tokio::time::sleep(d).await;
                 if to.write_all(&buf[..n]).await.is_err() {
