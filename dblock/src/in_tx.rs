@@ -74,7 +74,11 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
     /// session never waits on a row lock for it (see [`Locker::lock_in`](crate::Locker::lock_in)
     /// for each backend); between attempts it sleeps, 5 ms doubling to 250 ms. On SQLite a key
     /// held by a lease is busy at once: the transaction holds the file's write lock from its
-    /// first write, so the holder could not release while it waited.
+    /// first write, so the holder could not release while it waited. The whole call ends by
+    /// its `wait` (or one attempt's floor if longer: 1 s, 1.5 s on MySQL) and a moment more,
+    /// whatever the database does: a server that does not
+    /// answer in that time ends it with a [`LockError`] that says so (the transaction is then
+    /// best rolled back).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.options.wait = wait;
         self
