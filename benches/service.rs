@@ -6,6 +6,9 @@
 //! same rounds (their order rotated each round), each for `DBLOCK_BENCH_SECS / 2` seconds:
 //!
 //! - **no lock**: the transaction alone, the ceiling;
+//! - **token write**: the raw SQL ceiling of any lock that hands out a fencing token in the
+//!   transaction: a single-row `UPDATE ... SET token = token + 1` by primary key (on a table of
+//!   its own) as the transaction's first statement, no library code;
 //! - **lease**: `lock` before it, `fence` in it, `release` after the commit (three statements);
 //! - **release_in**: `lock` before it, `release_in` in it (two statements, the key free at the
 //!   commit);
@@ -27,16 +30,24 @@ const IDS: i64 = 1000;
 const APP_POOL: u32 = 16;
 const TABLE: &str = "dblock_bench_service";
 const LOCKS: &str = "dblock_bench_service_locks";
+const TOKENS: &str = "dblock_bench_service_tokens";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
     NoLock,
+    Token,
     Lease,
     ReleaseIn,
     LockIn,
 }
 
-const SIDES: [Side; 4] = [Side::NoLock, Side::Lease, Side::ReleaseIn, Side::LockIn];
+const SIDES: [Side; 5] = [
+    Side::NoLock,
+    Side::Token,
+    Side::Lease,
+    Side::ReleaseIn,
+    Side::LockIn,
+];
 
 /// The application's pool, of the backend under test.
 #[derive(Clone)]
@@ -69,6 +80,13 @@ macro_rules! request {
                 .wait(Duration::from_secs(10))
                 .await
                 .unwrap();
+        }
+        if side == Side::Token {
+            let token = concat!(
+                "UPDATE dblock_bench_service_tokens SET token = token + 1 WHERE id = ",
+                $p1
+            );
+            $q(token).bind(id).execute(&mut *tx).await.unwrap();
         }
         let read = concat!("SELECT n FROM dblock_bench_service WHERE id = ", $p1);
         let bump = concat!("UPDATE dblock_bench_service SET n = n + 1 WHERE id = ", $p1);
@@ -149,6 +167,12 @@ impl App {
                 "INSERT INTO {TABLE} (id, n, note) SELECT id, 0, NULL FROM ({}) AS ids",
                 ids_query(self, ids)
             ),
+            format!("DROP TABLE IF EXISTS {TOKENS}"),
+            format!("CREATE TABLE {TOKENS} (id BIGINT PRIMARY KEY, token BIGINT NOT NULL)"),
+            format!(
+                "INSERT INTO {TOKENS} (id, token) SELECT id, 0 FROM ({}) AS ids",
+                ids_query(self, ids)
+            ),
         ];
         for sql in ddl {
             let sql = sqlx::AssertSqlSafe(sql);
@@ -214,10 +238,10 @@ pub(crate) async fn service(
     let side_secs = Duration::from_secs_f64((secs / 2.0).max(0.5));
     println!("\n## Service: a request's transaction under a lock (requests/s; ratio to no lock)\n");
     println!(
-        "| backend | requests at once | no lock | lease + fence + release | lease + release_in | lock_in | rounds (lease, release_in, lock_in) |"
+        "| backend | requests at once | no lock | token write (raw SQL) | lease + fence + release | lease + release_in | lock_in | rounds (token, lease, release_in, lock_in) |"
     );
     debug_assert_eq!(SIDES[0], Side::NoLock);
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let ids = IDS * *CONCURRENCY.iter().max().unwrap() as i64;
     let pooler = ConnectOptions::new().pooler(true);
     for (name, url, options) in [
@@ -232,7 +256,7 @@ pub(crate) async fn service(
         let locker = match Locker::connect_with(url, options).await {
             Ok(l) => l.table(LOCKS),
             Err(e) => {
-                println!("| {name} | skipped: {e} | | | | | |");
+                println!("| {name} | skipped: {e} | | | | | | |");
                 continue;
             }
         };
@@ -277,7 +301,7 @@ pub(crate) async fn service(
             let mut rates: Vec<Vec<f64>> = vec![Vec::new(); SIDES.len()];
             let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); SIDES.len()];
             for round in 0..ROUNDS {
-                let mut this = [0.0; 4];
+                let mut this = [0.0; SIDES.len()];
                 for k in 0..SIDES.len() {
                     let i = (k + round) % SIDES.len();
                     this[i] = run(&app, &locker, SIDES[i], concurrency, side_secs).await;
@@ -306,11 +330,12 @@ pub(crate) async fn service(
                 }
             };
             println!(
-                "| {name} | {concurrency} | {} | {} | {} | {} | {rounds} |",
+                "| {name} | {concurrency} | {} | {} | {} | {} | {} | {rounds} |",
                 cell(0),
                 cell(1),
                 cell(2),
-                cell(3)
+                cell(3),
+                cell(4)
             );
         }
     }

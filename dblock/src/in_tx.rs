@@ -190,14 +190,10 @@ impl<C: FenceConnection> Kind for InTx<'_, C> {
             Ok(check) => check,
             Err(e) => return Try::Failed(e.into()),
         };
-        // SQLite: the caller's transaction holds the file's write lock from its first write,
-        // so a lease's holder could not release while it waited: busy at once.
+        // MySQL: the key looked held on the locker's own pool; nothing was sent on the
+        // caller's connection, so the call may wait on.
         if !check.free {
-            return if C::BACKEND == "sqlite" {
-                self.busy_now()
-            } else {
-                Try::busy(None)
-            };
+            return Try::busy(None);
         }
         let taken = self
             .conn
@@ -212,13 +208,17 @@ impl<C: FenceConnection> Kind for InTx<'_, C> {
             .await;
         match taken {
             Ok(Some(fencing_token)) => Try::Got(fencing_token),
-            // SQLite: the caller's transaction now holds the file's write lock, so the holder
-            // could not release while it waits: busy at once.
-            Ok(None) if C::BACKEND == "sqlite" => self.busy_now(),
-            // MySQL at REPEATABLE READ: the key was taken in the instant after the check, and
-            // the transaction now keeps the row's lock, so the holder could not release while
-            // it waited: busy at once (roll back and try again).
-            Ok(None) if C::BACKEND == "mysql" && self.conn.keeps_read_row_locks().await => {
+            // The attempt may have left the caller's transaction holding what the key's holder
+            // needs to release (SQLite: the file's write lock; MySQL at REPEATABLE READ: the
+            // row it read; PostgreSQL: the row's latest version, locked before its re-check
+            // found a lease that committed in the meantime): then the holder could not release
+            // while it waited: busy at once (roll back and try again).
+            Ok(None)
+                if self
+                    .conn
+                    .holds_row_after_busy(&self.shared.table, self.key, self.simple)
+                    .await =>
+            {
                 self.busy_now()
             }
             Ok(None) => Try::busy(None),

@@ -89,13 +89,19 @@ pub trait FenceConnection: Send + sealed::Sealed {
         }
     }
 
-    /// After a `lock_in` attempt that found the key taken: whether the transaction may now keep
-    /// the lock of the row it read (InnoDB at REPEATABLE READ or SERIALIZABLE keeps the lock of
-    /// a row an `UPDATE` read and did not change; at READ COMMITTED it lets it go). Then the
-    /// caller must not wait on in that transaction: the key's holder could not release.
+    /// After a `lock_in` attempt that found the key taken: whether the caller's transaction may
+    /// now hold a lock the key's holder needs to release (the row's lock, or on SQLite the
+    /// file's write lock). Then the call must not go on waiting in that transaction: it answers
+    /// busy at once. Each backend says when (no answer counts as holding it).
     #[doc(hidden)]
-    fn keeps_read_row_locks(&mut self) -> impl Future<Output = bool> + Send {
-        std::future::ready(false)
+    fn holds_row_after_busy(
+        &mut self,
+        table: &str,
+        key: &str,
+        simple: bool,
+    ) -> impl Future<Output = bool> + Send {
+        let _ = (table, key, simple);
+        std::future::ready(true)
     }
 
     /// Records the success of `owner`'s live tenure `token` of `key` and releases it, inside
@@ -325,36 +331,39 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
             owned_write!(self, text, row.key, row.owner, row.token).await
         }
 
-        /// Inside a savepoint: a key found taken (`s` locked the row's latest version, then its
-        /// re-check found a lease that committed after the statement's snapshot) may leave that
-        /// row locked, which would hold up its holder's release until the caller's transaction
-        /// ended; rolling back to the savepoint lets the lock go. Granted, the savepoint stays
-        /// open: the caller's transaction commits it with the rest. Prepared (the connection's
-        /// statement cache keeps its plan) after the savepoint; behind a pooler both go as one
-        /// simple query, the values inlined.
+        /// One statement: prepared (the connection's statement cache keeps its plan), or behind
+        /// a pooler a simple query with the values inlined.
         async fn lock_in(&mut self, a: LockIn<'_>) -> Result<Option<u64>, sqlx::Error> {
             let args = [Arg::Text(a.key), Arg::Text(a.owner), Arg::Text(a.holder)];
-            let token = if a.simple {
-                let text = format!("SAVEPOINT dblock_lock_in; {}", a.text);
-                rows(self, text, &args, true).await?.1
-            } else {
-                sqlx::raw_sql("SAVEPOINT dblock_lock_in")
-                    .execute(&mut *self)
-                    .await?;
-                rows(self, a.text, &args, false).await?.1
-            };
-            if token.is_none() {
-                sqlx::raw_sql("ROLLBACK TO SAVEPOINT dblock_lock_in")
-                    .execute(&mut *self)
-                    .await?;
-            }
+            let token = rows(self, a.text, &args, a.simple).await?.1;
             Ok(token.map(|t| t as u64))
         }
     }
 
     impl FenceConnection for sqlx::PgConnection {
         const BACKEND: &'static str = "postgres";
+
+        /// Whether the key's row is locked by this transaction: its latest version's `xmax` is
+        /// the transaction's id (a row lock, or a write of its own). At READ COMMITTED `s` may
+        /// have locked the row's latest version and then found, re-checking it, that a lease
+        /// committed after the statement's snapshot took the key: the row stays locked until the
+        /// transaction ends. A transaction with no id yet has locked nothing. No answer counts
+        /// as holding it. (A lock taken inside a savepoint of the caller's is under the
+        /// savepoint's own id and is not seen: that call waits out its `wait`.)
+        async fn holds_row_after_busy(&mut self, table: &str, key: &str, simple: bool) -> bool {
+            let text = TEXTS.text(HOLDS_ROW, table);
+            match rows(self, text, &[Arg::Text(key)], simple).await {
+                Ok((_, first)) => first != Some(0),
+                Err(_) => true,
+            }
+        }
     }
+
+    /// 1 if the latest version of `$1`'s row is locked (or written) by this transaction, else 0;
+    /// no row: nothing.
+    const HOLDS_ROW: &str =
+        "SELECT CASE WHEN xmax::text::int8 = txid_current_if_assigned() % 4294967296
+    THEN 1::int8 ELSE 0::int8 END FROM {table} WHERE lock_key = $1";
 }
 
 #[cfg(feature = "mysql")]
@@ -410,10 +419,12 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIME
     impl FenceConnection for sqlx::MySqlConnection {
         const BACKEND: &'static str = "mysql";
 
-        /// The session's isolation level (MariaDB's `tx_isolation`, MySQL 8's
+        /// InnoDB at REPEATABLE READ or SERIALIZABLE keeps the lock of a row an `UPDATE` read and
+        /// did not change (the key taken in the instant after the check); at READ COMMITTED it
+        /// lets it go. So: the session's isolation level (MariaDB's `tx_isolation`, MySQL 8's
         /// `transaction_isolation`); anything but READ COMMITTED / READ UNCOMMITTED, or no
-        /// answer, counts as keeping the lock.
-        async fn keeps_read_row_locks(&mut self) -> bool {
+        /// answer, counts as holding the row.
+        async fn holds_row_after_busy(&mut self, _table: &str, _key: &str, _simple: bool) -> bool {
             for variable in ["@@session.transaction_isolation", "@@session.tx_isolation"] {
                 let text = format!("SELECT CAST({variable} AS CHAR)");
                 if let Ok(level) = sqlx::query_scalar::<_, String>(sql(text))
@@ -503,6 +514,8 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > ",
         }
     }
 
+    /// The statement took the file's write lock and the caller's transaction keeps it: the
+    /// holder could not release while the call waited (the trait's default, `true`).
     impl FenceConnection for sqlx::SqliteConnection {
         const BACKEND: &'static str = "sqlite";
     }
