@@ -24,6 +24,77 @@ use crate::shared::Shared;
 use crate::validate;
 use crate::wait::{self, Kind, Seen, Try};
 
+/// This kind's entry point.
+impl crate::Locker {
+    /// Takes `key` **inside the caller's open transaction** on the lock's own database, with one
+    /// statement of that transaction, and holds it until the transaction commits or rolls back.
+    /// The database's row lock is the lock: no lease, no renewal, nothing to release; a crash
+    /// or a dropped connection ends the transaction and frees the key at once. The key's
+    /// fencing token goes up, as for any tenure. It excludes lease holders of the key
+    /// ([`lock`](Self::lock), [`read`](Self::read), [`lock_all`](Self::lock_all), a
+    /// [`leader`](Self::leader)) and they exclude it; semaphores are keys of their own. Inside
+    /// a locked body (`tx = ..` on the attribute) [`dblock::current`](crate::current) reports
+    /// it, and committed, the hold records `Succeeded`.
+    ///
+    /// `.wait(d)` bounds it ([`LockError::Busy`] after); the caller's session never waits on a
+    /// row lock for it:
+    /// - PostgreSQL: the row is locked with `FOR UPDATE SKIP LOCKED`, only if free; a key held
+    ///   by a lease or by another transaction is busy at once, and tried again until `wait`.
+    ///   At READ COMMITTED, if a lease took the key in the instant the statement ran, the
+    ///   statement's re-check leaves the row locked by your transaction, which would hold up
+    ///   that lease's release: then `lock_in` answers `Busy` at once, whatever its `wait`; roll
+    ///   back and try again.
+    ///   Works through PgBouncer in transaction mode (a simple query then). At REPEATABLE READ
+    ///   or SERIALIZABLE take it first in the transaction: a key taken or released after the
+    ///   transaction's snapshot makes the statement fail with a serialization error (roll back).
+    /// - MariaDB: one `UPDATE` whose wait for the row is bounded by `SET STATEMENT
+    ///   innodb_lock_wait_timeout = 0`; a key no one has used gets its row first on the
+    ///   locker's own connections (never an insert or gap lock in the caller's transaction).
+    ///   MySQL 8 has no per-statement bound: the session's `innodb_lock_wait_timeout` applies.
+    ///   At REPEATABLE READ (the default there), an `UPDATE` that finds the key taken (by a
+    ///   lease, in the instant after that check) keeps the row locked until the transaction
+    ///   ends, which would hold up the holder's release: then `lock_in` answers `Busy` at once,
+    ///   whatever its `wait`; roll back and try again. At READ COMMITTED it waits as asked.
+    ///   On MariaDB Galera a row lock is the node's own: a `lock_in` or a lease of the key on
+    ///   another node is granted beside it (same fencing token), and certification settles it
+    ///   at commit — the first to commit wins, the other transaction fails its commit (1213)
+    ///   with all its work. Before its commit such a hold excludes nothing outside the database:
+    ///   send every `lock_in` of a key to one node, or use a lease.
+    /// - SQLite: the statement takes the database's write lock, kept by the transaction: while
+    ///   it is open no other connection writes anything in that file, and every lock statement
+    ///   of every locker on it waits (up to its busy timeout). Begin with `BEGIN IMMEDIATE` so
+    ///   the transaction never has to upgrade a read snapshot (`SQLITE_BUSY`).
+    ///
+    /// A lease call on a key held this way is `Busy`: PostgreSQL's lock statements wait at most
+    /// 250 ms for a row lock (`lock_timeout`) and try again within their `wait`; MySQL's one
+    /// second (`innodb_lock_wait_timeout`, whole seconds).
+    ///
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("dblock-lock-in-doc-{}.db", std::process::id()));
+    /// # let url = format!("sqlite://{}?mode=rwc", path.display());
+    /// let db = sqlx::SqlitePool::connect(&url).await?;
+    /// let locker = dblock::Locker::sqlite(db.clone());
+    /// locker.migrate().await?;
+    ///
+    /// let mut tx = db.begin_with("BEGIN IMMEDIATE").await?;
+    /// let lock = locker.lock_in(&mut *tx, "order:7").await?;
+    /// // ... the work in `tx`, fenced by the row lock; `lock.fencing_token()` for other stores ...
+    /// tx.commit().await?; // the key is free, and its hold recorded as succeeded
+    /// # let _ = lock;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn lock_in<'c, C: FenceConnection>(
+        &self,
+        conn: &'c mut C,
+        key: impl Into<String>,
+    ) -> LockInRequest<'c, C> {
+        LockInRequest::new(self.shared().clone(), conn, key.into())
+    }
+}
+
 /// One `locker.lock_in(&mut *tx, key)` call being configured; `.await` it to take the key inside
 /// the transaction.
 ///

@@ -28,6 +28,26 @@ use crate::request::LockRequest;
 use crate::shared::Shared;
 use crate::validate;
 
+/// This kind's entry point.
+impl crate::Locker {
+    /// An election on `key` (leader election on a lease, as etcd's): `.campaign()` waits until
+    /// this instance leads, `.current()` names the leader, `.observe()` follows the changes.
+    /// The election is the lock on `key` in this table. See [`LeaderRequest`].
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let leadership = locker.leader("scheduler").holder("node-a").campaign().await?;
+    /// tokio::select! {
+    ///     _ = leadership.lost() => {}                      // stop leading
+    ///     () = std::future::pending::<()>() => {}          // ... run the scheduler ...
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn leader(&self, key: impl Into<String>) -> LeaderRequest {
+        LeaderRequest::new(self.shared().clone(), key.into())
+    }
+}
+
 /// An election on one key: [`campaign`](Self::campaign) to lead, [`current`](Self::current) to
 /// ask who leads, [`observe`](Self::observe) to follow the changes. Made by
 /// [`Locker::leader`](crate::Locker::leader).

@@ -24,6 +24,32 @@ use crate::request::{self, AllTry, LockRequest};
 use crate::shared::Shared;
 use crate::validate;
 
+/// This kind's entry point.
+impl crate::Locker {
+    /// Starts a request for several keys at once, all or nothing: they are taken in one
+    /// canonical order (sorted bytes, duplicates merged) as one owner, so two calls naming the
+    /// same keys in any order cannot deadlock; `wait` bounds the whole set; whatever was taken
+    /// when one key cannot be had is given back at once. Keys are anything `AsRef<str>`: an
+    /// array or slice of `&str`, a `Vec<String>`. See [`LockAllRequest`].
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let guards = locker.lock_all(["acct:2", "acct:1"]).wait(std::time::Duration::from_secs(5)).await?;
+    /// assert_eq!(guards.len(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_all<I>(&self, keys: I) -> LockAllRequest
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        LockAllRequest::new(
+            self.shared().clone(),
+            keys.into_iter().map(|k| k.as_ref().to_owned()).collect(),
+        )
+    }
+}
+
 /// Most keys one [`Locker::lock_all`](crate::Locker::lock_all) call takes: every key goes in
 /// one statement, and the backends' limits on a statement's parameters (SQLite 32,766, MySQL
 /// and MariaDB 65,535) are well above what 1,000 keys need. More is refused up front with

@@ -26,6 +26,27 @@ use crate::timing;
 use crate::validate;
 use crate::wait::{self, Busy, Kind, Seen, Try};
 
+/// This kind's entry point.
+impl crate::Locker {
+    /// A shared (read) hold of `key`: any number of readers at once; [`lock`](Self::lock) of
+    /// the same key is the writer, which excludes them and which they exclude. Once a writer
+    /// waits, readers that arrive after it wait behind it (recorded in the database, so across
+    /// processes), and the writer gets the key when the readers already in leave. The guard is
+    /// a lease like a lock's (ttl, renewal, release, the read tenure's fencing token). See
+    /// [`ReadRequest`](crate::ReadRequest).
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let snapshot = locker.read("config").wait(std::time::Duration::from_secs(5)).await?;
+    /// // ... read the configuration; writers wait ...
+    /// snapshot.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn read(&self, key: impl Into<String>) -> crate::ReadRequest {
+        crate::ReadRequest::new(self.shared().clone(), key.into())
+    }
+}
+
 /// One `locker.read(key)` call being configured; `.await` it for a shared (read) hold of `key`.
 /// Any number of readers hold a key at once; [`Locker::lock`](crate::Locker::lock) of the same
 /// key is the writer, which excludes them and which they exclude. A writer that waits is not

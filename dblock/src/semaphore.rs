@@ -43,6 +43,27 @@ use crate::validate;
 use crate::wait::{self, Busy, Kind, Seen, Try};
 use std::time::Duration;
 
+/// This kind's entry point.
+impl crate::Locker {
+    /// A counting semaphore on `key` with `permits` permits: at most that many holders at once,
+    /// across processes. `.await` the request for a permit (a [`LockGuard`](crate::LockGuard)); each permit is a
+    /// lease of its own (owner, ttl, renewal, its own fencing token). Every call on one key must
+    /// ask for the same number of permits ([`LockError::PermitsMismatch`] otherwise). Semaphore
+    /// keys live apart from lock keys (`lock("k")` and `semaphore("k", 3)` are unrelated) and
+    /// are at most 233 bytes. See [`SemaphoreRequest`].
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let permit = locker.semaphore("exports", 3).wait(std::time::Duration::from_secs(30)).await?;
+    /// // ... at most 3 of these run at once ...
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, key: impl Into<String>, permits: u32) -> SemaphoreRequest {
+        SemaphoreRequest::new(self.shared().clone(), key.into(), permits)
+    }
+}
+
 /// Longest semaphore key, in bytes: its slots' keys add up to 22 bytes (`␟`, permits, `.`,
 /// slot) and must fit the 255 bytes of a lock key.
 pub const MAX_SEMAPHORE_KEY_LEN: usize = validate::MAX_KEY_LEN - 22;

@@ -25,6 +25,7 @@ pub(crate) mod contract;
 mod dialect;
 pub(crate) mod exec;
 pub(crate) mod fence;
+pub(crate) mod kind_sql;
 pub(crate) mod migrations;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;

@@ -25,6 +25,7 @@ mod queue;
 pub(crate) mod read;
 mod sql;
 use super::{quote_ident, Acquire, Dialect};
+use crate::backend::kind_sql::KindSqls;
 use crate::backend::Conns;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -70,8 +71,9 @@ pub(crate) struct My {
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
-    /// The statements of shared (read) locks (`mysql/read.rs`).
-    read_sql: Arc<read::Sql>,
+    /// The texts of kinds' own statements (shared locks', `mysql/read.rs`), each built on
+    /// first use.
+    kind_sql: Arc<KindSqls>,
     /// `true` when the server takes `INSERT ... RETURNING` (MariaDB ≥ 10.5); decided once.
     returning: Arc<OnceCell<bool>>,
 }

@@ -27,6 +27,7 @@ pub(crate) use batch::{one_command, write as write_batch, write_whole};
 pub(crate) mod read;
 use super::migrations::RENEWED;
 use super::{quote_ident, Acquire, Attempt, Dialect};
+use crate::backend::kind_sql::KindSqls;
 use crate::backend::Conns;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -81,8 +82,9 @@ pub(crate) struct Lite {
     /// The quoted table name, for statements built per call.
     table: Arc<str>,
     sql: Arc<Statements>,
-    /// The statements of shared (read) locks (`sqlite/read.rs`).
-    read_sql: Arc<read::Sql>,
+    /// The texts of kinds' own statements (shared locks', `sqlite/read.rs`), each built on
+    /// first use.
+    kind_sql: Arc<KindSqls>,
     /// The coalesced statements (`sqlite/batch.rs`).
     batch_sql: Arc<batch::Sql>,
     /// One statement at a time per database in this process ([`Dialect::one_at_a_time`]), shared by
@@ -417,7 +419,7 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
             release_pool: pool.clone(),
             lazy_release: false,
             pool,
-            read_sql: Arc::new(read::Sql::new(&t)),
+            kind_sql: KindSqls::new(&t),
             batch_sql: Arc::new(batch::Sql::new(&t)),
             turn: Arc::default(),
             table: t.into(),

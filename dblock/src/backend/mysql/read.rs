@@ -8,6 +8,7 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::{My, US_NOW};
+use crate::backend::kind_sql::KindSql;
 use crate::backend::read::{
     Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
 };
@@ -159,8 +160,8 @@ fn positional(template: &str, table: &str) -> (SqlStr, Vec<P>) {
     (AssertSqlSafe(out).into_sql_str(), order)
 }
 
-impl Sql {
-    pub(crate) fn new(table: &str) -> Sql {
+impl KindSql for Sql {
+    fn build(table: &str) -> Sql {
         debug_assert!(ACQUIRE.contains(READERS));
         Sql {
             acquire: positional(ACQUIRE, table),
@@ -213,6 +214,7 @@ pub(crate) async fn acquire(
     conn: &mut MySqlConnection,
     a: &ReadAcquire<'_>,
 ) -> Result<ReadAttempt, sqlx::Error> {
+    let texts = my.kind_sql.get::<Sql>();
     let sent_at = std::time::SystemTime::now();
     let v = Values {
         key: a.key,
@@ -222,7 +224,7 @@ pub(crate) async fn acquire(
         reentry: a.reentry,
         ..Values::default()
     };
-    let done = bind(&my.read_sql.acquire, &v).execute(&mut *conn).await?;
+    let done = bind(&texts.acquire, &v).execute(&mut *conn).await?;
     let packed = done.last_insert_id();
     if packed == 0 {
         return Ok(ReadAttempt::Busy { retry_after: None });
@@ -244,6 +246,7 @@ pub(crate) async fn release(
     conn: &mut MySqlConnection,
     r: &ReadRelease<'_>,
 ) -> Result<ReadReleased, sqlx::Error> {
+    let texts = my.kind_sql.get::<Sql>();
     let v = Values {
         key: r.key,
         id: r.id,
@@ -251,12 +254,10 @@ pub(crate) async fn release(
         outcome: r.outcome.map(|o| o.code()),
         ..Values::default()
     };
-    let done = bind(&my.read_sql.release, &v).execute(&mut *conn).await?;
+    let done = bind(&texts.release, &v).execute(&mut *conn).await?;
     Ok(match done.last_insert_id() {
         0 => {
-            let gone = bind(&my.read_sql.gone, &v)
-                .fetch_optional(&mut *conn)
-                .await?;
+            let gone = bind(&texts.gone, &v).fetch_optional(&mut *conn).await?;
             if gone.is_some() {
                 ReadReleased::Gone
             } else {
@@ -273,13 +274,14 @@ pub(crate) async fn intent(
     conn: &mut MySqlConnection,
     i: &Intent<'_>,
 ) -> Result<bool, sqlx::Error> {
+    let texts = my.kind_sql.get::<Sql>();
     let v = Values {
         key: i.key,
         owner: i.owner,
         lease_us: i.lease_us,
         ..Values::default()
     };
-    let done = bind(&my.read_sql.intent, &v).execute(&mut *conn).await?;
+    let done = bind(&texts.intent, &v).execute(&mut *conn).await?;
     Ok(done.rows_affected() > 0)
 }
 
@@ -288,12 +290,13 @@ pub(crate) async fn withdraw(
     conn: &mut MySqlConnection,
     w: &Withdraw<'_>,
 ) -> Result<(), sqlx::Error> {
+    let texts = my.kind_sql.get::<Sql>();
     let v = Values {
         key: w.key,
         owner: w.owner,
         ..Values::default()
     };
-    bind(&my.read_sql.withdraw, &v).execute(&mut *conn).await?;
+    bind(&texts.withdraw, &v).execute(&mut *conn).await?;
     Ok(())
 }
 

@@ -439,7 +439,7 @@ WHERE lock_key = ? AND NOT (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6))
         };
         My {
             pool,
-            read_sql: Arc::new(read::Sql::new(&t)),
+            kind_sql: KindSqls::new(&t),
             table: t.into(),
             sql: Arc::new(statements),
             returning: Arc::new(OnceCell::new()),

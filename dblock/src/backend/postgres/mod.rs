@@ -20,6 +20,7 @@ use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 
 use super::admin::PURGE_BATCH;
 use super::{quote_ident, Dialect};
+use crate::backend::kind_sql::KindSqls;
 use crate::backend::Conns;
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
@@ -114,11 +115,10 @@ pub(crate) struct Pg {
     /// NOTIFY channel for releases of this table (see [`notify_channel`]).
     channel: Arc<str>,
     sql: Arc<Statements>,
-    /// The statements of shared (read) locks (`read.rs`).
-    read_sql: Arc<read::Sql>,
+    /// The texts of kinds' own statements (shared locks', `read.rs`; a semaphore's NOTIFY
+    /// request, `semaphore.rs`), each built on first use.
+    kind_sql: Arc<KindSqls>,
     batch_sql: Arc<batch::Sql>,
-    /// A semaphore's waiters ask for a NOTIFY (`semaphore.rs`).
-    flag_slots: Arc<Stmt>,
     /// The LISTEN connection that wakes this locker's waiters; `None` when turned off.
     notifier: Option<Arc<notify::Notifier>>,
     settings: Settings,

@@ -8,6 +8,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::Row;
 
 use super::{stmt, Arg, Pg, Stmt};
+use crate::backend::kind_sql::KindSql;
 use crate::backend::read::{
     Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
 };
@@ -136,8 +137,8 @@ RETURNING 1";
 const WITHDRAW: &str =
     "UPDATE {table} SET intent_until = NULL WHERE lock_key = $1 AND intent_owner = $2";
 
-impl Sql {
-    pub(crate) fn new(table: &str) -> Sql {
+impl KindSql for Sql {
+    fn build(table: &str) -> Sql {
         let fill = |s: &str| {
             s.replace("{joining}", JOINING)
                 .replace("{seen}", SEEN)
@@ -161,10 +162,11 @@ pub(crate) async fn acquire(
     conn: &mut PgConnection,
     a: &ReadAcquire<'_>,
 ) -> Result<ReadAttempt, sqlx::Error> {
+    let texts = pg.kind_sql.get::<Sql>();
     let s = if a.waiting {
-        &pg.read_sql.acquire_waiting
+        &texts.acquire_waiting
     } else {
-        &pg.read_sql.acquire
+        &texts.acquire
     };
     let mut args = vec![
         Arg::Text(a.key),
@@ -198,10 +200,11 @@ pub(crate) async fn release(
     conn: &mut PgConnection,
     r: &ReadRelease<'_>,
 ) -> Result<ReadReleased, sqlx::Error> {
+    let texts = pg.kind_sql.get::<Sql>();
     let row = pg
         .fetch_optional(
             conn,
-            &pg.read_sql.release,
+            &texts.release,
             &[
                 Arg::Text(r.key),
                 Arg::Int8(r.token),
@@ -230,10 +233,11 @@ pub(crate) async fn intent(
     conn: &mut PgConnection,
     i: &Intent<'_>,
 ) -> Result<bool, sqlx::Error> {
+    let texts = pg.kind_sql.get::<Sql>();
     let n = pg
         .execute(
             conn,
-            &pg.read_sql.intent,
+            &texts.intent,
             &[
                 Arg::Text(i.key),
                 Arg::Text(i.owner),
@@ -249,9 +253,10 @@ pub(crate) async fn withdraw(
     conn: &mut PgConnection,
     w: &Withdraw<'_>,
 ) -> Result<(), sqlx::Error> {
+    let texts = pg.kind_sql.get::<Sql>();
     pg.execute(
         conn,
-        &pg.read_sql.withdraw,
+        &texts.withdraw,
         &[Arg::Text(w.key), Arg::Text(w.owner)],
     )
     .await?;

@@ -3,6 +3,7 @@
 use sqlx::postgres::PgConnection;
 
 use super::{stmt, Arg, Pg, Stmt};
+use crate::backend::kind_sql::KindSql;
 use crate::backend::semaphore::FlagSlots;
 
 /// `$1`: the slot keys. One UPDATE of the live slots among them not flagged yet (a slot taken
@@ -11,8 +12,13 @@ const FLAG: &str = "UPDATE {table} SET contended = true
 WHERE lock_key = ANY($1::text[]) AND NOT contended
   AND owner IS NOT NULL AND expires_at > statement_timestamp()";
 
-pub(crate) fn flag_stmt(table: &str) -> Stmt {
-    stmt(FLAG, table)
+/// The statement's text on one table, built on first use.
+pub(crate) struct Flag(Stmt);
+
+impl KindSql for Flag {
+    fn build(table: &str) -> Flag {
+        Flag(stmt(FLAG, table))
+    }
 }
 
 pub(crate) async fn flag_slots(
@@ -21,8 +27,8 @@ pub(crate) async fn flag_slots(
     f: &FlagSlots<'_>,
 ) -> Result<(), sqlx::Error> {
     let keys: Vec<&str> = f.keys.iter().map(String::as_str).collect();
-    pg.execute(conn, &pg.flag_slots, &[Arg::TextArray(&keys)])
-        .await?;
+    let flag = pg.kind_sql.get::<Flag>();
+    pg.execute(conn, &flag.0, &[Arg::TextArray(&keys)]).await?;
     Ok(())
 }
 

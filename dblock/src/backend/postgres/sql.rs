@@ -462,9 +462,8 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_t
             pool,
             channel,
             sql: Arc::new(statements),
-            read_sql: Arc::new(read::Sql::new(&t)),
+            kind_sql: KindSqls::new(&t),
             batch_sql: Arc::new(batch::Sql::new(&t)),
-            flag_slots: Arc::new(semaphore::flag_stmt(&t)),
             settings,
         }
     }

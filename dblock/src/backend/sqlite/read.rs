@@ -6,6 +6,7 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
 use super::{ms_ceil, Lite, NOW};
+use crate::backend::kind_sql::KindSql;
 use crate::backend::read::{
     Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
 };
@@ -92,8 +93,8 @@ fn sql(template: &str, table: &str) -> SqlStr {
     AssertSqlSafe(text).into_sql_str()
 }
 
-impl Sql {
-    pub(crate) fn new(table: &str) -> Sql {
+impl KindSql for Sql {
+    fn build(table: &str) -> Sql {
         debug_assert!(ACQUIRE.contains(READERS));
         Sql {
             acquire: sql(ACQUIRE, table),
@@ -110,7 +111,8 @@ pub(crate) async fn acquire(
     conn: &mut SqliteConnection,
     a: &ReadAcquire<'_>,
 ) -> Result<ReadAttempt, sqlx::Error> {
-    let row = sqlx::query(lite.read_sql.acquire.clone())
+    let texts = lite.kind_sql.get::<Sql>();
+    let row = sqlx::query(texts.acquire.clone())
         .bind(a.key)
         .bind(a.holder)
         .bind(ms_ceil(a.ttl_us))
@@ -133,7 +135,8 @@ pub(crate) async fn release(
     conn: &mut SqliteConnection,
     r: &ReadRelease<'_>,
 ) -> Result<ReadReleased, sqlx::Error> {
-    let left: Option<i64> = sqlx::query_scalar(lite.read_sql.release.clone())
+    let texts = lite.kind_sql.get::<Sql>();
+    let left: Option<i64> = sqlx::query_scalar(texts.release.clone())
         .bind(r.key)
         .bind(r.token)
         .bind(r.id)
@@ -144,7 +147,7 @@ pub(crate) async fn release(
         Some(0) => ReadReleased::Free,
         Some(n) => ReadReleased::StillHeld(n.max(0) as u32),
         None => {
-            let gone = sqlx::query(lite.read_sql.gone.clone())
+            let gone = sqlx::query(texts.gone.clone())
                 .bind(r.key)
                 .bind(r.token)
                 .bind(r.id)
@@ -164,7 +167,8 @@ pub(crate) async fn intent(
     conn: &mut SqliteConnection,
     i: &Intent<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(lite.read_sql.intent.clone())
+    let texts = lite.kind_sql.get::<Sql>();
+    let done = sqlx::query(texts.intent.clone())
         .bind(i.key)
         .bind(i.owner)
         .bind(ms_ceil(i.lease_us))
@@ -178,7 +182,8 @@ pub(crate) async fn withdraw(
     conn: &mut SqliteConnection,
     w: &Withdraw<'_>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(lite.read_sql.withdraw.clone())
+    let texts = lite.kind_sql.get::<Sql>();
+    sqlx::query(texts.withdraw.clone())
         .bind(w.key)
         .bind(w.owner)
         .execute(&mut *conn)
