@@ -69,6 +69,15 @@ pub(crate) enum HoldKind {
     Permit(std::sync::Arc<str>),
 }
 
+impl HoldKind {
+    /// Whether `release_in`'s one `UPDATE` of the hold's row releases it: an exclusive lock's
+    /// or a permit's, not a reader's (the readers share the row; a read's release is its own
+    /// statement).
+    pub(crate) fn releases_in_tx(&self) -> bool {
+        !matches!(self, HoldKind::Read(_))
+    }
+}
+
 /// What a read hold adds (see [`HoldKind::Read`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Reader {

@@ -544,8 +544,7 @@ impl LockGuard {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub async fn release_in<C: FenceConnection>(mut self, conn: &mut C) -> Result<(), LockError> {
-        let releasable =
-            self.hold.hold_count == 1 && !matches!(self.hold.kind, crate::hold::HoldKind::Read(_));
+        let releasable = self.hold.hold_count == 1 && self.hold.kind.releases_in_tx();
         if !releasable {
             self.fence_row(conn, true).await?;
             self.set_used(true);

@@ -70,10 +70,11 @@ pub struct Owner {
 }
 
 impl Owner {
-    /// The row owner of a key held by readers (`backend::read::READERS`): never an owner's id.
-    pub(crate) fn readers() -> Self {
+    /// A row owner that is no owner's id but a kind's marker (a shared lock's readers hold its
+    /// row under one).
+    pub(crate) fn marker(marker: &'static str) -> Self {
         Owner {
-            id: Arc::from(crate::info::READERS),
+            id: Arc::from(marker),
         }
     }
 

@@ -216,7 +216,7 @@ impl Kind for ReadWait {
             .await;
             match tried.result {
                 Ok(ReadAttempt::Granted(grant)) => {
-                    let hold = Hold::new(key, Owner::readers(), grant, ttl, sent, meter)
+                    let hold = Hold::new(key, Owner::marker(crate::info::READERS), grant, ttl, sent, meter)
                         .of_kind(HoldKind::Read(Reader { id, owner }));
                     hold.cap(max_hold);
                     hold.delay(lock_delay);
