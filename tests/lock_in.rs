@@ -307,6 +307,39 @@ async fn settle_my(
     Ok(held.fencing_token)
 }
 
+/// A read hold given to `release_in`: readers share the key's row, so the statement does not
+/// release it (it records the success, as `succeed_in`) and the guard is given back on its own.
+/// The other reader keeps the key: a writer stays `Busy` until that reader leaves too.
+macro_rules! reader_release_in {
+    ($pool:ty, $db:expr) => {{
+        let db: &common::Db = $db;
+        let (name, l) = (db.name, &db.locker);
+        let pool = <$pool as common::TestPool>::open(&db.url).await;
+        let first = l.read("r").await.unwrap();
+        let second = l.read("r").await.unwrap();
+        let mut tx = begin!(pool, name);
+        first.release_in(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+        match l.lock("r").wait(Duration::from_millis(600)).await {
+            Err(LockError::Busy { .. }) => {}
+            other => panic!("{name}: a writer beside the reader left: {other:?}"),
+        }
+        second.release().await.unwrap();
+        let writer = l.lock("r").wait(10 * SEC).await;
+        writer
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"))
+            .release()
+            .await
+            .unwrap();
+        pool.close().await;
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_in_of_a_read_hold_leaves_the_other_readers_theirs() {
+    every_backend!("lock_in_reader", reader_release_in);
+}
+
 /// A locked body (a lease) whose `dblock::release_in` rolls back, and which goes on: the key is
 /// still the body's (the same tenure; not renewed any more), and when the body ends it is given
 /// back, recording `Dropped`.
