@@ -178,13 +178,10 @@ fn rollback_pause() -> Duration {
     Duration::from_micros(fastrand::u64(100..2000))
 }
 
-/// Pause before the `n`th resend after a connection failure (n ≥ 1): 5 ms doubling to 250 ms,
-/// jittered over the upper half, so a reconnect storm does not spin.
+/// Pause before the `n`th resend after a connection failure (n ≥ 1): the waiters' backoff
+/// ([`crate::timing::nth_backoff`]), so a reconnect storm does not spin.
 fn reconnect_pause(n: u32) -> Duration {
-    let step = Duration::from_millis(5)
-        .saturating_mul(1 << n.saturating_sub(1).min(6))
-        .min(Duration::from_millis(250));
-    crate::timing::jittered(step)
+    crate::timing::nth_backoff(n)
 }
 
 /// Runs `op` until it succeeds or the policy gives up, classing each failure with `classify`.
@@ -200,6 +197,10 @@ where
 {
     let (mut rolled_back, mut reconnects) = (0, 0);
     let mut after_unknown = false;
+    // The last send that found no connection and said why before its time was up: a last send
+    // that ran out of time (the pause before it overran, on a loaded machine) tells nothing,
+    // and the caller hears this one's cause instead ("connection refused", not "timed out").
+    let mut cause: Option<Failed> = None;
     loop {
         let until = if after_unknown {
             policy.resolve_until
@@ -250,16 +251,24 @@ where
         } else {
             policy.send_until
         };
+        let out_of_time = Instant::now() >= limit;
         match pause {
             Some(pause) if Instant::now() + pause < until => {
                 tracing::debug!(error = %failed.error, ?failure, ?pause, "statement failed; sending it again");
+                if failure == Failure::NotSent && !out_of_time {
+                    cause = Some(failed);
+                }
                 tokio::time::sleep(pause).await;
             }
             _ => {
+                let failed = match cause {
+                    Some(cause) if failure == Failure::NotSent && out_of_time => cause,
+                    _ => failed,
+                };
                 return Tried {
                     result: Err(failed),
                     after_unknown,
-                }
+                };
             }
         }
     }
@@ -320,6 +329,39 @@ mod tests {
         .await;
         let limits = limits.into_inner().unwrap();
         (tried, limits)
+    }
+
+    /// Written for a CI flake: a closed port refused every connect, and the last resend, begun
+    /// just before the deadline after an overrun pause, timed out before its connect was
+    /// refused. The caller heard "timed out (server unreachable?)"; it is told "refused".
+    #[tokio::test(start_paused = true)]
+    async fn a_last_send_out_of_time_does_not_hide_why_the_others_failed() {
+        let sends = Mutex::new(0);
+        let tried = run(policy(1000, 1000), classify, |limit| {
+            *sends.lock().unwrap() += 1;
+            let first = *sends.lock().unwrap() < 3;
+            async move {
+                if first {
+                    Err::<(), _>(fail("not-sent: refused"))
+                } else {
+                    tokio::time::sleep_until(limit).await;
+                    Err(fail("not-sent: timed out"))
+                }
+            }
+        })
+        .await;
+        let e = tried.result.unwrap_err().error.to_string();
+        assert!(e.contains("refused"), "{e}");
+        assert!(*sends.lock().unwrap() >= 3);
+
+        // Only the sends that ran out of time give way: a send that failed in time is the cause.
+        let (tried, _) = script(
+            policy(1000, 1000),
+            &[Err("not-sent: refused"), Err("not-sent: full")],
+        )
+        .await;
+        let e = tried.result.unwrap_err().error.to_string();
+        assert!(e.contains("full"), "{e}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -65,6 +65,15 @@ pub(crate) fn live(deadline: Instant, lease: Duration) -> bool {
     Instant::now() + (lease / MARGIN_DIVISOR).min(MAX_MARGIN) < deadline
 }
 
+/// The `n`th pause (n ≥ 1) of a [`Backoff`] left alone: 5 ms doubling to 250 ms, jittered.
+/// (A statement's resends after a failed connection.)
+pub(crate) fn nth_backoff(n: u32) -> Duration {
+    let step = FIRST_BACKOFF
+        .saturating_mul(1 << n.saturating_sub(1).min(6))
+        .min(MAX_BACKOFF);
+    jittered(step)
+}
+
 /// `step`, jittered over its upper half (0.5 to 1.0 times): waiters spread out instead of
 /// arriving together.
 pub(crate) fn jittered(step: Duration) -> Duration {

@@ -4,7 +4,7 @@
 //! implementing [`KindSql`]) and touches no backend constructor.
 
 use std::any::Any;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 /// The texts of one kind's statements on one table.
 pub(crate) trait KindSql: Any + Send + Sync {
@@ -40,10 +40,11 @@ impl KindSqls {
 
     /// Kind `T`'s texts on this table, built on first use.
     pub(crate) fn get<T: KindSql>(&self) -> Arc<T> {
-        // Nothing in here panics while holding the lock; a poisoned lock's list is whole.
-        let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(texts) = built.iter().find_map(|b| b.clone().downcast::<T>().ok()) {
-            return texts;
+        let mut built = crate::sync::lock(&self.built);
+        if let Some(b) = built.iter().find(|b| (***b).is::<T>()) {
+            if let Ok(texts) = b.clone().downcast::<T>() {
+                return texts;
+            }
         }
         let texts = Arc::new(T::build(&self.table));
         built.push(texts.clone());
