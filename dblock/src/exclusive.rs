@@ -410,7 +410,7 @@ impl Kind for LockWait {
                      to re-enter, take both under one owner (dblock::Owner::scope or .owner(&owner))"
                 );
             }
-            if shared.read_tenure(&req.key, &req.owner).is_some() {
+            if shared.member_tenure(&req.key, &req.owner).is_some() {
                 // The owner reads the key: the writer would wait for itself.
                 return Err(LockError::WouldWaitForItself {
                     key: req.key.clone(),

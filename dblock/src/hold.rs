@@ -6,6 +6,8 @@
 //! statement was *sent*, plus the ttl). Whether the lease may still be alive is only ever judged
 //! by the deadline: a reply that took long cannot make a lease look longer than it is.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -13,10 +15,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{Grant, HoldRef};
+use crate::backend::{Backend, Grant, HoldRef, Outcome, Released};
+use crate::error::LockError;
 use crate::info::time_from_micros;
 use crate::meter;
 use crate::owner::{HeldLock, Owner};
+use crate::retry::Policy;
 use crate::sync::lock;
 
 /// One hold of one key by one owner (one `lock()` call that succeeded).
@@ -61,9 +65,10 @@ pub(crate) enum HoldKind {
     /// An exclusive lock of its key.
     #[default]
     Lock,
-    /// A shared (read) hold: its id among the key's readers and the owner that reads (the
-    /// row's owner, [`Hold::owner`], is the readers' marker).
-    Read(Reader),
+    /// One of several holds that share the key's row (a read hold, `read.rs`): the row's
+    /// owner ([`Hold::owner`]) is the kind's marker, the member knows its own owner, and its
+    /// kind gives it back with a statement of its own.
+    Member(std::sync::Arc<dyn Member>),
     /// A permit of the semaphore of this key (the key users know; the row is one of its slots,
     /// `semaphore.rs`).
     Permit(std::sync::Arc<str>),
@@ -71,18 +76,29 @@ pub(crate) enum HoldKind {
 
 impl HoldKind {
     /// Whether `release_in`'s one `UPDATE` of the hold's row releases it: an exclusive lock's
-    /// or a permit's, not a reader's (the readers share the row; a read's release is its own
-    /// statement).
+    /// or a permit's, not a member's (the members share the row; a member's release is its
+    /// kind's own statement).
     pub(crate) fn releases_in_tx(&self) -> bool {
-        !matches!(self, HoldKind::Read(_))
+        !matches!(self, HoldKind::Member(_))
     }
 }
 
-/// What a read hold adds (see [`HoldKind::Read`]).
-#[derive(Clone, Debug)]
-pub(crate) struct Reader {
-    pub(crate) id: i64,
-    pub(crate) owner: Owner,
+/// A hold that shares its key's row with others of its kind ([`HoldKind::Member`]),
+/// implemented by the kind (`read.rs`): the core tracks, renews and releases it as any hold,
+/// and asks the kind only what differs.
+pub(crate) trait Member: std::fmt::Debug + Send + Sync {
+    /// The owner that holds it (the row's owner is the kind's marker).
+    fn owner(&self) -> &Owner;
+
+    /// Gives `hold` back with the kind's own statement, sent under `policy` (the core's
+    /// resends and deadline); the same answers as a lock's release.
+    fn release<'a>(
+        &'a self,
+        backend: &'a Backend,
+        hold: &'a Hold,
+        outcome: Option<Outcome>,
+        policy: Policy,
+    ) -> Pin<Box<dyn Future<Output = Result<Released, LockError>> + Send + 'a>>;
 }
 
 /// The code that called `lock()`: its tokio task, or — for the future a runtime's `block_on`
@@ -212,10 +228,10 @@ impl Hold {
         self
     }
 
-    /// The reader, for a read hold.
-    pub(crate) fn reader(&self) -> Option<&Reader> {
+    /// The member, for a hold that shares its row ([`HoldKind::Member`]).
+    pub(crate) fn member(&self) -> Option<&dyn Member> {
         match &self.kind {
-            HoldKind::Read(reader) => Some(reader),
+            HoldKind::Member(member) => Some(&**member),
             _ => None,
         }
     }
@@ -247,7 +263,7 @@ impl Hold {
             simple,
             exclusive: matches!(self.kind, HoldKind::Lock),
             in_tx: false,
-            releasable: self.hold_count == 1 && !matches!(self.kind, HoldKind::Read(_)),
+            releasable: self.hold_count == 1 && self.member().is_none(),
             released_in: self.released_in.clone(),
         }
     }

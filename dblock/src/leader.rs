@@ -28,6 +28,9 @@ use crate::request::LockRequest;
 use crate::shared::Shared;
 use crate::validate;
 
+/// A leadership's metrics label (`kind="leader"`).
+const METRIC: crate::meter::Kind = crate::meter::Kind::named("leader");
+
 /// This kind's entry point.
 impl crate::Locker {
     /// An election on `key` (leader election on a lease, as etcd's): `.campaign()` waits until
@@ -147,7 +150,7 @@ impl LeaderRequest {
                 ..self.options.clone()
             };
             let request = LockRequest::with(self.shared.clone(), self.key.clone(), options, Default::default());
-            match request.leader().await {
+            match request.labelled(METRIC).await {
                 Ok(guard) => {
                     let leadership = Leadership::new(guard.auto_renew(), self.options.ttl);
                     tracing::info!(
@@ -195,7 +198,7 @@ impl LeaderRequest {
             options,
             Default::default(),
         )
-        .leader()
+        .labelled(METRIC)
         .stealing()
         .await?;
         let leadership = Leadership::new(guard.auto_renew(), self.options.ttl);

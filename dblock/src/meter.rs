@@ -41,29 +41,26 @@ pub(crate) struct Label {
 #[cfg(feature = "metrics")]
 pub(crate) const UNNAMED: &str = "(handle)";
 
-/// The kind of hold a call takes, as its metrics are labelled (`kind`).
+/// The kind of hold a call takes, as its metrics are labelled (`kind`). Each kind names its own
+/// in its file (`read.rs`: "read", `semaphore.rs`: "permit", `leader.rs`: "leader"); the
+/// exclusive lock's, the builders' default, is [`Kind::LOCK`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// An exclusive lock ([`Locker::lock`](crate::Locker::lock), `lock_all`, the attribute).
-    Lock,
-    /// A shared hold ([`Locker::read`](crate::Locker::read)).
-    Read,
-    /// A permit of a semaphore ([`Locker::semaphore`](crate::Locker::semaphore)).
-    Permit,
-    /// A leadership ([`Locker::leader`](crate::Locker::leader)).
-    Leader,
-}
+pub(crate) struct Kind(&'static str);
 
 impl Kind {
+    /// An exclusive lock ([`Locker::lock`](crate::Locker::lock), `lock_all`, the attribute).
+    pub(crate) const LOCK: Kind = Kind::named("lock");
+
+    /// The kind labelled `label` (lower case, one word: the label's value as documented in
+    /// `docs/production.md`).
+    pub(crate) const fn named(label: &'static str) -> Kind {
+        Kind(label)
+    }
+
     /// The label's value.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn label(self) -> &'static str {
-        match self {
-            Kind::Lock => "lock",
-            Kind::Read => "read",
-            Kind::Permit => "permit",
-            Kind::Leader => "leader",
-        }
+        self.0
     }
 }
 

@@ -127,7 +127,7 @@ impl IntoFuture for LockAllRequest {
             let meter = meter::Label::new(
                 self.options.metrics_key.as_ref(),
                 self.shared.backend_name(),
-                meter::Kind::Lock,
+                meter::Kind::LOCK,
             );
             // One key: that key's request reports the call, with its own wait.
             let report = self.keys.len() > 1;

@@ -11,12 +11,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::read::{ReadAcquire, ReadAttempt};
-use crate::backend::Backend;
+use crate::backend::read::{ReadAcquire, ReadAttempt, ReadRelease, ReadReleased};
+use crate::backend::{Backend, Outcome, Released};
 use crate::detach::Detached;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::hold::{Hold, HoldKind, Reader};
+use crate::hold::{Hold, HoldKind, Member};
 use crate::meter;
 use crate::options::Options;
 use crate::owner::Owner;
@@ -25,6 +25,9 @@ use crate::shared::Shared;
 use crate::timing;
 use crate::validate;
 use crate::wait::{self, Busy, Kind, Seen, Try};
+
+/// The read kind's metrics label (`kind="read"`).
+const METRIC: meter::Kind = meter::Kind::named("read");
 
 /// This kind's entry point.
 impl crate::Locker {
@@ -99,7 +102,7 @@ impl IntoFuture for ReadRequest {
             let meter = meter::Label::new(
                 self.options.metrics_key.as_ref(),
                 self.shared.backend_name(),
-                meter::Kind::Read,
+                METRIC,
             );
             let mut first_busy = None;
             let result = self
@@ -129,7 +132,7 @@ impl ReadRequest {
         let mut kind = ReadWait {
             backend: shared.backend()?.clone(),
             holder: self.options.holder(&shared)?,
-            reentry: shared.read_tenure(&self.key, &owner),
+            reentry: shared.member_tenure(&self.key, &owner),
             shared: shared.clone(),
             key: self.key,
             owner,
@@ -182,7 +185,7 @@ impl Kind for ReadWait {
     }
 
     async fn attempt(&mut self, waiting: bool, call_until: Instant) -> Try {
-        self.reentry = self.shared.read_tenure(&self.key, &self.owner);
+        self.reentry = self.shared.member_tenure(&self.key, &self.owner);
         let (shared, backend, key, holder, owner, meter) = (
             self.shared.clone(),
             self.backend.clone(),
@@ -217,7 +220,7 @@ impl Kind for ReadWait {
             match tried.result {
                 Ok(ReadAttempt::Granted(grant)) => {
                     let hold = Hold::new(key, Owner::marker(crate::info::READERS), grant, ttl, sent, meter)
-                        .of_kind(HoldKind::Read(Reader { id, owner }));
+                        .of_kind(HoldKind::Member(Arc::new(Reader { id, owner })));
                     hold.cap(max_hold);
                     hold.delay(lock_delay);
                     let live = timing::live(hold.deadline(), ttl);
@@ -266,5 +269,54 @@ impl Kind for ReadWait {
                 waited,
             },
         }
+    }
+}
+
+/// A read hold's part ([`HoldKind::Member`]): its id among the key's readers and the owner that
+/// reads (the row's owner is the readers' marker, [`crate::info::READERS`]).
+#[derive(Debug)]
+struct Reader {
+    id: i64,
+    owner: Owner,
+}
+
+impl Member for Reader {
+    fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// Gives one read hold back: its id leaves the key's readers (`backend/read.rs`). A resend
+    /// after a lost reply finds the id gone and counts as done; nothing can be removed twice.
+    fn release<'a>(
+        &'a self,
+        backend: &'a Backend,
+        hold: &'a Hold,
+        outcome: Option<Outcome>,
+        policy: Policy,
+    ) -> Pin<Box<dyn Future<Output = Result<Released, LockError>> + Send + 'a>> {
+        Box::pin(async move {
+            let statement = ReadRelease {
+                key: &hold.key,
+                token: hold.fencing_token as i64,
+                id: self.id,
+                outcome,
+            };
+            let tried = retry::run(
+                policy,
+                |f| backend.classify(f),
+                |limit| backend.run(&statement, limit),
+            )
+            .await;
+            match tried.result {
+                Ok(ReadReleased::Free) => Ok(Released::Free),
+                Ok(ReadReleased::StillHeld(n)) => Ok(Released::StillHeld(n)),
+                Ok(ReadReleased::Gone) => {
+                    tracing::debug!(key = %crate::Escaped(&hold.key), "read release after a lost reply: the earlier send took effect");
+                    Ok(Released::StillHeld(0))
+                }
+                Ok(ReadReleased::NotHeld) => Ok(Released::NotHeld),
+                Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),
+            }
+        })
     }
 }

@@ -74,7 +74,7 @@ impl LockRequest {
             options,
             lock,
             record_call: true,
-            kind: meter::Kind::Lock,
+            kind: meter::Kind::LOCK,
             hold_kind: HoldKind::Lock,
             steal: false,
         }
@@ -86,15 +86,16 @@ impl LockRequest {
         self
     }
 
-    /// A leadership: the lock under another metrics kind.
-    pub(crate) fn leader(mut self) -> Self {
-        self.kind = meter::Kind::Leader;
+    /// The lock under another metrics kind (a leadership's).
+    pub(crate) fn labelled(mut self, kind: meter::Kind) -> Self {
+        self.kind = kind;
         self
     }
 
-    /// A permit of the semaphore `semaphore`: the lock of one of its slot rows.
-    pub(crate) fn permit_of(mut self, semaphore: &str) -> Self {
-        self.kind = meter::Kind::Permit;
+    /// A permit of the semaphore `semaphore`: the lock of one of its slot rows, labelled
+    /// `kind`.
+    pub(crate) fn permit_of(mut self, semaphore: &str, kind: meter::Kind) -> Self {
+        self.kind = kind;
         self.hold_kind = HoldKind::Permit(semaphore.into());
         self
     }

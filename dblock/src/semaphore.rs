@@ -43,6 +43,9 @@ use crate::validate;
 use crate::wait::{self, Busy, Kind, Seen, Try};
 use std::time::Duration;
 
+/// A semaphore permit's metrics label (`kind="permit"`).
+const METRIC: crate::meter::Kind = crate::meter::Kind::named("permit");
+
 /// This kind's entry point.
 impl crate::Locker {
     /// A counting semaphore on `key` with `permits` permits: at most that many holders at once,
@@ -460,7 +463,7 @@ impl SemaphoreRequest {
             ..self.options.clone()
         };
         let request = LockRequest::with(permits.clone(), row, options, Default::default());
-        request.permit_of(&self.key).await
+        request.permit_of(&self.key, METRIC).await
     }
 }
 

@@ -189,14 +189,16 @@ impl Shared {
             .any(|h| !h.is_lost() && matches(&h))
     }
 
-    /// The read tenure in which `owner` reads `key` (a live read hold of this locker's table
-    /// that this process tracks): a new read of the owner is then a re-entry.
-    pub(crate) fn read_tenure(&self, key: &str, owner: &Owner) -> Option<u64> {
+    /// The tenure in which `owner` holds `key` as a member of its row (a live read hold of this
+    /// locker's table that this process tracks): a new read of the owner is then a re-entry.
+    pub(crate) fn member_tenure(&self, key: &str, owner: &Owner) -> Option<u64> {
         self.live()
             .values()
             .filter(|(_, of)| of.upgrade().is_some_and(|of| of.space == self.space))
             .filter_map(|(h, _)| h.upgrade())
-            .find(|h| !h.is_lost() && h.key == key && h.reader().is_some_and(|r| r.owner == *owner))
+            .find(|h| {
+                !h.is_lost() && h.key == key && h.member().is_some_and(|m| m.owner() == owner)
+            })
             .map(|h| h.fencing_token)
     }
 

@@ -29,9 +29,15 @@ impl Shared {
         outcome: Option<Outcome>,
         until: Instant,
     ) -> Result<Released, LockError> {
-        if let Some(reader) = hold.reader() {
-            // Boxed, as the rare statements below: kept out of every release's future.
-            return Box::pin(self.release_read(hold, reader.id, outcome, until)).await;
+        if let Some(member) = hold.member() {
+            // The kind's own statement (boxed by the kind: kept out of every release's future).
+            let backend = self.backend()?;
+            let policy = Policy::until(self.statement_timeout / 2, until);
+            let released = member.release(backend, hold, outcome, policy).await;
+            if matches!(released, Ok(Released::Free)) {
+                crate::line::freed(&self.space, &hold.key);
+            }
+            return released;
         }
         let backend = self.backend()?;
         let current = tracked.tenure == Some(hold.fencing_token);
@@ -109,46 +115,6 @@ impl Shared {
             if let crate::hold::HoldKind::Permit(semaphore) = &hold.kind {
                 crate::line::freed(&self.space, semaphore);
             }
-        }
-        released
-    }
-
-    /// Gives one read hold back: its id leaves the key's readers (`backend/read.rs`). A resend
-    /// after a lost reply finds the id gone and counts as done; nothing can be removed twice.
-    async fn release_read(
-        &self,
-        hold: &Hold,
-        id: i64,
-        outcome: Option<Outcome>,
-        until: Instant,
-    ) -> Result<Released, LockError> {
-        use crate::backend::read::{ReadRelease, ReadReleased};
-        let backend = self.backend()?;
-        let statement = ReadRelease {
-            key: &hold.key,
-            token: hold.fencing_token as i64,
-            id,
-            outcome,
-        };
-        let policy = Policy::until(self.statement_timeout / 2, until);
-        let tried = retry::run(
-            policy,
-            |f| backend.classify(f),
-            |limit| backend.run(&statement, limit),
-        )
-        .await;
-        let released = match tried.result {
-            Ok(ReadReleased::Free) => Ok(Released::Free),
-            Ok(ReadReleased::StillHeld(n)) => Ok(Released::StillHeld(n)),
-            Ok(ReadReleased::Gone) => {
-                tracing::debug!(key = %crate::Escaped(&hold.key), "read release after a lost reply: the earlier send took effect");
-                Ok(Released::StillHeld(0))
-            }
-            Ok(ReadReleased::NotHeld) => Ok(Released::NotHeld),
-            Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),
-        };
-        if matches!(released, Ok(Released::Free)) {
-            crate::line::freed(&self.space, &hold.key);
         }
         released
     }
