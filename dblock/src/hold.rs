@@ -90,16 +90,23 @@ pub(crate) trait Member: std::fmt::Debug + Send + Sync {
     /// The owner that holds it (the row's owner is the kind's marker).
     fn owner(&self) -> &Owner;
 
-    /// Gives `hold` back with the kind's own statement, sent under `policy` (the core's
-    /// resends and deadline); the same answers as a lock's release.
-    fn release<'a>(
-        &'a self,
-        backend: &'a Backend,
-        hold: &'a Hold,
-        outcome: Option<Outcome>,
-        policy: Policy,
-    ) -> Pin<Box<dyn Future<Output = Result<Released, LockError>> + Send + 'a>>;
+    /// Gives the hold back with the kind's own statement; the same answers as a lock's
+    /// release.
+    fn release<'a>(&'a self, giving: Giving<'a>) -> Releasing<'a>;
 }
+
+/// What a [`Member`]'s release is given: its hold, the outcome to record, and the core's
+/// resends and deadline (`policy`).
+pub(crate) struct Giving<'a> {
+    pub(crate) backend: &'a Backend,
+    pub(crate) hold: &'a Hold,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) policy: Policy,
+}
+
+/// A [`Member`]'s release under way.
+pub(crate) type Releasing<'a> =
+    Pin<Box<dyn Future<Output = Result<Released, LockError>> + Send + 'a>>;
 
 /// The code that called `lock()`: its tokio task, or — for the future a runtime's `block_on`
 /// drives, which is no task — its thread.

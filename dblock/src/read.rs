@@ -12,15 +12,15 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::read::{ReadAcquire, ReadAttempt, ReadRelease, ReadReleased};
-use crate::backend::{Backend, Outcome, Released};
+use crate::backend::{Backend, Released};
 use crate::detach::Detached;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::hold::{Hold, HoldKind, Member};
+use crate::hold::{Giving, Hold, HoldKind, Member, Releasing};
 use crate::meter;
 use crate::options::Options;
 use crate::owner::Owner;
-use crate::retry::{self, Failure, Policy};
+use crate::retry::{Failure, Policy};
 use crate::shared::Shared;
 use crate::timing;
 use crate::validate;
@@ -211,12 +211,7 @@ impl Kind for ReadWait {
                 call_until,
                 sent + ttl + shared.statement_timeout,
             );
-            let tried = retry::run(
-                policy,
-                |f| backend.classify(f),
-                |limit| backend.run(&statement, limit),
-            )
-            .await;
+            let tried = backend.retried(&statement, policy).await;
             match tried.result {
                 Ok(ReadAttempt::Granted(grant)) => {
                     let hold = Hold::new(key, Owner::marker(crate::info::READERS), grant, ttl, sent, meter)
@@ -287,13 +282,13 @@ impl Member for Reader {
 
     /// Gives one read hold back: its id leaves the key's readers (`backend/read.rs`). A resend
     /// after a lost reply finds the id gone and counts as done; nothing can be removed twice.
-    fn release<'a>(
-        &'a self,
-        backend: &'a Backend,
-        hold: &'a Hold,
-        outcome: Option<Outcome>,
-        policy: Policy,
-    ) -> Pin<Box<dyn Future<Output = Result<Released, LockError>> + Send + 'a>> {
+    fn release<'a>(&'a self, giving: Giving<'a>) -> Releasing<'a> {
+        let Giving {
+            backend,
+            hold,
+            outcome,
+            policy,
+        } = giving;
         Box::pin(async move {
             let statement = ReadRelease {
                 key: &hold.key,
@@ -301,12 +296,7 @@ impl Member for Reader {
                 id: self.id,
                 outcome,
             };
-            let tried = retry::run(
-                policy,
-                |f| backend.classify(f),
-                |limit| backend.run(&statement, limit),
-            )
-            .await;
+            let tried = backend.retried(&statement, policy).await;
             match tried.result {
                 Ok(ReadReleased::Free) => Ok(Released::Free),
                 Ok(ReadReleased::StillHeld(n)) => Ok(Released::StillHeld(n)),

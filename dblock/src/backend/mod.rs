@@ -283,6 +283,16 @@ impl Backend {
         Ok((attempts, released, extended))
     }
 
+    /// Runs statement `s` under `policy`: sent again as the failures' classes allow
+    /// ([`retry::run`]).
+    pub(crate) async fn retried<S: Runs>(
+        &self,
+        s: &S,
+        policy: retry::Policy,
+    ) -> retry::Tried<S::Output> {
+        retry::run(policy, |f| self.classify(f), |limit| self.run(s, limit)).await
+    }
+
     /// Runs statement `s` on a pooled connection within `deadline` (see [`Statement`]).
     pub(crate) async fn run<S: Runs>(&self, s: &S, deadline: Instant) -> Result<S::Output, Failed> {
         match self {

@@ -432,12 +432,7 @@ impl Shared {
             serials.push(tracked);
         }
         let statement = crate::backend::AcquireMany(&all);
-        let tried = retry::run(
-            policy,
-            |f| backend.classify(f),
-            |limit| backend.run(&statement, limit),
-        )
-        .await;
+        let tried = backend.retried(&statement, policy).await;
         if let Ok(Some(attempts)) = &tried.result {
             for (tracked, attempt) in serials.iter_mut().zip(attempts) {
                 tracked.note(attempt);

@@ -33,7 +33,13 @@ impl Shared {
             // The kind's own statement (boxed by the kind: kept out of every release's future).
             let backend = self.backend()?;
             let policy = Policy::until(self.statement_timeout / 2, until);
-            let released = member.release(backend, hold, outcome, policy).await;
+            let giving = crate::hold::Giving {
+                backend,
+                hold,
+                outcome,
+                policy,
+            };
+            let released = member.release(giving).await;
             if matches!(released, Ok(Released::Free)) {
                 crate::line::freed(&self.space, &hold.key);
             }
