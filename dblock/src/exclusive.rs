@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::read::{Intent, Withdraw, INTENT_LEASE};
+use crate::backend::read::{Intent, Withdraw};
 use crate::backend::{Acquire, Attempt};
 use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
@@ -25,7 +25,7 @@ use crate::owner::Owner;
 use crate::registry::Serial;
 use crate::retry::{LastFailure, Policy};
 use crate::shared::Shared;
-use crate::timing::{self, INTENT_EVERY};
+use crate::timing::{self, INTENT_EVERY, INTENT_LEASE};
 use crate::wait::{self, Busy, Kind, Seen, Try};
 
 /// A `lock()` call, resolved and validated: what every attempt of it sends.

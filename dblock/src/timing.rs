@@ -23,6 +23,19 @@ pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(50);
 /// they do: well within the intent's lease (`backend/read.rs`).
 pub(crate) const INTENT_EVERY: Duration = Duration::from_millis(400);
 
+/// How long a writer's intent lasts unless renewed (it is renewed at each attempt, and a
+/// waiting writer attempts at least every 250 ms): a writer that dies holds new readers back
+/// for at most this long.
+pub(crate) const INTENT_LEASE: Duration = Duration::from_secs(2);
+
+/// How long a fair caller's ticket stays in its key's queue without its waiter renewing it
+/// (`fair.rs`).
+pub(crate) const WAITER_LEASE: Duration = Duration::from_secs(5);
+
+/// A fair caller renews its ticket once this much of its lease has passed. Its looks at the
+/// queue come at most the longest backoff (250 ms) apart, well inside the lease.
+pub(crate) const TOUCH_AFTER: Duration = Duration::from_secs(1);
+
 /// First and largest pause between attempts while waiting for a busy key.
 /// How long a leader's campaign pauses after a failed attempt (the database unreachable, say)
 /// before it asks again.

@@ -26,11 +26,6 @@ use super::{Grant, Outcome, Statement};
 
 pub(crate) use crate::info::READERS;
 
-/// How long a writer's intent lasts unless renewed (it is renewed at each attempt, and a
-/// waiting writer attempts at least every 250 ms): a writer that dies holds new readers back
-/// for at most this long.
-pub(crate) const INTENT_LEASE: Duration = Duration::from_secs(2);
-
 /// One reader's attempt: join the live read phase of `key`, or start one on a free row.
 pub(crate) struct ReadAcquire<'a> {
     pub key: &'a str,
