@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::read::{Intent, Withdraw};
 use crate::backend::{Acquire, Attempt};
 use crate::detach::{Detached, Unreceived};
 use crate::error::LockError;
@@ -22,10 +21,11 @@ use crate::line;
 use crate::meter;
 use crate::options::LockOptions;
 use crate::owner::Owner;
+use crate::read::WriterIntent;
 use crate::registry::Serial;
 use crate::retry::{LastFailure, Policy};
 use crate::shared::Shared;
-use crate::timing::{self, INTENT_EVERY, INTENT_LEASE};
+use crate::timing;
 use crate::wait::{self, Busy, Kind, Seen, Try};
 
 /// A `lock()` call, resolved and validated: what every attempt of it sends.
@@ -86,18 +86,8 @@ impl Request {
         let (key, owner, wait) = (self.key.clone(), self.owner.clone(), self.wait);
         let mut lock = LockWait::new(self, shared.clone(), started);
         let result = wait::wait_for(&mut lock, &shared, started, wait, &mut first_busy).await;
-        if lock.intent && result.is_err() {
-            // A writer that gives up withdraws its intent: readers need not wait it out.
-            if let Ok(backend) = shared.backend() {
-                let (backend, timeout) = (backend.clone(), shared.statement_timeout);
-                tokio::spawn(async move {
-                    let withdraw = Withdraw {
-                        key: &key,
-                        owner: owner.id(),
-                    };
-                    let _ = backend.run(&withdraw, Instant::now() + timeout).await;
-                });
-            }
+        if result.is_err() {
+            lock.intent.withdraw(&shared, key, owner);
         }
         if record {
             meter::call_ended(&meter, &result, started, first_busy);
@@ -304,10 +294,8 @@ struct LockWait {
     last_place: Place,
     /// The owner holds the key already (a re-entry): it never waits in the process's line.
     reentry: bool,
-    /// When this writer last recorded (or looked to record) its intent on a read-held key.
-    intent_at: Option<Instant>,
-    /// Whether it holds an intent (withdrawn if the call gives up).
-    intent: bool,
+    /// Its intent behind the key's readers, recorded while they hold it (`read.rs`).
+    intent: WriterIntent,
     /// Just reached the head of a fair queue: the next pause starts from the first step.
     fresh: bool,
     attempts: u32,
@@ -326,8 +314,7 @@ impl LockWait {
             fair,
             last_place: Place::Behind(1),
             reentry,
-            intent_at: None,
-            intent: false,
+            intent: WriterIntent::default(),
             fresh: false,
             attempts: 0,
         }
@@ -421,20 +408,9 @@ impl Kind for LockWait {
         if !busy.attempted || now >= busy.wait_until {
             return Ok(());
         }
-        if self.intent_at.is_none_or(|at| now >= at + INTENT_EVERY) {
-            // Held by readers? Then record this writer's intent (renewed while it waits), so
-            // that readers who come later wait behind it.
-            let statement = Intent {
-                key: &req.key,
-                owner: req.owner.id(),
-                lease_us: INTENT_LEASE.as_micros() as i64,
-            };
-            let limit = (now + shared.statement_timeout).min(busy.wait_until);
-            // Boxed: a rare statement, kept out of every call's future.
-            let recorded = Box::pin(shared.backend()?.run(&statement, limit)).await;
-            self.intent = matches!(recorded, Ok(true)) || self.intent;
-            self.intent_at = Some(now);
-        }
+        self.intent
+            .busy(shared, &req.key, &req.owner, busy.wait_until)
+            .await?;
         if let Some(f) = &mut self.fair {
             // Busy on its own attempt: a ticket at the back of the queue.
             match tokio::time::timeout_at(busy.wait_until, Box::pin(f.queue_up())).await {

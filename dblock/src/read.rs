@@ -1,7 +1,7 @@
 //! Shared (read) locks: [`Locker::read`](crate::Locker::read) and [`ReadRequest`]. The
 //! statements and the table model are in `backend/read.rs`; the writer is the plain
-//! [`Locker::lock`](crate::Locker::lock), whose wait loop records the writer's intent
-//! (`request.rs`).
+//! [`Locker::lock`](crate::Locker::lock), whose wait (`exclusive.rs`) records the writer's
+//! intent with this kind's [`WriterIntent`].
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::read::{ReadAcquire, ReadAttempt, ReadRelease, ReadReleased};
+use crate::backend::read::{Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw};
 use crate::backend::{Backend, Released};
 use crate::detach::Detached;
 use crate::error::LockError;
@@ -22,7 +22,7 @@ use crate::options::Options;
 use crate::owner::Owner;
 use crate::retry::{Failure, Policy};
 use crate::shared::Shared;
-use crate::timing;
+use crate::timing::{self, INTENT_EVERY, INTENT_LEASE};
 use crate::validate;
 use crate::wait::{self, Busy, Kind, Seen, Try};
 
@@ -308,5 +308,65 @@ impl Member for Reader {
                 Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),
             }
         })
+    }
+}
+
+/// A waiting writer's intent behind the key's readers: the read kind's part of the exclusive
+/// lock's wait (`exclusive.rs` composes it). While readers hold the key, the writer records its
+/// intent in the row, renewed every [`INTENT_EVERY`] while it waits, so that readers who come
+/// later wait behind it; a writer that gives up withdraws it.
+#[derive(Debug, Default)]
+pub(crate) struct WriterIntent {
+    /// When this writer last recorded (or looked to record) its intent on a read-held key.
+    at: Option<Instant>,
+    /// Whether it holds an intent (withdrawn if the call gives up).
+    held: bool,
+}
+
+impl WriterIntent {
+    /// The writer's attempt found `key` busy: records or renews the intent of `owner` if
+    /// readers hold the key (at most every [`INTENT_EVERY`]; the statement sent by
+    /// `wait_until`).
+    pub(crate) async fn busy(
+        &mut self,
+        shared: &Shared,
+        key: &str,
+        owner: &Owner,
+        wait_until: Instant,
+    ) -> Result<(), LockError> {
+        let now = Instant::now();
+        if self.at.is_some_and(|at| now < at + INTENT_EVERY) {
+            return Ok(());
+        }
+        let statement = Intent {
+            key,
+            owner: owner.id(),
+            lease_us: INTENT_LEASE.as_micros() as i64,
+        };
+        let limit = (now + shared.statement_timeout).min(wait_until);
+        // Boxed: a rare statement, kept out of every call's future.
+        let recorded = Box::pin(shared.backend()?.run(&statement, limit)).await;
+        self.held = matches!(recorded, Ok(true)) || self.held;
+        self.at = Some(now);
+        Ok(())
+    }
+
+    /// The writer gave up: its intent, if it holds one, is withdrawn in the background, so
+    /// readers need not wait it out.
+    pub(crate) fn withdraw(&self, shared: &Shared, key: String, owner: Owner) {
+        if !self.held {
+            return;
+        }
+        let Ok(backend) = shared.backend() else {
+            return;
+        };
+        let (backend, timeout) = (backend.clone(), shared.statement_timeout);
+        tokio::spawn(async move {
+            let withdraw = Withdraw {
+                key: &key,
+                owner: owner.id(),
+            };
+            let _ = backend.run(&withdraw, Instant::now() + timeout).await;
+        });
     }
 }
