@@ -83,11 +83,12 @@ impl Request {
         let started = Instant::now();
         let mut first_busy = None;
         let (meter, record) = (self.meter.clone(), self.record_call);
-        let (key, owner, wait) = (self.key.clone(), self.owner.clone(), self.wait);
+        let wait = self.wait;
         let mut lock = LockWait::new(self, shared.clone(), started);
         let result = wait::wait_for(&mut lock, &shared, started, wait, &mut first_busy).await;
         if result.is_err() {
-            lock.intent.withdraw(&shared, key, owner);
+            lock.intent
+                .withdraw(&shared, &lock.req.key, &lock.req.owner);
         }
         if record {
             meter::call_ended(&meter, &result, started, first_busy);

@@ -353,7 +353,7 @@ impl WriterIntent {
 
     /// The writer gave up: its intent, if it holds one, is withdrawn in the background, so
     /// readers need not wait it out.
-    pub(crate) fn withdraw(&self, shared: &Shared, key: String, owner: Owner) {
+    pub(crate) fn withdraw(&self, shared: &Shared, key: &str, owner: &Owner) {
         if !self.held {
             return;
         }
@@ -361,6 +361,7 @@ impl WriterIntent {
             return;
         };
         let (backend, timeout) = (backend.clone(), shared.statement_timeout);
+        let (key, owner) = (key.to_owned(), owner.clone());
         tokio::spawn(async move {
             let withdraw = Withdraw {
                 key: &key,

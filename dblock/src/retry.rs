@@ -178,12 +178,6 @@ fn rollback_pause() -> Duration {
     Duration::from_micros(fastrand::u64(100..2000))
 }
 
-/// Pause before the `n`th resend after a connection failure (n ≥ 1): the waiters' backoff
-/// ([`crate::timing::nth_backoff`]), so a reconnect storm does not spin.
-fn reconnect_pause(n: u32) -> Duration {
-    crate::timing::nth_backoff(n)
-}
-
 /// Runs `op` until it succeeds or the policy gives up, classing each failure with `classify`.
 /// `op` gets the instant its send must be done by.
 pub(crate) async fn run<T, Op, Fut>(
@@ -236,13 +230,13 @@ where
             Failure::Unknown => {
                 after_unknown = true;
                 reconnects += 1;
-                Some(reconnect_pause(reconnects))
+                Some(crate::timing::nth_backoff(reconnects))
             }
             // Nothing was sent this time; if an earlier send is in doubt, resolving it is worth
             // another try once a connection can be had.
             Failure::NotSent => {
                 reconnects += 1;
-                Some(reconnect_pause(reconnects))
+                Some(crate::timing::nth_backoff(reconnects))
             }
             _ => None,
         };

@@ -79,7 +79,7 @@ pub(crate) fn live(deadline: Instant, lease: Duration) -> bool {
 }
 
 /// The `n`th pause (n ≥ 1) of a [`Backoff`] left alone: 5 ms doubling to 250 ms, jittered.
-/// (A statement's resends after a failed connection.)
+/// (A statement's resends after a failed connection: a reconnect storm does not spin.)
 pub(crate) fn nth_backoff(n: u32) -> Duration {
     let step = FIRST_BACKOFF
         .saturating_mul(1 << n.saturating_sub(1).min(6))
