@@ -431,3 +431,42 @@ async fn a_killed_reader_keeps_the_writer_out_only_until_its_ttl() {
         w.release().await.unwrap();
     }
 }
+
+/// A writer that gives up withdraws its intent: a reader that comes after it is let in at once,
+/// not held back for the rest of the intent's lease (2 s, renewed while the writer waited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_gave_up_holds_no_reader_back() {
+    let (dbs, _dir) = common::all("read_withdraw").await;
+    for db in &dbs {
+        let locker = &db.locker;
+        let first = locker.read("report").await.unwrap();
+        let writer = {
+            let locker = locker.clone();
+            tokio::spawn(
+                async move { locker.lock("report").wait(Duration::from_millis(800)).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let info = locker.inspect("report").await.unwrap().unwrap();
+        assert_eq!(
+            info.kind,
+            dblock::LockKind::Read {
+                writer_waiting: true
+            },
+            "{}: the waiting writer's intent is recorded",
+            db.name
+        );
+        let e = writer.await.unwrap().unwrap_err();
+        assert!(e.is_busy(), "{}: {e}", db.name);
+        // Without the withdrawal the intent lives on for more than a second: this reader would
+        // wait behind it and be told busy.
+        let second = locker
+            .read("report")
+            .wait(Duration::from_secs(1))
+            .await
+            .unwrap_or_else(|e| panic!("{}: a reader behind a writer that gave up: {e}", db.name));
+        assert_eq!(second.hold_count(), 2, "{}", db.name);
+        second.release().await.unwrap();
+        first.release().await.unwrap();
+    }
+}
