@@ -8,8 +8,6 @@
 //! call fails, or is dropped), the keys already taken are given back at once, recording nothing
 //! about them: a partial acquisition never stays behind.
 
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -100,51 +98,44 @@ impl LockAllRequest {
 
 crate::options::setters!(LockAllRequest, "locker.lock_all([\"a\", \"b\"])": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay, min_hold, once, fair);
 
-impl IntoFuture for LockAllRequest {
-    /// The guards, in canonical key order.
-    type Output = Result<Vec<LockGuard>, LockError>;
-    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'static>>;
-
-    fn into_future(mut self) -> Self::IntoFuture {
-        Box::pin(async move {
-            let owner = self.options.owner();
-            self.keys.sort();
-            self.keys.dedup();
-            // The span is named after the call: several keys are a `dblock.lock_all`; one key
-            // (a one-key attribute, which comes through here too) is that key's request, whose
-            // own `dblock.lock` span (key, backend, owner, ttl_ms, wait_ms) is the call's.
-            let span = if self.keys.len() == 1 {
-                tracing::Span::none()
-            } else {
-                tracing::debug_span!(
-                    "dblock.lock_all",
-                    keys = ?self.keys,
-                    backend = self.shared.backend_name(),
-                    owner = %owner,
-                )
-            };
-            let started = Instant::now();
-            let meter = meter::Label::new(
-                self.options.metrics_key.as_ref(),
-                self.shared.backend_name(),
-                meter::Kind::LOCK,
-            );
-            // One key: that key's request reports the call, with its own wait.
-            let report = self.keys.len() > 1;
-            let mut waiting_since = None;
-            let result = self
-                .acquire(owner, &mut waiting_since)
-                .instrument(span)
-                .await;
-            if report {
-                meter::call_ended(&meter, &result, started, waiting_since);
-            }
-            result
-        })
-    }
-}
+crate::options::into_future!(LockAllRequest => Vec<LockGuard>, #[doc = "The guards, in canonical key order."]);
 
 impl LockAllRequest {
+    async fn call(mut self, owner: Owner) -> Result<Vec<LockGuard>, LockError> {
+        self.keys.sort();
+        self.keys.dedup();
+        // The span is named after the call: several keys are a `dblock.lock_all`; one key
+        // (a one-key attribute, which comes through here too) is that key's request, whose
+        // own `dblock.lock` span (key, backend, owner, ttl_ms, wait_ms) is the call's.
+        let span = if self.keys.len() == 1 {
+            tracing::Span::none()
+        } else {
+            tracing::debug_span!(
+                "dblock.lock_all",
+                keys = ?self.keys,
+                backend = self.shared.backend_name(),
+                owner = %owner,
+            )
+        };
+        let started = Instant::now();
+        let meter = meter::Label::new(
+            self.options.metrics_key.as_ref(),
+            self.shared.backend_name(),
+            meter::Kind::LOCK,
+        );
+        // One key: that key's request reports the call, with its own wait.
+        let report = self.keys.len() > 1;
+        let mut waiting_since = None;
+        let result = self
+            .acquire(owner, &mut waiting_since)
+            .instrument(span)
+            .await;
+        if report {
+            meter::call_ended(&meter, &result, started, waiting_since);
+        }
+        result
+    }
+
     /// The request for one of the keys, with what is left of the wait.
     fn request(&self, key: &str, until: Instant, owner: &Owner) -> LockRequest {
         let options = Options {

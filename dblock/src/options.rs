@@ -291,3 +291,28 @@ macro_rules! call_span {
 }
 
 pub(crate) use call_span;
+
+/// `IntoFuture` for a builder that embeds the options core: awaiting it runs the builder's
+/// `async fn call(self, owner: Owner) -> Result<$output, LockError>`, with the owner resolved
+/// when the future is first polled, in the awaiting task (the scope's owner if any, see
+/// [`owner::scope`](crate::owner::scope)). Every builder's future is `Send + 'static`, boxed.
+macro_rules! into_future {
+    ($builder:ty => $output:ty $(, #[doc = $doc:literal])?) => {
+        impl ::std::future::IntoFuture for $builder {
+            $(#[doc = $doc])?
+            type Output = ::std::result::Result<$output, $crate::LockError>;
+            type IntoFuture = ::std::pin::Pin<
+                ::std::boxed::Box<dyn ::std::future::Future<Output = Self::Output> + Send + 'static>,
+            >;
+
+            fn into_future(self) -> Self::IntoFuture {
+                ::std::boxed::Box::pin(async move {
+                    let owner = self.options.owner();
+                    self.call(owner).await
+                })
+            }
+        }
+    };
+}
+
+pub(crate) use into_future;

@@ -3,8 +3,6 @@
 //! [`Locker::lock`](crate::Locker::lock), whose wait (`exclusive.rs`) records the writer's
 //! intent with this kind's [`WriterIntent`].
 
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,32 +88,26 @@ impl ReadRequest {
 
 crate::options::setters!(ReadRequest, "locker.read(\"config\")": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay);
 
-impl IntoFuture for ReadRequest {
-    type Output = Result<LockGuard, LockError>;
-    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'static>>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
-            let owner = self.options.owner();
-            let span = crate::options::call_span!("dblock.read", self, owner);
-            let started = Instant::now();
-            let meter = meter::Label::new(
-                self.options.metrics_key.as_ref(),
-                self.shared.backend_name(),
-                METRIC,
-            );
-            let mut first_busy = None;
-            let result = self
-                .acquire(owner, meter.clone(), &mut first_busy)
-                .instrument(span)
-                .await;
-            meter::call_ended(&meter, &result, started, first_busy);
-            result
-        })
-    }
-}
+crate::options::into_future!(ReadRequest => LockGuard);
 
 impl ReadRequest {
+    async fn call(self, owner: Owner) -> Result<LockGuard, LockError> {
+        let span = crate::options::call_span!("dblock.read", self, owner);
+        let started = Instant::now();
+        let meter = meter::Label::new(
+            self.options.metrics_key.as_ref(),
+            self.shared.backend_name(),
+            METRIC,
+        );
+        let mut first_busy = None;
+        let result = self
+            .acquire(owner, meter.clone(), &mut first_busy)
+            .instrument(span)
+            .await;
+        meter::call_ended(&meter, &result, started, first_busy);
+        result
+    }
+
     async fn acquire(
         self,
         owner: Owner,

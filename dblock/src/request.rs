@@ -6,8 +6,6 @@
 //! task of its own and gives back what nobody received.
 
 use std::borrow::Cow;
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -111,26 +109,21 @@ impl LockRequest {
 
 crate::options::setters!(LockRequest, "locker.lock(\"k\")": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay, min_hold, once, fair);
 
-impl IntoFuture for LockRequest {
-    type Output = Result<LockGuard, LockError>;
-    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'static>>;
+crate::options::into_future!(LockRequest => LockGuard);
 
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
-            // Resolved when first polled, in the awaiting task: the scope's owner if any.
-            let owner = self.options.owner();
-            let span = crate::options::call_span!("dblock.lock", self, owner);
-            async move {
-                let steal = self.steal;
-                let (shared, request) = self.resolve(owner)?;
-                if steal {
-                    return crate::exclusive::steal(shared, request).await;
-                }
-                request.acquire(shared).await
+impl LockRequest {
+    async fn call(self, owner: Owner) -> Result<LockGuard, LockError> {
+        let span = crate::options::call_span!("dblock.lock", self, owner);
+        async move {
+            let steal = self.steal;
+            let (shared, request) = self.resolve(owner)?;
+            if steal {
+                return crate::exclusive::steal(shared, request).await;
             }
-            .instrument(span)
-            .await
-        })
+            request.acquire(shared).await
+        }
+        .instrument(span)
+        .await
     }
 }
 

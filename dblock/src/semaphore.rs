@@ -23,8 +23,6 @@
 //! acquire statement; re-entry by the same owner is the acquire alone (it takes the same slot
 //! again, counted). A release and each renewal are the lock's.
 
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -123,17 +121,13 @@ impl SemaphoreRequest {
 
 crate::options::setters!(SemaphoreRequest, "locker.semaphore(\"exports\", 3)": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay);
 
-impl IntoFuture for SemaphoreRequest {
-    type Output = Result<LockGuard, LockError>;
-    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'static>>;
+crate::options::into_future!(SemaphoreRequest => LockGuard);
 
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
-            let owner = self.options.owner();
-            let span =
-                crate::options::call_span!("dblock.semaphore", self, owner, permits = self.permits);
-            self.acquire(owner).instrument(span).await
-        })
+impl SemaphoreRequest {
+    async fn call(self, owner: Owner) -> Result<LockGuard, LockError> {
+        let span =
+            crate::options::call_span!("dblock.semaphore", self, owner, permits = self.permits);
+        self.acquire(owner).instrument(span).await
     }
 }
 
