@@ -146,6 +146,128 @@ pub(crate) enum QueueStep<'a> {
     },
 }
 
+/// A backend's four statements of the fair queue, one per [`QueueStep`].
+#[derive(Debug)]
+pub(crate) struct QueueSql<S> {
+    pub join: S,
+    pub ahead: S,
+    pub touch: S,
+    pub leave: S,
+}
+
+impl<S> QueueSql<S> {
+    /// The statement of `step`.
+    pub(crate) fn of(&self, step: &QueueStep<'_>) -> &S {
+        match step {
+            QueueStep::Join { .. } => &self.join,
+            QueueStep::Ahead { .. } => &self.ahead,
+            QueueStep::Touch { .. } => &self.touch,
+            QueueStep::Leave { .. } => &self.leave,
+        }
+    }
+}
+
+impl QueueStep<'_> {
+    /// What the step binds, in the order of its placeholders on every backend: `$1` the key,
+    /// then the owner, the ticket and the lease (µs) where the step has them, in that order.
+    pub(crate) fn args(&self) -> Vec<Arg<'_>> {
+        match *self {
+            QueueStep::Join {
+                key,
+                owner,
+                lease_us,
+            } => vec![Arg::Text(key), Arg::Text(owner), Arg::Int8(lease_us)],
+            QueueStep::Ahead { key, ticket } => vec![Arg::Text(key), Arg::Int8(ticket)],
+            QueueStep::Touch {
+                key,
+                owner,
+                ticket,
+                lease_us,
+            } => vec![
+                Arg::Text(key),
+                Arg::Text(owner),
+                Arg::Int8(ticket),
+                Arg::Int8(lease_us),
+            ],
+            QueueStep::Leave { key, owner, ticket } => {
+                vec![Arg::Text(key), Arg::Text(owner), Arg::Int8(ticket)]
+            }
+        }
+    }
+}
+
+/// One value a statement binds, in the order of its placeholders (`$1`, `$2`, …): a statement
+/// lists its values once, as these, and each backend binds them with the types its driver gives
+/// the Rust values (PostgreSQL, behind a pooler, writes them in as typed literals). The arrays
+/// are PostgreSQL's alone.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Arg<'a> {
+    Text(&'a str),
+    Int4(i32),
+    Int8(i64),
+    Float8(f64),
+    Bool(bool),
+    OptInt2(Option<i16>),
+    OptInt8(Option<i64>),
+    TextArray(&'a [&'a str]),
+    Int8Array(&'a [i64]),
+    Float8Array(&'a [f64]),
+}
+
+/// `sql` with `args` bound in order ([`Binds::bind_value`]): the binding of every backend but
+/// PostgreSQL's (which also binds arrays and, behind a pooler, writes literals).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn bound<'q, 'a, DB: Binds<'a>>(
+    sql: sqlx::SqlStr,
+    args: &[Arg<'a>],
+) -> Result<sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>, sqlx::Error> {
+    args.iter()
+        .try_fold(sqlx::query::<DB>(sql), |q, arg| DB::bind_value(q, *arg))
+}
+
+/// A database whose driver binds every value an [`Arg`] holds but the arrays: all of them.
+pub(crate) trait Binds<'a>: sqlx::Database {
+    /// Binds one value with the type the driver gives the Rust value; an array (PostgreSQL's
+    /// binding takes those itself) is an encoding error.
+    fn bind_value<'q>(
+        q: sqlx::query::Query<'q, Self, Self::Arguments>,
+        arg: Arg<'a>,
+    ) -> Result<sqlx::query::Query<'q, Self, Self::Arguments>, sqlx::Error>;
+}
+
+impl<'a, DB> Binds<'a> for DB
+where
+    DB: sqlx::Database,
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i32: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    f64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Option<i16>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Option<i64>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    fn bind_value<'q>(
+        q: sqlx::query::Query<'q, DB, DB::Arguments>,
+        arg: Arg<'a>,
+    ) -> Result<sqlx::query::Query<'q, DB, DB::Arguments>, sqlx::Error> {
+        Ok(match arg {
+            Arg::Text(v) => q.bind(v),
+            Arg::Int4(v) => q.bind(v),
+            Arg::Int8(v) => q.bind(v),
+            Arg::Float8(v) => q.bind(v),
+            Arg::Bool(v) => q.bind(v),
+            Arg::OptInt2(v) => q.bind(v),
+            Arg::OptInt8(v) => q.bind(v),
+            Arg::TextArray(_) | Arg::Int8Array(_) | Arg::Float8Array(_) => {
+                return Err(sqlx::Error::Encode(
+                    "an array value is bound on PostgreSQL only".into(),
+                ))
+            }
+        })
+    }
+}
+
 /// The answer to a statement over several keys ([`Dialect::acquire_many`], SQLite's coalesced
 /// acquire) from the grants it returned (by key): one attempt per key of `all`, in its order; a
 /// key without a grant was busy.

@@ -303,10 +303,9 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
             }
             return Ok((affected, first));
         }
-        let mut query = sqlx::query(sql(text));
-        for arg in args {
-            query = arg.bind(query);
-        }
+        let query = args
+            .iter()
+            .try_fold(sqlx::query(sql(text)), |q, arg| arg.bind(q))?;
         let rows = query.fetch_all(&mut *conn).await?;
         let first = match rows.first() {
             Some(row) if row.len() > 0 => Some(row.try_get::<i64, _>(0)?),

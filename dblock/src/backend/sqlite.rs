@@ -26,7 +26,7 @@ mod queue;
 pub(crate) use batch::{one_command, write as write_batch, write_whole};
 pub(crate) mod read;
 use super::migrations::RENEWED;
-use super::{quote_ident, Acquire, Attempt, Dialect};
+use super::{quote_ident, Acquire, Attempt, Dialect, QueueSql};
 use crate::backend::kind_sql::KindSqls;
 use crate::backend::Conns;
 use crate::connect::ConnectOptions;
@@ -104,10 +104,7 @@ struct Statements {
     has_renewals: SqlStr,
     renewals: SqlStr,
     queue: SqlStr,
-    queue_join: SqlStr,
-    queue_ahead: SqlStr,
-    queue_touch: SqlStr,
-    queue_leave: SqlStr,
+    queue_steps: QueueSql<SqlStr>,
     done: SqlStr,
     clock_check: SqlStr,
     acquire: SqlStr,
@@ -292,26 +289,30 @@ impl Lite {
             ),
             // The fair waiters' queue: each statement runs under SQLite's one write lock (or
             // reads one snapshot). The queue orders attempts only: exclusion stays the
-            // acquire's alone. A leave also clears every ticket whose lease ran out.
-            queue_join: sql(
-                "INSERT INTO {table} (lock_key, owner, expires_at) VALUES ($1, $2, {now} + $3)",
-                &q,
-            ),
-            queue_ahead: sql(
+            // acquire's alone. A leave also clears every ticket whose lease ran out. Leases come
+            // in µs ($3 of a join, $4 of a touch), rounded up to the table's milliseconds.
+            queue_steps: QueueSql {
+                join: sql(
+                "INSERT INTO {table} (lock_key, owner, expires_at)
+VALUES ($1, $2, {now} + ($3 + 999) / 1000)",
+                    &q,
+                ),
+                ahead: sql(
                 "SELECT COUNT(*) FROM (SELECT 1 FROM {table}
 WHERE ticket < $2 AND lock_key = $1 AND expires_at > {now} LIMIT 8)",
-                &q,
-            ),
-            queue_touch: sql(
-                "UPDATE {table} SET expires_at = {now} + $4
+                    &q,
+                ),
+                touch: sql(
+                "UPDATE {table} SET expires_at = {now} + ($4 + 999) / 1000
 WHERE ticket = $3 AND lock_key = $1 AND owner = $2",
-                &q,
-            ),
-            queue_leave: sql(
+                    &q,
+                ),
+                leave: sql(
                 "DELETE FROM {table}
 WHERE ticket = $3 AND lock_key = $1 AND owner = $2 OR expires_at <= {now}",
-                &q,
-            ),
+                    &q,
+                ),
+            },
             // After a busy `once` attempt (SQLite returns no row then): was it done?
             done: sql(
                 "SELECT last_outcome IS 1 AND NOT {ran_out},

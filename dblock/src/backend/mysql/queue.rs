@@ -1,4 +1,6 @@
-//! The fair queue's statements on MySQL and MariaDB, one per step of a waiter.
+//! The fair queue's statements on MySQL and MariaDB, one per step of a waiter, bound as
+//! [`QueueStep::args`] lists them; a join answers its ticket as the `AUTO_INCREMENT` id it
+//! inserted.
 
 #[allow(unused_imports)]
 use super::*;
@@ -6,49 +8,14 @@ use crate::backend::*;
 
 impl OnMySql for QueueStep<'_> {
     async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
-        let step = *self;
-        let s = &my.sql;
-        Ok(match step {
-            QueueStep::Join {
-                key,
-                owner,
-                lease_us,
-            } => {
-                let done = sqlx::query(s.queue_join.clone())
-                    .bind(key)
-                    .bind(owner)
-                    .bind(lease_us)
-                    .execute(conn)
-                    .await?;
-                done.last_insert_id() as i64
+        let args = self.args();
+        let q = my.sql.queue_steps.of(self).bound(&args)?;
+        Ok(match self {
+            QueueStep::Join { .. } => q.execute(conn).await?.last_insert_id() as i64,
+            QueueStep::Ahead { .. } => q.fetch_one(conn).await?.try_get(0)?,
+            QueueStep::Touch { .. } | QueueStep::Leave { .. } => {
+                q.execute(conn).await?.rows_affected() as i64
             }
-            QueueStep::Ahead { key, ticket } => {
-                sqlx::query_scalar(s.queue_ahead.clone())
-                    .bind(key)
-                    .bind(ticket)
-                    .fetch_one(conn)
-                    .await?
-            }
-            QueueStep::Touch {
-                key,
-                owner,
-                ticket,
-                lease_us,
-            } => sqlx::query(s.queue_touch.clone())
-                .bind(lease_us)
-                .bind(key)
-                .bind(owner)
-                .bind(ticket)
-                .execute(conn)
-                .await?
-                .rows_affected() as i64,
-            QueueStep::Leave { key, owner, ticket } => sqlx::query(s.queue_leave.clone())
-                .bind(key)
-                .bind(owner)
-                .bind(ticket)
-                .execute(conn)
-                .await?
-                .rows_affected() as i64,
         })
     }
 }

@@ -135,29 +135,8 @@ fn positional(template: &str, table: &str) -> (SqlStr, Vec<P>) {
         .replace("{ran_out}", RAN_OUT)
         .replace("{us_now}", US_NOW)
         .replace("{table}", table);
-    let mut out = String::with_capacity(text.len());
-    let mut order = Vec::new();
-    let mut rest = text.as_str();
-    while let Some(at) = rest.find(':') {
-        out.push_str(&rest[..at]);
-        let tail = &rest[at..];
-        match NAMES.iter().find(|(name, _)| {
-            tail.starts_with(name)
-                && !tail[name.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
-        }) {
-            Some((name, p)) => {
-                out.push('?');
-                order.push(*p);
-                rest = &tail[name.len()..];
-            }
-            None => {
-                out.push(':');
-                rest = &tail[1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    (AssertSqlSafe(out).into_sql_str(), order)
+    let (text, order) = super::sql::placeholders(&text, ':', &NAMES);
+    (AssertSqlSafe(text).into_sql_str(), order)
 }
 
 impl KindSql for Sql {

@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::backend::QueueSql;
 
 #[derive(Debug)]
 pub(super) struct Statements {
@@ -16,10 +17,7 @@ pub(super) struct Statements {
     pub(super) shared: SqlStr,
     pub(super) renewals: SqlStr,
     pub(super) has_queue: SqlStr,
-    pub(super) queue_join: SqlStr,
-    pub(super) queue_ahead: SqlStr,
-    pub(super) queue_touch: SqlStr,
-    pub(super) queue_leave: SqlStr,
+    pub(super) queue_steps: QueueSql<Numbered>,
     pub(super) release: SqlStr,
     pub(super) extend: SqlStr,
     pub(super) admin: AdminSql,
@@ -245,26 +243,85 @@ pub(super) fn bind<'q>(
     q
 }
 
+/// A statement written with numbered placeholders (`$1` to `$9`, as on the other backends, in
+/// the order its [`Arg`] list gives), sent with MySQL's `?`s: each `$n` becomes a `?` and
+/// the list is bound in the order the `?`s stand in.
+#[derive(Debug)]
+pub(super) struct Numbered {
+    sql: SqlStr,
+    /// For each `?` in turn, the index of its value in the list.
+    order: Vec<usize>,
+}
+
+impl Numbered {
+    pub(super) fn new(template: &str, table: &str) -> Self {
+        const NUMBERS: [(&str, usize); 9] = [
+            ("$1", 0),
+            ("$2", 1),
+            ("$3", 2),
+            ("$4", 3),
+            ("$5", 4),
+            ("$6", 5),
+            ("$7", 6),
+            ("$8", 7),
+            ("$9", 8),
+        ];
+        let (text, order) =
+            placeholders(&expand(template).replace("{table}", table), '$', &NUMBERS);
+        Numbered {
+            sql: AssertSqlSafe(Arc::<str>::from(text)).into_sql_str(),
+            order,
+        }
+    }
+
+    /// The statement with `args` bound where its placeholders stand; a placeholder past the
+    /// list is an encoding error.
+    pub(super) fn bound<'q>(
+        &self,
+        args: &[crate::backend::Arg<'q>],
+    ) -> Result<sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>, sqlx::Error> {
+        let ordered = self
+            .order
+            .iter()
+            .map(|&i| args.get(i).copied())
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                sqlx::Error::Encode("a placeholder past the statement's values".into())
+            })?;
+        crate::backend::bound(self.sql.clone(), &ordered)
+    }
+}
+
 /// `text` with its named parameters replaced by `?`, and their order.
 pub(super) fn positional(text: &str) -> (String, Vec<Param>) {
+    placeholders(text, ':', &PARAMS)
+}
+
+/// `text` with each placeholder of `names` (each begins with `mark`, and is not followed by a
+/// letter, digit or `_`) replaced by MySQL's `?`, and what each `?` stands for, in order.
+pub(super) fn placeholders<P: Copy>(
+    text: &str,
+    mark: char,
+    names: &[(&str, P)],
+) -> (String, Vec<P>) {
     let mut out = String::with_capacity(text.len());
     let mut order = Vec::new();
     let mut rest = text;
-    while let Some(at) = rest.find(':') {
+    while let Some(at) = rest.find(mark) {
         out.push_str(&rest[..at]);
         let tail = &rest[at..];
-        match PARAMS.iter().find(|(name, _)| {
+        match names.iter().find(|(name, _)| {
             tail.starts_with(name)
                 && !tail[name.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
         }) {
-            Some((name, param)) => {
+            Some((name, p)) => {
                 out.push('?');
-                order.push(*param);
+                order.push(*p);
                 rest = &tail[name.len()..];
             }
             None => {
-                out.push(':');
-                rest = &tail[1..];
+                out.push(mark);
+                rest = &tail[mark.len_utf8()..];
             }
         }
     }
@@ -297,26 +354,28 @@ impl My {
             // ran (on Galera, each node's own series interleaved: arrival order per node, only
             // roughly across nodes). The queue orders attempts only: exclusion stays the
             // acquire's alone. sqlx sets CLIENT_FOUND_ROWS: a touch counts the matched row.
-            queue_join: sql(
+            queue_steps: QueueSql {
+                join: Numbered::new(
                 "INSERT INTO {table} (lock_key, owner, expires_at)
-VALUES (?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
-                &q,
-            ),
-            queue_ahead: sql(
+VALUES ($1, $2, UTC_TIMESTAMP(6) + INTERVAL $3 MICROSECOND)",
+                    &q,
+                ),
+                ahead: Numbered::new(
                 "SELECT CAST(COUNT(*) AS SIGNED) FROM (SELECT 1 FROM {table}
-WHERE lock_key = ? AND ticket < ? AND expires_at > UTC_TIMESTAMP(6) LIMIT 8) AS ahead",
-                &q,
-            ),
-            queue_touch: sql(
-                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE lock_key = ? AND owner = ? AND ticket = ?",
-                &q,
-            ),
-            queue_leave: sql(
+WHERE lock_key = $1 AND ticket < $2 AND expires_at > UTC_TIMESTAMP(6) LIMIT 8) AS ahead",
+                    &q,
+                ),
+                touch: Numbered::new(
+                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL $4 MICROSECOND
+WHERE lock_key = $1 AND owner = $2 AND ticket = $3",
+                    &q,
+                ),
+                leave: Numbered::new(
                 "DELETE FROM {table}
-WHERE lock_key = ? AND (owner = ? AND ticket = ? OR expires_at <= UTC_TIMESTAMP(6))",
-                &q,
-            ),
+WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= UTC_TIMESTAMP(6))",
+                    &q,
+                ),
+            },
             // MariaDB: the row as it is after the statement comes back with RETURNING.
             acquire_returning: acquire_sql(
                 &(upsert_one()

@@ -40,7 +40,7 @@ pub(crate) mod pooler;
 pub(crate) mod read;
 pub(crate) mod semaphore;
 
-pub(crate) use pooler::Arg;
+pub(crate) use crate::backend::contract::Arg;
 use pooler::{Mode, Template};
 pub(crate) use sql::Stmt;
 use sql::{stmt, Statements};
@@ -205,7 +205,7 @@ impl Pg {
         match self.settings.pooler.pooler() {
             None => Ok(Ready::Prepared(
                 args.iter()
-                    .fold(sqlx::query(s.sql.clone()), |q, a| a.bind(q)),
+                    .try_fold(sqlx::query(s.sql.clone()), |q, a| a.bind(q))?,
             )),
             Some(p) => Ok(Ready::Simple(sqlx::raw_sql(AssertSqlSafe(
                 s.template.render(p.prefix(), args)?,
@@ -473,10 +473,10 @@ mod tests {
             ("force_release", &sql.force_release, 1),
             ("reset", &sql.reset, 1),
             ("purge", &sql.purge, 1),
-            ("queue_join", &sql.queue_join, 3),
-            ("queue_ahead", &sql.queue_ahead, 2),
-            ("queue_touch", &sql.queue_touch, 4),
-            ("queue_leave", &sql.queue_leave, 3),
+            ("queue join", &sql.queue_steps.join, 3),
+            ("queue ahead", &sql.queue_steps.ahead, 2),
+            ("queue touch", &sql.queue_steps.touch, 4),
+            ("queue leave", &sql.queue_steps.leave, 3),
         ] {
             assert_eq!(s.template.params(), n, "{name}");
             let args: Vec<Arg<'_>> = (0..n).map(|_| Arg::Int8(0)).collect();

@@ -37,6 +37,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgArguments, Postgres};
+
+use crate::backend::contract::Arg;
 use sqlx::query::Query;
 
 /// What a locker behind a pooler adds to each of its statements.
@@ -168,39 +170,19 @@ impl Mode {
     }
 }
 
-/// One value of a statement, in the order of its placeholders (`$1`, `$2`, …): bound as is on
-/// the default path, written as a typed literal behind a pooler.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg<'a> {
-    Text(&'a str),
-    Int4(i32),
-    Int8(i64),
-    Float8(f64),
-    Bool(bool),
-    OptInt2(Option<i16>),
-    OptInt8(Option<i64>),
-    TextArray(&'a [&'a str]),
-    Int8Array(&'a [i64]),
-    Float8Array(&'a [f64]),
-}
-
+/// On PostgreSQL a statement's values ([`Arg`]) are bound as is on the default path, written
+/// as typed literals behind a pooler.
 impl<'a> Arg<'a> {
     /// Binds the value to a prepared statement, with the type sqlx gives the Rust value.
     pub(crate) fn bind<'q>(
         self,
         q: Query<'q, Postgres, PgArguments>,
-    ) -> Query<'q, Postgres, PgArguments> {
+    ) -> Result<Query<'q, Postgres, PgArguments>, sqlx::Error> {
         match self {
-            Arg::Text(v) => q.bind(v),
-            Arg::Int4(v) => q.bind(v),
-            Arg::Int8(v) => q.bind(v),
-            Arg::Float8(v) => q.bind(v),
-            Arg::Bool(v) => q.bind(v),
-            Arg::OptInt2(v) => q.bind(v),
-            Arg::OptInt8(v) => q.bind(v),
-            Arg::TextArray(v) => q.bind(v),
-            Arg::Int8Array(v) => q.bind(v),
-            Arg::Float8Array(v) => q.bind(v),
+            Arg::TextArray(v) => Ok(q.bind(v)),
+            Arg::Int8Array(v) => Ok(q.bind(v)),
+            Arg::Float8Array(v) => Ok(q.bind(v)),
+            value => <Postgres as crate::backend::contract::Binds>::bind_value(q, value),
         }
     }
 

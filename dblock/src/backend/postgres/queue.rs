@@ -1,4 +1,5 @@
-//! The fair queue's statements on PostgreSQL, one per step of a waiter.
+//! The fair queue's statements on PostgreSQL, one per step of a waiter, bound as
+//! [`QueueStep::args`] lists them; a join answers its ticket with `RETURNING`.
 
 #[allow(unused_imports)]
 use super::*;
@@ -6,48 +7,14 @@ use crate::backend::*;
 
 impl OnPostgres for QueueStep<'_> {
     async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
-        let step = *self;
-        let s = &pg.sql;
-        match step {
-            QueueStep::Join {
-                key,
-                owner,
-                lease_us,
-            } => {
-                let row = pg
-                    .fetch_optional(
-                        conn,
-                        &s.queue_join,
-                        &[Arg::Text(key), Arg::Text(owner), Arg::Int8(lease_us)],
-                    )
-                    .await?
-                    .ok_or(sqlx::Error::RowNotFound)?;
-                row.try_get(0)
+        let (sql, args) = (pg.sql.queue_steps.of(self), self.args());
+        match self {
+            QueueStep::Join { .. } | QueueStep::Ahead { .. } => {
+                let row = pg.fetch_optional(conn, sql, &args).await?;
+                row.ok_or(sqlx::Error::RowNotFound)?.try_get(0)
             }
-            QueueStep::Ahead { key, ticket } => {
-                let row = pg
-                    .fetch_optional(conn, &s.queue_ahead, &[Arg::Text(key), Arg::Int8(ticket)])
-                    .await?
-                    .ok_or(sqlx::Error::RowNotFound)?;
-                row.try_get(0)
-            }
-            QueueStep::Touch {
-                key,
-                owner,
-                ticket,
-                lease_us,
-            } => {
-                let args = [
-                    Arg::Text(key),
-                    Arg::Text(owner),
-                    Arg::Int8(ticket),
-                    Arg::Int8(lease_us),
-                ];
-                Ok(pg.execute(conn, &s.queue_touch, &args).await? as i64)
-            }
-            QueueStep::Leave { key, owner, ticket } => {
-                let args = [Arg::Text(key), Arg::Text(owner), Arg::Int8(ticket)];
-                Ok(pg.execute(conn, &s.queue_leave, &args).await? as i64)
+            QueueStep::Touch { .. } | QueueStep::Leave { .. } => {
+                Ok(pg.execute(conn, sql, &args).await? as i64)
             }
         }
     }

@@ -4,6 +4,7 @@
 #[allow(unused_imports)]
 use super::*;
 use crate::backend::migrations::RENEWED;
+use crate::backend::QueueSql;
 
 /// One statement of the dialect: its text with `$n` placeholders (prepared on the default path),
 /// and the same text cut at them (inlined behind a pooler).
@@ -40,10 +41,7 @@ pub(super) struct Statements {
     pub(super) force_release: Stmt,
     pub(super) reset: Stmt,
     pub(super) purge: Stmt,
-    pub(super) queue_join: Stmt,
-    pub(super) queue_ahead: Stmt,
-    pub(super) queue_touch: Stmt,
-    pub(super) queue_leave: Stmt,
+    pub(super) queue_steps: QueueSql<Stmt>,
 }
 
 /// The acquire statement's "a live hold of ours in the tenure this process holds ($7), or one
@@ -431,27 +429,29 @@ WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'
             // on one key's rows (primary key (lock_key, ticket)); tickets come from the
             // identity's sequence, so they rise in the order the joins ran and are never
             // reused. The queue orders attempts only: exclusion stays the acquire's alone.
-            queue_join: stmt(
+            queue_steps: QueueSql {
+                join: stmt(
                 "INSERT INTO {table} (lock_key, owner, expires_at)
 VALUES ($1, $2, statement_timestamp() + $3::float8 * interval '1 microsecond')
 RETURNING ticket",
-                &q,
-            ),
-            queue_ahead: stmt(
+                    &q,
+                ),
+                ahead: stmt(
                 "SELECT COUNT(*) FROM (SELECT 1 FROM {table}
 WHERE lock_key = $1 AND ticket < $2 AND expires_at > statement_timestamp() LIMIT 8) AS ahead",
-                &q,
-            ),
-            queue_touch: stmt(
+                    &q,
+                ),
+                touch: stmt(
                 "UPDATE {table} SET expires_at = statement_timestamp() + $4::float8 * interval '1 microsecond'
 WHERE lock_key = $1 AND owner = $2 AND ticket = $3",
-                &q,
-            ),
-            queue_leave: stmt(
+                    &q,
+                ),
+                leave: stmt(
                 "DELETE FROM {table}
 WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= statement_timestamp())",
-                &q,
-            ),
+                    &q,
+                ),
+            },
         };
         let channel: Arc<str> = notify_channel(table).into();
         Pg {

@@ -1,4 +1,5 @@
-//! The fair queue's statements on SQLite, one per step of a waiter.
+//! The fair queue's statements on SQLite, one per step of a waiter, bound as
+//! [`QueueStep::args`] lists them; a join answers its ticket as the row id it inserted.
 
 #[allow(unused_imports)]
 use super::*;
@@ -6,47 +7,14 @@ use crate::backend::*;
 
 impl OnSqlite for QueueStep<'_> {
     async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
-        let step = *self;
-        let s = &lite.sql;
-        Ok(match step {
-            QueueStep::Join {
-                key,
-                owner,
-                lease_us,
-            } => sqlx::query(s.queue_join.clone())
-                .bind(key)
-                .bind(owner)
-                .bind(ms_ceil(lease_us))
-                .execute(conn)
-                .await?
-                .last_insert_rowid(),
-            QueueStep::Ahead { key, ticket } => {
-                sqlx::query_scalar(s.queue_ahead.clone())
-                    .bind(key)
-                    .bind(ticket)
-                    .fetch_one(conn)
-                    .await?
+        let args = self.args();
+        let q = bound::<Sqlite>(lite.sql.queue_steps.of(self).clone(), &args)?;
+        Ok(match self {
+            QueueStep::Join { .. } => q.execute(conn).await?.last_insert_rowid(),
+            QueueStep::Ahead { .. } => q.fetch_one(conn).await?.try_get(0)?,
+            QueueStep::Touch { .. } | QueueStep::Leave { .. } => {
+                q.execute(conn).await?.rows_affected() as i64
             }
-            QueueStep::Touch {
-                key,
-                owner,
-                ticket,
-                lease_us,
-            } => sqlx::query(s.queue_touch.clone())
-                .bind(key)
-                .bind(owner)
-                .bind(ticket)
-                .bind(ms_ceil(lease_us))
-                .execute(conn)
-                .await?
-                .rows_affected() as i64,
-            QueueStep::Leave { key, owner, ticket } => sqlx::query(s.queue_leave.clone())
-                .bind(key)
-                .bind(owner)
-                .bind(ticket)
-                .execute(conn)
-                .await?
-                .rows_affected() as i64,
         })
     }
 }
