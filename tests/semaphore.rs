@@ -284,6 +284,26 @@ async fn permits_are_leases_reentrant_per_owner_and_refuse_a_second_number() {
     }
 }
 
+/// A permit's errors name the semaphore's key, never the row a permit takes (`key␟N.i`):
+/// extending a permit whose lease ran out is `NotHeld` for "exports".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_that_ran_out_is_not_held_under_its_semaphores_key() {
+    let (dbs, _dir) = common::all("semaphore_not_held").await;
+    for db in &dbs {
+        let permit = db
+            .locker
+            .semaphore("exports", 2)
+            .ttl(Duration::from_millis(300))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        match permit.extend(Duration::from_secs(5)).await {
+            Err(LockError::NotHeld { key }) => assert_eq!(key, "exports", "{}", db.name),
+            other => panic!("{}: {other:?}", db.name),
+        }
+    }
+}
+
 /// `permits = 2` on a function: at most two bodies at once, each under its own permit.
 #[cfg(feature = "macros")]
 #[dblock::distributed_lock(key = "report:{region}", permits = 2, locker = locker, wait = "60s")]

@@ -276,3 +276,20 @@ async fn watch_throughput() {
         );
     }
 }
+
+/// Any `Duration` and any capacity are accepted (SPEC: no panic on bad input): a watch that
+/// reads once a `Duration::MAX` with room for `usize::MAX` events starts, reads, and stays
+/// open (before, the capacity panicked in the first poll and the read's window overflowed,
+/// ending the stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_takes_any_interval_and_capacity() {
+    let (dbs, _dir) = common::all("watch_bounds").await;
+    for db in &dbs {
+        let l = common::own_table(db, "watch_bounds").await;
+        let _held = l.lock("b:held").await.unwrap();
+        let mut events = l.watch("b:").every(Duration::MAX).capacity(usize::MAX);
+        // The first read is the starting point: no event, and the stream stays open.
+        let first = tokio::time::timeout(Duration::from_secs(2), events.next()).await;
+        assert!(first.is_err(), "{}: {first:?}", db.name);
+    }
+}

@@ -24,6 +24,10 @@ const DEFAULT_EVERY: Duration = Duration::from_millis(250);
 const LATE_MARGIN: Duration = Duration::from_millis(500);
 /// How many events a [`Watch`] keeps for a consumer that has not read them yet.
 const DEFAULT_CAPACITY: usize = 1024;
+/// The most events a watch keeps for its consumer (tokio's channel takes at most `usize::MAX >> 3`).
+const MAX_CAPACITY: usize = 1 << 24;
+/// The furthest a read looks back, whatever `every` is: the longest lease there can be.
+const MAX_WINDOW: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A key's hold as an event names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,7 +152,8 @@ impl Locker {
 }
 
 impl Watch {
-    /// How often the rows are read (default 250 ms; at least 10 ms).
+    /// How often the rows are read (default 250 ms; at least 10 ms; any `Duration` up to
+    /// `Duration::MAX` is accepted, a read then looking back at most 100 years).
     ///
     /// ```
     /// # fn demo(locker: dblock::Locker) {
@@ -161,7 +166,7 @@ impl Watch {
     }
 
     /// How many events wait for a slow consumer before they are dropped and counted (default
-    /// 1,024; at least 1).
+    /// 1,024; at least 1, at most 16,777,216: a larger capacity is taken as that).
     ///
     /// ```
     /// # fn demo(locker: dblock::Locker) {
@@ -169,7 +174,7 @@ impl Watch {
     /// # }
     /// ```
     pub fn capacity(mut self, capacity: usize) -> Self {
-        self.capacity = capacity.max(1);
+        self.capacity = capacity.clamp(1, MAX_CAPACITY);
         self
     }
 }
@@ -199,9 +204,13 @@ impl futures_core::Stream for Watch {
     }
 }
 
-/// The window of a read every `every`: the holds taken since the last read, and then some.
+/// The window of a read every `every`: the holds taken since the last read, and then some (at
+/// most [`MAX_WINDOW`], so that any `every` makes a window every database can subtract).
 fn window(every: Duration) -> Duration {
-    every * 2 + LATE_MARGIN
+    every
+        .saturating_mul(2)
+        .saturating_add(LATE_MARGIN)
+        .min(MAX_WINDOW)
 }
 
 /// The consumer's end of the channel, and what it missed.

@@ -481,7 +481,7 @@ impl Shared {
             None => {
                 tracing::debug!(key = %crate::Escaped(&hold.key), "extend refused: lease no longer ours");
                 Err(LockError::NotHeld {
-                    key: hold.key.clone(),
+                    key: hold.name().to_owned(),
                 })
             }
         }
