@@ -78,3 +78,36 @@ async fn a_vanished_holders_key_stays_unavailable_for_the_delay() {
         assert!(span >= Duration::from_secs(3), "{name}: {span:?}");
     }
 }
+
+/// The options of a locker on a pool of the caller's (`Locker::sqlite_with`, `mysql_with`,
+/// `postgres_with`) apply: its lock-delay is the default of every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locker_on_the_callers_pool_takes_its_options() {
+    let (dbs, _dir) = common::all("lock_delay_pool").await;
+    for db in &dbs {
+        let name = db.name;
+        let table = common::own_table(db, "lock_delay_pool").await;
+        let options = dblock::ConnectOptions::new().lock_delay(DELAY);
+        let l = match name {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => {
+                Locker::sqlite_with(sqlx::SqlitePool::connect(&db.url).await.unwrap(), options)
+            }
+            #[cfg(feature = "mysql")]
+            "mariadb" => {
+                Locker::mysql_with(sqlx::MySqlPool::connect(&db.url).await.unwrap(), options)
+            }
+            #[cfg(feature = "postgres")]
+            "postgres" => {
+                Locker::postgres_with(sqlx::PgPool::connect(&db.url).await.unwrap(), options)
+            }
+            _ => continue,
+        };
+        let l = l.table(table.table_name());
+        let g = l.lock("d").ttl(TTL).await.unwrap();
+        let info = l.inspect("d").await.unwrap().unwrap();
+        let span = info.expires_at.duration_since(info.acquired_at).unwrap();
+        assert!(span >= TTL + DELAY, "{name}: {span:?}");
+        g.release().await.unwrap();
+    }
+}

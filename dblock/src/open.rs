@@ -165,6 +165,25 @@ impl Locker {
         Self::from_backend(crate::backend::mysql::My::new(pool.into(), DEFAULT_TABLE).into())
     }
 
+    /// [`Locker::mysql`] with options: those of [`ConnectOptions`] that are not about building
+    /// a pool or PostgreSQL's apply — [`coalesce`](ConnectOptions::coalesce),
+    /// [`lock_delay`](ConnectOptions::lock_delay) (the locker's default) and
+    /// [`statement_timeout`](ConnectOptions::statement_timeout) (in the client).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::MySqlPool::connect("mysql://root@localhost/app").await?;
+    /// let options = dblock::ConnectOptions::new().coalesce(false);
+    /// let locker = dblock::Locker::mysql_with(pool, options);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub fn mysql_with(pool: sqlx::MySqlPool, options: ConnectOptions) -> Locker {
+        let backend = crate::backend::mysql::My::new(pool.into(), DEFAULT_TABLE).into();
+        Self::with_options(backend, &options)
+    }
+
     /// Locks in an existing SQLite pool (use WAL and a busy timeout, as [`Locker::connect`] does).
     ///
     /// ```
@@ -179,5 +198,37 @@ impl Locker {
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub fn sqlite(pool: sqlx::SqlitePool) -> Locker {
         Self::from_backend(crate::backend::sqlite::Lite::new(pool.into(), DEFAULT_TABLE).into())
+    }
+
+    /// [`Locker::sqlite`] with options: those of [`ConnectOptions`] that are not about building
+    /// a pool or PostgreSQL's apply — [`coalesce`](ConnectOptions::coalesce),
+    /// [`lock_delay`](ConnectOptions::lock_delay) (the locker's default) and
+    /// [`statement_timeout`](ConnectOptions::statement_timeout) (in the client).
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let options = dblock::ConnectOptions::new().lock_delay(std::time::Duration::from_secs(5));
+    /// let locker = dblock::Locker::sqlite_with(pool, options);
+    /// locker.migrate().await?;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub fn sqlite_with(pool: sqlx::SqlitePool, options: ConnectOptions) -> Locker {
+        let backend = crate::backend::sqlite::Lite::new(pool.into(), DEFAULT_TABLE).into();
+        Self::with_options(backend, &options)
+    }
+
+    /// A locker on `backend` with the options that apply to a pool of the caller's.
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    fn with_options(backend: Backend, options: &ConnectOptions) -> Locker {
+        Locker::from_shared(Shared::with_options(
+            options.check().map(|()| backend),
+            DEFAULT_TABLE,
+            default_holder(),
+            options,
+        ))
     }
 }
