@@ -97,6 +97,8 @@ pub(crate) struct Args {
     pub fair: Option<Expr>,
     pub kind: Kind,
     pub proof: Option<Proof>,
+    /// The argument list did not parse (its error is reported): nothing else is said missing.
+    pub unparsed: bool,
     pub krate: Option<Path>,
 }
 
@@ -154,6 +156,7 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
         Ok(p) => p,
         Err(e) => {
             errors.push(e);
+            args.unparsed = true;
             return args;
         }
     };

@@ -73,6 +73,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     }
     let key = match &args.key {
+        None if args.unparsed => None,
         None => {
             errors.push(syn::Error::new(
                 Span::call_site(),
@@ -212,6 +213,19 @@ impl UnrawString for Ident {
     }
 }
 
+/// The end of every key-template error: the parameters a template can name.
+fn parameters(params: &[String]) -> String {
+    if params.is_empty() {
+        return "this function has no parameters".to_owned();
+    }
+    let list = params
+        .iter()
+        .map(|p| format!("`{p}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("parameters are: {list}")
+}
+
 /// `"order:{id}"` → `format!("order:{}", key_part(&id))`, every generated token spanned at the
 /// literal, so a missing `Display` or unknown field underlines the string the user wrote.
 fn key_from_template(
@@ -224,7 +238,10 @@ fn key_from_template(
     let pieces = match template::parse(&lit.value()) {
         Ok(p) => p,
         Err(msg) => {
-            errors.push(syn::Error::new(span, msg));
+            errors.push(syn::Error::new(
+                span,
+                format!("{msg}; {}", parameters(params)),
+            ));
             return None;
         }
     };
@@ -247,17 +264,15 @@ fn key_from_template(
                 if !params.iter().any(|p| p == root) {
                     ok = false;
                     let msg = if root == "self" {
-                        "`{self...}` in the key template, but this function has no `self` parameter (it is not a method)"
-                            .to_owned()
-                    } else if params.is_empty() {
-                        format!("unknown parameter `{root}` in the key template; this function has no parameters")
+                        format!(
+                            "`{{self...}}` in the key template, but this function has no `self` parameter (it is not a method); {}",
+                            parameters(params)
+                        )
                     } else {
-                        let list = params
-                            .iter()
-                            .map(|p| format!("`{p}`"))
-                            .collect::<Vec<_>>()
-                            .join(", ");
-                        format!("unknown parameter `{root}` in the key template; parameters are: {list}")
+                        format!(
+                            "unknown parameter `{root}` in the key template; {}",
+                            parameters(params)
+                        )
                     };
                     errors.push(syn::Error::new(span, msg));
                     continue;
