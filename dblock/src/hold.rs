@@ -270,7 +270,7 @@ impl Hold {
             simple,
             exclusive: matches!(self.kind, HoldKind::Lock),
             in_tx: false,
-            releasable: self.hold_count == 1 && self.member().is_none(),
+            releasable: self.hold_count == 1 && self.kind.releases_in_tx(),
             released_in: self.released_in.clone(),
         }
     }

@@ -445,7 +445,7 @@ impl LockGuard {
     /// keep it in a `BIGINT` column: accept a write only with a token not smaller than the
     /// stored one.
     pub async fn fence<C: FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
-        self.fence_row(conn, false).await
+        crate::owner::fence_locks(conn, &[self.held_lock()], false).await
     }
 
     /// Records this hold's success **inside the caller's transaction** on the lock's own
@@ -484,31 +484,7 @@ impl LockGuard {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub async fn succeed_in<C: FenceConnection>(&self, conn: &mut C) -> Result<(), LockError> {
-        self.fence_row(conn, true).await
-    }
-
-    async fn fence_row<C: FenceConnection>(
-        &self,
-        conn: &mut C,
-        succeed: bool,
-    ) -> Result<(), LockError> {
-        let matched = conn
-            .fence_row(
-                &self.shared.table,
-                &self.hold.key,
-                self.hold.owner.id(),
-                self.hold.fencing_token,
-                self.shared.simple_statements(),
-                succeed,
-                false,
-            )
-            .await?;
-        if matched == 0 {
-            return Err(LockError::Lost {
-                key: self.hold.name().to_owned(),
-            });
-        }
-        Ok(())
+        crate::owner::fence_locks(conn, &[self.held_lock()], true).await
     }
 
     /// Releases **inside the caller's transaction** on the lock's own database, with the work:
@@ -544,28 +520,14 @@ impl LockGuard {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub async fn release_in<C: FenceConnection>(mut self, conn: &mut C) -> Result<(), LockError> {
-        let releasable = self.hold.hold_count == 1 && self.hold.kind.releases_in_tx();
-        if !releasable {
-            self.fence_row(conn, true).await?;
+        let lock = self.held_lock();
+        if !lock.releasable {
+            crate::owner::fence_locks(conn, &[lock], true).await?;
             self.set_used(true);
             return Ok(());
         }
         drop(self.renewal.take()); // a renewal would only wait for the caller's row lock
-        let matched = conn
-            .release_in_row(
-                &self.shared.table,
-                &self.hold.key,
-                self.hold.owner.id(),
-                self.hold.fencing_token,
-                self.shared.simple_statements(),
-            )
-            .await?;
-        if matched == 0 {
-            return Err(LockError::Lost {
-                key: self.hold.name().to_owned(),
-            });
-        }
-        self.hold.released_in.set();
+        crate::owner::release_lock_in(conn, &lock).await?;
         self.release_later();
         Ok(())
     }

@@ -350,22 +350,33 @@ pub async fn release_in<C: FenceConnection>(conn: &mut C) -> Result<(), crate::L
             fence_locks(conn, std::slice::from_ref(lock), true).await?;
             continue;
         }
-        let matched = conn
-            .release_in_row(
-                &lock.table,
-                &lock.row_key,
-                &lock.owner,
-                lock.fencing_token,
-                lock.simple,
-            )
-            .await?;
-        if matched == 0 {
-            return Err(crate::LockError::Lost {
-                key: lock.key.clone(),
-            });
-        }
-        lock.released_in.set();
+        release_lock_in(conn, lock).await?;
     }
+    Ok(())
+}
+
+/// Records the success of `lock` (releasable: one hold, not a member of a shared row) and
+/// releases it in the caller's transaction: `Err(Lost)` if its lease is not ours and live.
+/// Marks it released in the transaction (a background release then only checks).
+pub(crate) async fn release_lock_in<C: FenceConnection>(
+    conn: &mut C,
+    lock: &HeldLock,
+) -> Result<(), crate::LockError> {
+    let matched = conn
+        .release_in_row(
+            &lock.table,
+            &lock.row_key,
+            &lock.owner,
+            lock.fencing_token,
+            lock.simple,
+        )
+        .await?;
+    if matched == 0 {
+        return Err(crate::LockError::Lost {
+            key: lock.key.clone(),
+        });
+    }
+    lock.released_in.set();
     Ok(())
 }
 
