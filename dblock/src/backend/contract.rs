@@ -226,7 +226,8 @@ pub(crate) fn bound<'q, 'a, DB: Binds<'a>>(
         .try_fold(sqlx::query::<DB>(sql), |q, arg| DB::bind_value(q, *arg))
 }
 
-/// A database whose driver binds every value an [`Arg`] holds but the arrays: all of them.
+/// A database whose driver binds every kind of [`Arg`] value but the arrays (each backend's
+/// does; PostgreSQL's binding adds the arrays).
 pub(crate) trait Binds<'a>: sqlx::Database {
     /// Binds one value with the type the driver gives the Rust value; an array (PostgreSQL's
     /// binding takes those itself) is an encoding error.

@@ -505,3 +505,32 @@ WHERE lock_key = ? AND NOT (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6))
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_placeholders_become_question_marks_in_their_order() {
+        let n = Numbered::new(
+            "SELECT $2, ':x', $1 FROM {table} WHERE a = $2 AND b = $10",
+            "t",
+        );
+        // `$10` is no placeholder of $1..$9: left as written, as any other text.
+        assert_eq!(
+            n.sql.as_str(),
+            "SELECT ?, ':x', ? FROM t WHERE a = ? AND b = $10"
+        );
+        assert_eq!(n.order, [1, 0, 1]);
+        let (text, order) = placeholders("a = :key AND b = :keys AND c = :owner", ':', &PARAMS);
+        assert_eq!(text, "a = ? AND b = :keys AND c = ?");
+        assert_eq!(order, [Param::Key, Param::Owner]);
+    }
+
+    #[test]
+    fn a_placeholder_past_the_values_is_an_error_not_a_panic() {
+        let n = Numbered::new("SELECT $3", "t");
+        let args = [crate::backend::Arg::Int8(1)];
+        assert!(matches!(n.bound(&args), Err(sqlx::Error::Encode(_))));
+    }
+}

@@ -37,9 +37,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgArguments, Postgres};
+use sqlx::query::Query;
 
 use crate::backend::contract::Arg;
-use sqlx::query::Query;
 
 /// What a locker behind a pooler adds to each of its statements.
 #[derive(Debug)]
