@@ -56,12 +56,7 @@ impl Locker {
         let backend = Backend::connect(url, DEFAULT_TABLE, &options)
             .instrument(span)
             .await?;
-        Ok(Locker::from_shared(Shared::with_options(
-            Ok(backend),
-            DEFAULT_TABLE,
-            default_holder(),
-            &options,
-        )))
+        Ok(Self::with_options(Ok(backend), &options))
     }
 
     /// Locks in an existing PostgreSQL pool. Lock statements run as single autocommit
@@ -142,12 +137,7 @@ impl Locker {
                     other => other.to_string(),
                 })
         });
-        Locker::from_shared(Shared::with_options(
-            backend,
-            DEFAULT_TABLE,
-            default_holder(),
-            &options,
-        ))
+        Self::with_options(backend, &options)
     }
 
     /// Locks in an existing MySQL / MariaDB pool (see [`Locker::postgres`] for advice on its
@@ -181,7 +171,7 @@ impl Locker {
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub fn mysql_with(pool: sqlx::MySqlPool, options: ConnectOptions) -> Locker {
         let backend = crate::backend::mysql::My::new(pool.into(), DEFAULT_TABLE).into();
-        Self::with_options(backend, &options)
+        Self::with_options(options.check().map(|()| backend), &options)
     }
 
     /// Locks in an existing SQLite pool (use WAL and a busy timeout, as [`Locker::connect`] does).
@@ -218,14 +208,14 @@ impl Locker {
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub fn sqlite_with(pool: sqlx::SqlitePool, options: ConnectOptions) -> Locker {
         let backend = crate::backend::sqlite::Lite::new(pool.into(), DEFAULT_TABLE).into();
-        Self::with_options(backend, &options)
+        Self::with_options(options.check().map(|()| backend), &options)
     }
 
-    /// A locker on `backend` with the options that apply to a pool of the caller's.
-    #[cfg(any(feature = "mysql", feature = "sqlite"))]
-    fn with_options(backend: Backend, options: &ConnectOptions) -> Locker {
+    /// A locker on `backend` with `options` (`Err`: the options' or the backend's
+    /// configuration error, which every call on the locker then reports).
+    fn with_options(backend: Result<Backend, String>, options: &ConnectOptions) -> Locker {
         Locker::from_shared(Shared::with_options(
-            options.check().map(|()| backend),
+            backend,
             DEFAULT_TABLE,
             default_holder(),
             options,

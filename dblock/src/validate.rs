@@ -8,7 +8,7 @@ use crate::error::LockError;
 pub const MAX_KEY_LEN: usize = 255;
 
 /// Longest accepted lease: 100 years.
-const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A min_hold in microseconds (0: none), refused when absurdly long.
 pub(crate) fn min_hold_micros(min_hold: Duration) -> Result<i64, LockError> {

@@ -16,6 +16,7 @@ use crate::error::LockError;
 use crate::info::{LockInfo, Outcome};
 use crate::locker::Locker;
 use crate::shared::Shared;
+use crate::validate::MAX_TTL;
 
 /// How often a [`Watch`] reads the rows unless told otherwise.
 const DEFAULT_EVERY: Duration = Duration::from_millis(250);
@@ -26,8 +27,6 @@ const LATE_MARGIN: Duration = Duration::from_millis(500);
 const DEFAULT_CAPACITY: usize = 1024;
 /// The most events a watch keeps for its consumer (tokio's channel takes at most `usize::MAX >> 3`).
 const MAX_CAPACITY: usize = 1 << 24;
-/// The furthest a read looks back, whatever `every` is: the longest lease there can be.
-const MAX_WINDOW: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A key's hold as an event names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -205,12 +204,13 @@ impl futures_core::Stream for Watch {
 }
 
 /// The window of a read every `every`: the holds taken since the last read, and then some (at
-/// most [`MAX_WINDOW`], so that any `every` makes a window every database can subtract).
+/// most the longest lease there can be, [`MAX_TTL`], so that any `every` makes a window every
+/// database can subtract).
 fn window(every: Duration) -> Duration {
     every
         .saturating_mul(2)
         .saturating_add(LATE_MARGIN)
-        .min(MAX_WINDOW)
+        .min(MAX_TTL)
 }
 
 /// The consumer's end of the channel, and what it missed.
