@@ -66,6 +66,51 @@ async fn a_bad_label_fails_only_its_own_call() {
     }
 }
 
+/// A holder label is validated like a key: one over 255 bytes is refused before anything is
+/// sent (it was cut to fit the column without a word), on every kind; 255 bytes is taken whole
+/// and shown whole; an empty label is no label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_label_over_255_bytes_is_refused_like_a_key() {
+    let (dbs, _dir) = common::all("long_label").await;
+    let long = "é".repeat(128); // 256 bytes, 128 characters
+    for db in &dbs {
+        let l = common::own_table(db, "long_label").await;
+        let refused = [
+            l.lock("k").holder(&*long).await.map(drop),
+            l.read("r").holder(&*long).await.map(drop),
+            l.semaphore("s", 2).holder(&*long).await.map(drop),
+            l.lock_all(["x", "y"]).holder(&*long).await.map(drop),
+        ];
+        for (i, r) in refused.into_iter().enumerate() {
+            assert!(
+                matches!(&r, Err(LockError::Config(m)) if m.contains("longer than 255 bytes")),
+                "{}: case {i}: {r:?}",
+                db.name
+            );
+        }
+        assert!(
+            l.inspect("k").await.unwrap().is_none(),
+            "{}: nothing written",
+            db.name
+        );
+        let label = "l".repeat(255);
+        let g = l.lock("k").holder(&*label).await.unwrap();
+        let shown = l.inspect("k").await.unwrap().unwrap().holder.unwrap();
+        // `host/pid/` and the label, cut to the column's 255 characters.
+        assert_eq!(shown.chars().count(), 255, "{}: {shown}", db.name);
+        assert!(shown.ends_with("lll"), "{}: {shown}", db.name);
+        g.release().await.unwrap();
+        let g = l.lock("k").holder("").await.unwrap();
+        let shown = l.inspect("k").await.unwrap().unwrap().holder.unwrap();
+        assert!(
+            !shown.ends_with('/'),
+            "{}: an empty label is no label: {shown}",
+            db.name
+        );
+        g.release().await.unwrap();
+    }
+}
+
 /// Every `Duration` a caller gives, up to `Duration::MAX`, is taken or refused with a typed
 /// error: never an overflow panic (`lock_all(..).wait(Duration::MAX)` panicked, and the
 /// attribute goes through `lock_all`).

@@ -57,7 +57,8 @@ impl Options {
     }
 
     /// The holder label for the row (`host/pid[/label]`) after checking what the caller gave
-    /// that shares a statement with other callers' rows (label, metrics key): no NUL byte.
+    /// that shares a statement with other callers' rows (label: at most 255 bytes and no NUL;
+    /// metrics key: no NUL).
     pub(crate) fn holder(&self, shared: &Shared) -> Result<Arc<str>, LockError> {
         if let Some(key) = &self.metrics_key {
             validate::text("metrics key", key)?;
@@ -143,8 +144,9 @@ macro_rules! setters {
         }
     };
     (@ holder, $call:literal) => {
-        /// A label stored in the `holder` column after `host/pid`, for operators (cut to 255
-        /// characters; a NUL byte is refused with `LockError::Config`).
+        /// A label stored in the `holder` column after `host/pid`, for operators. Validated
+        /// like a key: a label longer than 255 bytes or with a NUL byte is refused with
+        /// `LockError::Config` before anything is sent; an empty label is no label.
         ///
         #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet request = ", $call, ".holder(\"billing::settle\");\n# Ok(()) }\n```")]
         pub fn holder(mut self, label: impl Into<String>) -> Self {

@@ -99,7 +99,22 @@ pub(crate) fn text(what: &str, s: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-/// Cuts a holder label to the column's 255 characters.
+/// Refuses a holder label the caller gave that the `holder` column could not show whole: longer
+/// than [`MAX_KEY_LEN`] bytes (the column's size, as for keys) or with a NUL byte. A label is
+/// never cut silently: an operator reading `host/pid/label` sees the whole label or the call
+/// fails, before anything is sent (where the host name makes the row's text longer than the
+/// column, the end of the label is cut).
+pub(crate) fn label(label: &str) -> Result<(), LockError> {
+    if label.len() > MAX_KEY_LEN {
+        return Err(LockError::Config(format!(
+            "the holder label {:?}… is longer than 255 bytes",
+            label.chars().take(40).collect::<String>()
+        )));
+    }
+    text("holder label", label)
+}
+
+/// Cuts a holder text (`host/pid/label`) to the column's 255 characters.
 pub(crate) fn holder(mut s: String) -> String {
     if let Some((at, _)) = s.char_indices().nth(255) {
         s.truncate(at);
@@ -163,7 +178,18 @@ mod tests {
     }
 
     #[test]
-    fn holder_labels_are_cut_to_the_column() {
+    fn holder_labels_are_checked_like_keys() {
+        assert!(label(&"x".repeat(255)).is_ok());
+        assert!(label("").is_ok());
+        assert!(matches!(
+            label(&"é".repeat(128)),
+            Err(LockError::Config(m)) if m.contains("longer than 255 bytes")
+        ));
+        assert!(matches!(label("a\0b"), Err(LockError::Config(m)) if m.contains("NUL")));
+    }
+
+    #[test]
+    fn holder_texts_are_cut_to_the_column() {
         assert_eq!(holder("é".repeat(300)).chars().count(), 255);
         assert_eq!(holder("host/1".into()), "host/1");
     }

@@ -339,12 +339,12 @@ impl Shared {
         self.backend.as_ref().map_or("invalid", Backend::name)
     }
 
-    /// The holder label for a lock taken with `label` (`host/pid/label`); a label with a NUL
-    /// byte is refused.
+    /// The holder text for a lock taken with `label` (`host/pid/label`; an empty label is no
+    /// label); a label longer than 255 bytes or with a NUL byte is refused.
     pub(crate) fn holder_for(&self, label: Option<&str>) -> Result<Arc<str>, LockError> {
-        Ok(match label {
+        Ok(match label.filter(|l| !l.is_empty()) {
             Some(label) => {
-                validate::text("holder label", label)?;
+                validate::label(label)?;
                 validate::holder(format!("{}/{label}", self.holder)).into()
             }
             None => self.holder.clone(),
