@@ -10,6 +10,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::backend::operator::{Probes, Queue, MIGRATIONS};
+use crate::backend::Runs;
 use crate::error::LockError;
 use crate::info::LockInfo;
 use crate::info::{millis, time_from_micros};
@@ -77,15 +78,8 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        LockError::require_runtime()?;
-        self.shared().check_open()?;
         validate::key(key)?;
-        let backend = self.shared().backend()?;
-        self.shared()
-            .run_bounded("inspect", |limit| async move {
-                backend.run(&crate::backend::Inspect(key), limit).await
-            })
-            .await
+        self.operate("inspect", crate::backend::Inspect(key)).await
     }
 
     /// Every lock currently held (live lease), ordered by key.
@@ -98,15 +92,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn held(&self) -> Result<Vec<LockInfo>, LockError> {
-        LockError::require_runtime()?;
-        self.shared().check_open()?;
-        let backend = self.shared().backend()?;
-        let mut held = self
-            .shared()
-            .run_bounded("held", |limit| {
-                backend.run(&crate::backend::LiveRows, limit)
-            })
-            .await?;
+        let mut held = self.operate("held", crate::backend::LiveRows).await?;
         held.extend(crate::semaphore::all_live(self.shared()).await?);
         held.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(held)
@@ -147,15 +133,9 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
-        LockError::require_runtime()?;
-        self.shared().check_open()?;
         validate::key(key)?;
-        let backend = self.shared().backend()?;
         let freed = self
-            .shared()
-            .run_bounded("force_release", |limit| async move {
-                backend.run(&crate::backend::ForceRelease(key), limit).await
-            })
+            .operate("force_release", crate::backend::ForceRelease(key))
             .await?;
         let permits = crate::semaphore::force_release(self.shared(), key).await?;
         tracing::info!(key, freed, permits, "force_release");
@@ -177,16 +157,8 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, key: &str) -> Result<bool, LockError> {
-        LockError::require_runtime()?;
-        self.shared().check_open()?;
         validate::key(key)?;
-        let backend = self.shared().backend()?;
-        let reset = self
-            .shared()
-            .run_bounded("reset", |limit| async move {
-                backend.run(&crate::backend::Reset(key), limit).await
-            })
-            .await?;
+        let reset = self.operate("reset", crate::backend::Reset(key)).await?;
         tracing::info!(key, reset, "reset");
         Ok(reset)
     }
@@ -208,19 +180,10 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn purge(&self, older_than: Duration) -> Result<u64, LockError> {
-        LockError::require_runtime()?;
-        self.shared().check_open()?;
         let us = i64::try_from(older_than.as_micros())
             .map_err(|_| LockError::Config("purge: older_than is too large".into()))?;
-        let backend = self.shared().backend()?;
-        let n = self
-            .shared()
-            .run_bounded("purge", |limit| async move {
-                backend
-                    .run(&crate::backend::Purge { older_than_us: us }, limit)
-                    .await
-            })
-            .await?
+        let purge = crate::backend::Purge { older_than_us: us };
+        let n = self.operate("purge", purge).await?
             + crate::semaphore::purge(self.shared(), us).await?;
         tracing::info!(deleted = n, ?older_than, "purge");
         Ok(n)
@@ -244,16 +207,10 @@ impl Locker {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub async fn migration_status(&self) -> Result<Vec<MigrationStatus>, LockError> {
-        LockError::require_runtime()?;
-        let shared = self.shared();
-        shared.check_open()?;
-        let backend = shared.backend()?;
         let probes = Probes {
             table: self.table_name(),
         };
-        let applied = shared
-            .run_bounded("migration status", |limit| backend.run(&probes, limit))
-            .await?;
+        let applied = self.operate("migration status", probes).await?;
         Ok(MIGRATIONS
             .iter()
             .zip(applied)
@@ -279,16 +236,10 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn waiters(&self, prefix: &str) -> Result<Vec<Waiter>, LockError> {
-        LockError::require_runtime()?;
-        let shared = self.shared();
-        shared.check_open()?;
-        let backend = shared.backend()?;
         let read = Queue {
             table: self.table_name(),
         };
-        let rows = shared
-            .run_bounded("waiters", |limit| backend.run(&read, limit))
-            .await?;
+        let rows = self.operate("waiters", read).await?;
         // The queue holds live waiters only: reading it whole and keeping the prefix here
         // needs no parameter (nothing to inline behind a pooler).
         Ok(rows
@@ -302,5 +253,19 @@ impl Locker {
                 time_left: millis(r.left_ms),
             })
             .collect())
+    }
+}
+
+impl Locker {
+    /// Runs one of the operator's statements (`what` names it in errors): in a runtime, on an
+    /// open locker, for at most one statement time-out, resending within it.
+    async fn operate<S: Runs>(&self, what: &str, statement: S) -> Result<S::Output, LockError> {
+        LockError::require_runtime()?;
+        let shared = self.shared();
+        shared.check_open()?;
+        let backend = shared.backend()?;
+        shared
+            .run_bounded(what, |limit| backend.run(&statement, limit))
+            .await
     }
 }

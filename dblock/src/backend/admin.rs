@@ -60,7 +60,7 @@ impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
 }
 
 /// Decodes [`LockRow`]'s columns, whatever the backend.
-pub(crate) fn decode<'r, R>(r: &'r R) -> Result<LockRow, sqlx::Error>
+pub(crate) fn decode<'r, R>(r: &'r R) -> sqlx::Result<LockRow>
 where
     R: Row,
     usize: ColumnIndex<R>,
@@ -95,7 +95,7 @@ pub(crate) async fn infos<DB>(
     sql: &SqlStr,
     texts: &[&str],
     ints: &[i64],
-) -> Result<Vec<LockInfo>, sqlx::Error>
+) -> sqlx::Result<Vec<LockInfo>>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -127,7 +127,7 @@ pub(crate) async fn affected<DB, T>(
     conn: &mut DB::Connection,
     sql: &SqlStr,
     value: T,
-) -> Result<u64, sqlx::Error>
+) -> sqlx::Result<u64>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -147,7 +147,7 @@ pub(crate) async fn last_write<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
     key: &str,
-) -> Result<Option<super::LastWrite>, sqlx::Error>
+) -> sqlx::Result<Option<super::LastWrite>>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -161,15 +161,24 @@ where
         .bind(key.to_owned())
         .fetch_optional(&mut *conn)
         .await?;
-    row.map(|r| {
-        Ok(super::LastWrite {
-            writer: r.try_get(0)?,
-            fencing_token: r.try_get(1)?,
-            release_id: r.try_get(2)?,
-            release_token: r.try_get(3)?,
-        })
+    row.as_ref().map(decode_last_write).transpose()
+}
+
+/// Decodes the last-writer read's columns (writer, fencing token, release id and token),
+/// whatever the backend.
+pub(crate) fn decode_last_write<'r, R>(r: &'r R) -> sqlx::Result<super::LastWrite>
+where
+    R: Row,
+    usize: ColumnIndex<R>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(super::LastWrite {
+        writer: r.try_get(0)?,
+        fencing_token: r.try_get(1)?,
+        release_id: r.try_get(2)?,
+        release_token: r.try_get(3)?,
     })
-    .transpose()
 }
 
 /// The operator's statements and the last-writer read through the shared code above, for a
@@ -180,45 +189,45 @@ where
 macro_rules! shared_admin {
     ($trait:ident, $method:ident, $ty:ty, $db:ty, $($field:ident).+) => {
         impl $trait for $crate::backend::LastWriteOf<'_> {
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Option<$crate::backend::LastWrite>, sqlx::Error> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Option<$crate::backend::LastWrite>> {
                 $crate::backend::admin::last_write::<$db>(conn, &b.$($field).+, self.0).await
             }
         }
 
         impl $trait for $crate::backend::Inspect<'_> {
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Option<$crate::info::LockInfo>, sqlx::Error> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Option<$crate::info::LockInfo>> {
                 let rows = $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.inspect, &[self.0], &[]).await?;
                 Ok(rows.into_iter().next())
             }
         }
 
         impl $trait for $crate::backend::LiveRows {
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Vec<$crate::info::LockInfo>> {
                 $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held, &[], &[]).await
             }
         }
 
         impl $trait for $crate::backend::RowsIn<'_> {
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<Vec<$crate::info::LockInfo>, sqlx::Error> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Vec<$crate::info::LockInfo>> {
                 $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.rows_in, &[self.from, self.to], &[self.taken_within_us]).await
             }
         }
 
         impl $trait for $crate::backend::ForceRelease<'_> {
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<bool, sqlx::Error> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<bool> {
                 Ok($crate::backend::admin::affected::<$db, String>(conn, &b.$($field).+.force_release, self.0.to_owned()).await? > 0)
             }
         }
 
         impl $trait for $crate::backend::Reset<'_> {
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<bool, sqlx::Error> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<bool> {
                 Ok($crate::backend::admin::affected::<$db, String>(conn, &b.$($field).+.reset, self.0.to_owned()).await? > 0)
             }
         }
 
         impl $trait for $crate::backend::Purge {
             /// In batches of at most [`PURGE_BATCH`] rows, until a batch comes back short.
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> Result<u64, sqlx::Error> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<u64> {
                 let mut total = 0;
                 loop {
                     let n = $crate::backend::admin::affected::<$db, i64>(conn, &b.$($field).+.purge, self.older_than_us).await?;

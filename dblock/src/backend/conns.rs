@@ -117,7 +117,7 @@ impl<DB: Database> Conns<DB> {
     /// A connection for one statement: a kept one if there is one, else the pool's, whichever
     /// comes first. Bounded by the pool's own time-out (`PoolTimedOut`); callers bound it by
     /// their deadline too.
-    pub(crate) async fn acquire(&self) -> Result<Conn<DB>, sqlx::Error> {
+    pub(crate) async fn acquire(&self) -> sqlx::Result<Conn<DB>> {
         let Some(kept) = &self.kept else {
             return Ok(Conn::pooled(self.pool.acquire().await?));
         };

@@ -78,12 +78,35 @@ pub(crate) enum Released {
     NotHeld,
 }
 
+impl Released {
+    /// The answer of a release that left `left` holds (`None`: it matched no row).
+    pub(crate) fn left(left: Option<i64>) -> Self {
+        match left {
+            None => Released::NotHeld,
+            Some(0) => Released::Free,
+            Some(n) => Released::StillHeld(n as u32),
+        }
+    }
+}
+
 /// The parameters every owner-checked statement carries.
 #[derive(Clone, Copy)]
 pub(crate) struct HoldRef<'a> {
     pub key: &'a str,
     pub owner: &'a str,
     pub fencing_token: u64,
+}
+
+impl<'a> HoldRef<'a> {
+    /// Its values as every owner-checked statement numbers them: `$1` key, `$2` owner, `$3`
+    /// fencing token.
+    fn args(&self) -> [Arg<'a>; 3] {
+        [
+            Arg::Text(self.key),
+            Arg::Text(self.owner),
+            Arg::Int8(self.fencing_token as i64),
+        ]
+    }
 }
 
 /// One lease in a batched extension.
@@ -221,7 +244,7 @@ pub(crate) enum Arg<'a> {
 pub(crate) fn bound<'q, 'a, DB: Binds<'a>>(
     sql: sqlx::SqlStr,
     args: &[Arg<'a>],
-) -> Result<sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>, sqlx::Error> {
+) -> sqlx::Result<sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>> {
     args.iter()
         .try_fold(sqlx::query::<DB>(sql), |q, arg| DB::bind_value(q, *arg))
 }
@@ -251,7 +274,7 @@ where
     fn bind_value<'q>(
         q: sqlx::query::Query<'q, DB, DB::Arguments>,
         arg: Arg<'a>,
-    ) -> Result<sqlx::query::Query<'q, DB, DB::Arguments>, sqlx::Error> {
+    ) -> sqlx::Result<sqlx::query::Query<'q, DB, DB::Arguments>> {
         Ok(match arg {
             Arg::Text(v) => q.bind(v),
             Arg::Int4(v) => q.bind(v),
@@ -288,7 +311,7 @@ pub(crate) fn per_key(
 /// One granted row of a statement over several keys: its key in column 0, then the hold count,
 /// the fencing token and the lease end (µs since the epoch) from column `from` on. Every
 /// dialect's text returns them with these types.
-pub(crate) fn keyed_grant<R>(row: &R, from: usize) -> Result<(String, Grant), sqlx::Error>
+pub(crate) fn keyed_grant<R>(row: &R, from: usize) -> sqlx::Result<(String, Grant)>
 where
     R: sqlx::Row,
     usize: sqlx::ColumnIndex<R>,
@@ -312,7 +335,7 @@ where
 pub(crate) fn per_key_decoded(
     all: &[Acquire<'_>],
     grants: impl IntoIterator<Item = Result<(String, Grant), sqlx::Error>>,
-) -> Result<Vec<Attempt>, sqlx::Error> {
+) -> sqlx::Result<Vec<Attempt>> {
     let grants = grants.into_iter().collect::<Result<Vec<_>, _>>()?;
     Ok(per_key(all, grants))
 }
@@ -321,7 +344,7 @@ pub(crate) fn per_key_decoded(
 /// `RETURNING`): granted, hold count, fencing token, lease end (µs), the holder's time left
 /// (ms), done, finished at (µs).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn attempt_row<R>(row: &R) -> Result<Attempt, sqlx::Error>
+pub(crate) fn attempt_row<R>(row: &R) -> sqlx::Result<Attempt>
 where
     R: sqlx::Row,
     usize: sqlx::ColumnIndex<R>,
@@ -370,7 +393,18 @@ impl Statement for Migrate {
 /// every key only if every key is available in its view (a busy set writes nothing), locking
 /// rows in key order; a race it cannot see may still leave some keys untaken, so the answer is
 /// per key, in their order (busy keys report no `retry_after`).
-pub(crate) struct AcquireMany<'a>(pub &'a [Acquire<'a>]);
+pub(crate) struct AcquireMany<'a> {
+    /// What every key shares (owner, ttl, holder, min_hold, once): the first key's request.
+    pub first: &'a Acquire<'a>,
+    pub all: &'a [Acquire<'a>],
+}
+
+impl<'a> AcquireMany<'a> {
+    /// The statement of `all`; `None` for an empty list (nothing to send: no key is taken).
+    pub(crate) fn of(all: &'a [Acquire<'a>]) -> Option<Self> {
+        all.first().map(|first| AcquireMany { first, all })
+    }
+}
 
 impl Statement for AcquireMany<'_> {
     type Output = Option<Vec<Attempt>>;
@@ -392,6 +426,20 @@ impl Statement for Release<'_> {
     const ON_RELEASE_POOL: bool = true;
 }
 
+impl Release<'_> {
+    /// Its values, as every backend's text numbers them: the hold's (`$1`-`$3`), `$4` release
+    /// id, `$5` holds left (int4), `$6` outcome code (int2, NULL for none).
+    pub(crate) fn args(&self) -> Vec<Arg<'_>> {
+        let mut args = self.hold.args().to_vec();
+        args.extend([
+            Arg::Int8(self.release_id),
+            Arg::Int4(self.remaining as i32),
+            Arg::OptInt2(self.outcome.map(Outcome::code)),
+        ]);
+        args
+    }
+}
+
 /// Pushes the lease end to at least `now + ttl` (but never past `acquired_at + max_hold`);
 /// `None` if `hold` is not the live tenure.
 pub(crate) struct Extend<'a> {
@@ -403,6 +451,21 @@ pub(crate) struct Extend<'a> {
 
 impl Statement for Extend<'_> {
     type Output = Option<i64>;
+}
+
+impl Extend<'_> {
+    /// Its values, as every backend's text numbers them: the hold's (`$1`-`$3`), `$4` ttl and
+    /// `$5` max_hold, both in µs (int8; a backend of coarser time converts in its text).
+    pub(crate) fn args(&self) -> [Arg<'_>; 5] {
+        let [key, owner, token] = self.hold.args();
+        [
+            key,
+            owner,
+            token,
+            Arg::Int8(self.ttl_us),
+            Arg::Int8(self.max_hold_us),
+        ]
+    }
 }
 
 /// Extends every live hold of the list (never empty) in one statement; answers those it

@@ -32,6 +32,16 @@ pub(crate) trait Dialect: Clone + Send + Sync + 'static {
         self.pool()
     }
 
+    /// The pool statement `S` runs on: the release pool for what releases
+    /// ([`Statement::ON_RELEASE_POOL`](super::Statement::ON_RELEASE_POOL)), else the pool.
+    fn pool_for<S: super::Statement>(&self) -> &Conns<Self::Db> {
+        if S::ON_RELEASE_POOL {
+            self.release_pool()
+        } else {
+            self.pool()
+        }
+    }
+
     /// Whatever must be known before the first statement (PostgreSQL through the application's
     /// own pool: whether it goes through a transaction pooler). Free once known; by default
     /// nothing.
@@ -142,7 +152,7 @@ macro_rules! runs {
                     &self,
                     backend: &$ty,
                     conn: &mut $conn,
-                ) -> Result<<$stmt as $crate::backend::Statement>::Output, sqlx::Error> {
+                ) -> sqlx::Result<<$stmt as $crate::backend::Statement>::Output> {
                     $f(backend, conn, self).await
                 }
             }

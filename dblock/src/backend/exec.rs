@@ -167,7 +167,7 @@ where
 pub(crate) async fn first_connection<DB: Database>(
     pool: &Conns<DB>,
     limit: Duration,
-) -> Result<(), sqlx::Error> {
+) -> sqlx::Result<()> {
     let deadline = Instant::now() + limit;
     let options = pool.connect_options();
     loop {

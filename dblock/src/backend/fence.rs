@@ -284,7 +284,7 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
         text: String,
         args: &[Arg<'_>],
         simple: bool,
-    ) -> Result<(u64, Option<i64>), sqlx::Error> {
+    ) -> sqlx::Result<(u64, Option<i64>)> {
         if simple {
             let inlined = pooler::inline(&text, args)?;
             let mut affected = 0;
@@ -318,7 +318,7 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
         const TEXTS: Texts = TEXTS;
 
         /// Prepared, or (`simple`) inlined.
-        async fn owned_write(&mut self, text: String, row: Owned<'_>) -> Result<u64, sqlx::Error> {
+        async fn owned_write(&mut self, text: String, row: Owned<'_>) -> sqlx::Result<u64> {
             if row.simple {
                 let args = [
                     Arg::Text(row.key),
@@ -332,7 +332,7 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > state
 
         /// One statement: prepared (the connection's statement cache keeps its plan), or behind
         /// a pooler a simple query with the values inlined.
-        async fn lock_in(&mut self, a: LockIn<'_>) -> Result<Option<u64>, sqlx::Error> {
+        async fn lock_in(&mut self, a: LockIn<'_>) -> sqlx::Result<Option<u64>> {
             let args = [Arg::Text(a.key), Arg::Text(a.owner), Arg::Text(a.holder)];
             let token = rows(self, a.text, &args, a.simple).await?.1;
             Ok(token.map(|t| t as u64))
@@ -395,11 +395,11 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIME
     impl sealed::Sealed for sqlx::MySqlConnection {
         const TEXTS: Texts = TEXTS;
 
-        async fn owned_write(&mut self, text: String, row: Owned<'_>) -> Result<u64, sqlx::Error> {
+        async fn owned_write(&mut self, text: String, row: Owned<'_>) -> sqlx::Result<u64> {
             owned_write!(self, text, row.key, row.owner, row.token).await
         }
 
-        async fn lock_in(&mut self, a: LockIn<'_>) -> Result<Option<u64>, sqlx::Error> {
+        async fn lock_in(&mut self, a: LockIn<'_>) -> sqlx::Result<Option<u64>> {
             let mut text = a.text;
             if let Some(secs) = a.mariadb_wait {
                 // MariaDB: the wait for the row lock is bounded for this statement only.
@@ -497,11 +497,11 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > ",
     impl sealed::Sealed for sqlx::SqliteConnection {
         const TEXTS: Texts = TEXTS;
 
-        async fn owned_write(&mut self, text: String, row: Owned<'_>) -> Result<u64, sqlx::Error> {
+        async fn owned_write(&mut self, text: String, row: Owned<'_>) -> sqlx::Result<u64> {
             owned_write!(self, text, row.key, row.owner, row.token).await
         }
 
-        async fn lock_in(&mut self, a: LockIn<'_>) -> Result<Option<u64>, sqlx::Error> {
+        async fn lock_in(&mut self, a: LockIn<'_>) -> sqlx::Result<Option<u64>> {
             let row = sqlx::query(sql(a.text))
                 .bind(a.key)
                 .bind(a.owner)

@@ -6,6 +6,9 @@
 //! `migrate()` takes from a file the statements that change one of them and runs those on the
 //! locker's own table (its name in their place). Comment lines are dropped.
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use sqlx::SqlStr;
+
 /// Each migration's file for each backend, by number: 0001 the lock table, 0002 outcomes and
 /// min_hold, 0003 exactly-once, 0004 the fair queue, 0005 the semaphores' permits (0001 to 0004
 /// for `<table>_permits`, which `migrate()` runs as such), 0006 shared locks, 0007 the renewal
@@ -63,6 +66,57 @@ pub(crate) const SQLITE: [&str; 7] = files!("sqlite");
 pub(crate) const RENEWED: &str =
     "renewals = CASE WHEN renewals_token = fencing_token THEN renewals + 1 ELSE 1 END,
     renewals_token = fencing_token";
+
+/// One backend's schema statements, from its migration files: what `migrate()` applies.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[derive(Debug)]
+pub(crate) struct Schema {
+    /// Migration 0001: the lock table, `IF NOT EXISTS`.
+    pub(crate) create: SqlStr,
+    /// Migrations 0002, 0003, 0006 and 0007: the columns each adds to the lock table (each one
+    /// statement, all of its columns or none).
+    pub(crate) columns: [SqlStr; 4],
+    /// Migration 0004: the fair queue's table, `IF NOT EXISTS`.
+    pub(crate) queue: SqlStr,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+impl Schema {
+    /// The schema of a backend's `files` (as [`POSTGRES`]), whose identifiers are quoted with
+    /// `quote`, for lock table `table` and queue `queue` (both quoted), each statement built by
+    /// the backend's `sql(template, table)`. Migration 0005 makes the semaphores' tables, which
+    /// their own code creates.
+    pub(crate) fn new(
+        files: &[&str; 7],
+        quote: char,
+        sql: fn(&str, &str) -> SqlStr,
+        table: &str,
+        queue: &str,
+    ) -> Self {
+        let locks = format!("{quote}dblock_locks{quote}");
+        let of = |i: usize| sql(&statements(files[i], &locks), table);
+        let queue_file = statements(files[3], &format!("{quote}dblock_locks_queue{quote}"));
+        Schema {
+            create: of(0),
+            columns: [of(1), of(2), of(5), of(6)],
+            queue: sql(&queue_file, queue),
+        }
+    }
+
+    /// Every statement, in the files' order.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn in_order(&self) -> [&SqlStr; 6] {
+        let [outcomes, exactly_once, shared, renewals] = &self.columns;
+        [
+            &self.create,
+            outcomes,
+            exactly_once,
+            &self.queue,
+            shared,
+            renewals,
+        ]
+    }
+}
 
 /// The statements of `file` that change the table `quoted` (as the file writes its name, quotes
 /// included), with `{table}` in its place: a template for the dialect's statement builder.

@@ -298,30 +298,24 @@ impl Backend {
         match self {
             #[cfg(feature = "postgres")]
             Backend::Postgres(b) => {
-                let pool = if S::ON_RELEASE_POOL {
-                    b.release_pool()
-                } else {
-                    b.pool()
-                };
-                run(b, pool, deadline, async |c| s.postgres(b, c).await).await
+                run(b, b.pool_for::<S>(), deadline, async |c| {
+                    s.postgres(b, c).await
+                })
+                .await
             }
             #[cfg(feature = "mysql")]
             Backend::MySql(b) => {
-                let pool = if S::ON_RELEASE_POOL {
-                    b.release_pool()
-                } else {
-                    b.pool()
-                };
-                run(b, pool, deadline, async |c| s.mysql(b, c).await).await
+                run(b, b.pool_for::<S>(), deadline, async |c| {
+                    s.mysql(b, c).await
+                })
+                .await
             }
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(b) => {
-                let pool = if S::ON_RELEASE_POOL {
-                    b.release_pool()
-                } else {
-                    b.pool()
-                };
-                run(b, pool, deadline, async |c| s.sqlite(b, c).await).await
+                run(b, b.pool_for::<S>(), deadline, async |c| {
+                    s.sqlite(b, c).await
+                })
+                .await
             }
         }
     }
@@ -441,7 +435,7 @@ impl Backend {
     /// the locker's own pool first, which also creates a new key's row: `My::prepare_lock_in`),
     /// and how long (whole seconds) the statement may wait for a row lock when it can bound that
     /// itself (MariaDB: `SET STATEMENT`).
-    pub(crate) async fn prepare_lock_in(&self, key: &str) -> Result<LockInCheck, sqlx::Error> {
+    pub(crate) async fn prepare_lock_in(&self, key: &str) -> sqlx::Result<LockInCheck> {
         match self {
             #[cfg(feature = "mysql")]
             Backend::MySql(my) => {
@@ -531,10 +525,7 @@ impl Backend {
     /// MySQL / MariaDB: the session value of the system variable `name` (a plain identifier)
     /// on a connection of the pool. Others: `None`.
     #[cfg(feature = "_test-util")]
-    pub(crate) async fn mysql_session_variable(
-        &self,
-        name: &str,
-    ) -> Result<Option<String>, sqlx::Error> {
+    pub(crate) async fn mysql_session_variable(&self, name: &str) -> sqlx::Result<Option<String>> {
         match self {
             #[cfg(feature = "mysql")]
             Backend::MySql(my) => my.session_variable(name).await.map(Some),

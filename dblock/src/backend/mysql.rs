@@ -134,7 +134,7 @@ pub(crate) async fn connect(
 }
 
 impl My {
-    async fn supports_returning(&self, conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
+    async fn supports_returning(&self, conn: &mut MySqlConnection) -> sqlx::Result<bool> {
         self.returning
             .get_or_try_init(|| async {
                 let version: String = sqlx::query_scalar("SELECT VERSION()")
@@ -160,7 +160,7 @@ impl My {
     /// lock the row: the race is one round trip wide). Likewise an insert of a new key in the
     /// caller's transaction would hold insert-intention and, at REPEATABLE READ, gap locks that
     /// block other sessions' inserts of neighbouring keys until it ends.
-    pub(crate) async fn prepare_lock_in(&self, key: &str) -> Result<(bool, bool), sqlx::Error> {
+    pub(crate) async fn prepare_lock_in(&self, key: &str) -> sqlx::Result<(bool, bool)> {
         let mut conn = self.pool.acquire().await?;
         let mariadb = self.supports_returning(&mut conn).await?;
         let state = format!(
@@ -268,7 +268,7 @@ impl My {
     /// The session value of the system variable `name` (a plain identifier, checked by the
     /// caller), as text, on a connection of the pool: the settings lock statements run with.
     #[cfg(feature = "_test-util")]
-    pub(crate) async fn session_variable(&self, name: &str) -> Result<String, sqlx::Error> {
+    pub(crate) async fn session_variable(&self, name: &str) -> sqlx::Result<String> {
         let sql = format!("SELECT CAST(@@session.{name} AS CHAR)");
         let mut conn = self.pool.acquire().await?;
         let value = sqlx::query_scalar(AssertSqlSafe(sql))

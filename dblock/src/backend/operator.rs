@@ -112,7 +112,7 @@ impl Probes<'_> {
         conn: &mut DB::Connection,
         quote: char,
         missing: fn(&dyn sqlx::error::DatabaseError) -> bool,
-    ) -> Result<Vec<bool>, sqlx::Error>
+    ) -> sqlx::Result<Vec<bool>>
     where
         DB: Database,
         for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -144,48 +144,110 @@ impl Statement for Probes<'_> {
     type Output = Vec<bool>;
 }
 
+/// Each backend's probes and queue read: its quote, how it says "no such table or column",
+/// its text of the queue read.
 #[cfg(feature = "postgres")]
-impl super::OnPostgres for Probes<'_> {
-    async fn postgres(
-        &self,
-        _: &super::postgres::Pg,
-        conn: &mut sqlx::PgConnection,
-    ) -> Result<Vec<bool>, sqlx::Error> {
+mod on_postgres {
+    use super::*;
+    use crate::backend::postgres::Pg;
+    use sqlx::error::DatabaseError;
+    use sqlx::PgConnection;
+
+    async fn probe(_: &Pg, c: &mut PgConnection, s: &Probes<'_>) -> sqlx::Result<Vec<bool>> {
         // undefined_table, undefined_column, invalid_schema_name.
-        self.run::<sqlx::Postgres>(conn, '"', |e| {
+        let missing = |e: &dyn DatabaseError| {
             matches!(e.code().as_deref(), Some("42P01" | "42703" | "3F000"))
-        })
-        .await
+        };
+        s.run::<sqlx::Postgres>(c, '"', missing).await
+    }
+
+    async fn queue(_: &Pg, c: &mut PgConnection, s: &Queue<'_>) -> sqlx::Result<Vec<QueueRow>> {
+        let sql = format!(
+            "SELECT lock_key, ticket, owner, (extract(epoch FROM expires_at) * 1000000)::int8,
+                    greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8
+             FROM {} WHERE expires_at > statement_timestamp() ORDER BY lock_key, ticket",
+            Tables::Queue.quoted(s.table, '"')
+        );
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(c).await?;
+        rows.iter().map(waiter).collect()
+    }
+
+    crate::backend::runs! {
+        crate::backend::OnPostgres, postgres, Pg, PgConnection;
+        Probes<'_> => probe,
+        Queue<'_> => queue,
     }
 }
 
 #[cfg(feature = "mysql")]
-impl super::OnMySql for Probes<'_> {
-    async fn mysql(
-        &self,
-        _: &super::mysql::My,
-        conn: &mut sqlx::MySqlConnection,
-    ) -> Result<Vec<bool>, sqlx::Error> {
+mod on_mysql {
+    use super::*;
+    use crate::backend::mysql::My;
+    use sqlx::error::DatabaseError;
+    use sqlx::MySqlConnection;
+
+    async fn probe(_: &My, c: &mut MySqlConnection, s: &Probes<'_>) -> sqlx::Result<Vec<bool>> {
         // ER_NO_SUCH_TABLE (SQLSTATE 42S02), ER_BAD_FIELD_ERROR (42S22).
-        self.run::<sqlx::MySql>(conn, '`', |e| {
-            matches!(e.code().as_deref(), Some("42S02" | "42S22"))
-        })
-        .await
+        let missing =
+            |e: &dyn DatabaseError| matches!(e.code().as_deref(), Some("42S02" | "42S22"));
+        s.run::<sqlx::MySql>(c, '`', missing).await
+    }
+
+    async fn queue(_: &My, c: &mut MySqlConnection, s: &Queue<'_>) -> sqlx::Result<Vec<QueueRow>> {
+        // Keys are binary; dblock only writes keys that came from a Rust `&str` (valid UTF-8).
+        let sql = format!(
+            "SELECT CONVERT(lock_key USING utf8mb4), ticket, owner,
+                    TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
+                    GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000)
+             FROM {} WHERE expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key, ticket",
+            Tables::Queue.quoted(s.table, '`')
+        );
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(c).await?;
+        rows.iter().map(waiter).collect()
+    }
+
+    crate::backend::runs! {
+        crate::backend::OnMySql, mysql, My, MySqlConnection;
+        Probes<'_> => probe,
+        Queue<'_> => queue,
     }
 }
 
 #[cfg(feature = "sqlite")]
-impl super::OnSqlite for Probes<'_> {
-    async fn sqlite(
-        &self,
-        _: &super::sqlite::Lite,
-        conn: &mut sqlx::SqliteConnection,
-    ) -> Result<Vec<bool>, sqlx::Error> {
+mod on_sqlite {
+    use super::*;
+    use crate::backend::sqlite::Lite;
+    use sqlx::error::DatabaseError;
+    use sqlx::SqliteConnection;
+
+    async fn probe(_: &Lite, c: &mut SqliteConnection, s: &Probes<'_>) -> sqlx::Result<Vec<bool>> {
         // A plain SQLITE_ERROR, told by its message.
-        self.run::<sqlx::Sqlite>(conn, '"', |e| {
+        let missing = |e: &dyn DatabaseError| {
             e.message().starts_with("no such table") || e.message().starts_with("no such column")
-        })
-        .await
+        };
+        s.run::<sqlx::Sqlite>(c, '"', missing).await
+    }
+
+    async fn queue(
+        _: &Lite,
+        c: &mut SqliteConnection,
+        s: &Queue<'_>,
+    ) -> sqlx::Result<Vec<QueueRow>> {
+        // Times are whole milliseconds since the epoch (the clock of the process).
+        const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+        let sql = format!(
+            "SELECT lock_key, ticket, owner, expires_at * 1000, max(0, expires_at - {NOW})
+             FROM {} WHERE expires_at > {NOW} ORDER BY lock_key, ticket",
+            Tables::Queue.quoted(s.table, '"')
+        );
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(c).await?;
+        rows.iter().map(waiter).collect()
+    }
+
+    crate::backend::runs! {
+        crate::backend::OnSqlite, sqlite, Lite, SqliteConnection;
+        Probes<'_> => probe,
+        Queue<'_> => queue,
     }
 }
 
@@ -207,7 +269,7 @@ pub(crate) struct QueueRow {
 
 /// Reads a [`QueueRow`] from the queue read's columns: key, ticket, owner, lease end (µs since
 /// the epoch), lease left (ms), as every backend's text returns them.
-fn waiter<'r, R>(r: &'r R) -> Result<QueueRow, sqlx::Error>
+fn waiter<'r, R>(r: &'r R) -> sqlx::Result<QueueRow>
 where
     R: Row,
     usize: ColumnIndex<R>,
@@ -225,63 +287,6 @@ where
 
 impl Statement for Queue<'_> {
     type Output = Vec<QueueRow>;
-}
-
-#[cfg(feature = "postgres")]
-impl super::OnPostgres for Queue<'_> {
-    async fn postgres(
-        &self,
-        _: &super::postgres::Pg,
-        conn: &mut sqlx::PgConnection,
-    ) -> Result<Vec<QueueRow>, sqlx::Error> {
-        let sql = format!(
-            "SELECT lock_key, ticket, owner, (extract(epoch FROM expires_at) * 1000000)::int8,
-                    greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8
-             FROM {} WHERE expires_at > statement_timestamp() ORDER BY lock_key, ticket",
-            Tables::Queue.quoted(self.table, '"')
-        );
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
-        rows.iter().map(waiter).collect()
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl super::OnMySql for Queue<'_> {
-    async fn mysql(
-        &self,
-        _: &super::mysql::My,
-        conn: &mut sqlx::MySqlConnection,
-    ) -> Result<Vec<QueueRow>, sqlx::Error> {
-        // Keys are binary; dblock only writes keys that came from a Rust `&str` (valid UTF-8).
-        let sql = format!(
-            "SELECT CONVERT(lock_key USING utf8mb4), ticket, owner,
-                    TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
-                    GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000)
-             FROM {} WHERE expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key, ticket",
-            Tables::Queue.quoted(self.table, '`')
-        );
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
-        rows.iter().map(waiter).collect()
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl super::OnSqlite for Queue<'_> {
-    async fn sqlite(
-        &self,
-        _: &super::sqlite::Lite,
-        conn: &mut sqlx::SqliteConnection,
-    ) -> Result<Vec<QueueRow>, sqlx::Error> {
-        // Times are whole milliseconds since the epoch (the clock of the process).
-        const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
-        let sql = format!(
-            "SELECT lock_key, ticket, owner, expires_at * 1000, max(0, expires_at - {NOW})
-             FROM {} WHERE expires_at > {NOW} ORDER BY lock_key, ticket",
-            Tables::Queue.quoted(self.table, '"')
-        );
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
-        rows.iter().map(waiter).collect()
-    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use super::{Grant, Outcome, Statement};
+use super::{Arg, Grant, Outcome, Statement};
 
 pub(crate) use crate::info::READERS;
 
@@ -104,4 +104,51 @@ impl Statement for Intent<'_> {
 
 impl Statement for Withdraw<'_> {
     type Output = ();
+}
+
+// Each statement's values, as every backend's text numbers them (`$n` is the n-th); times in
+// µs (int8), which a backend of coarser time converts in its text. A backend's own values
+// (PostgreSQL's NOTIFY channel, say) follow them.
+
+impl ReadAcquire<'_> {
+    /// `$1` key, `$2` holder, `$3` ttl, `$4` the hold's id, `$5` the read tenure re-entered.
+    pub(crate) fn args(&self) -> Vec<Arg<'_>> {
+        vec![
+            Arg::Text(self.key),
+            Arg::Text(self.holder),
+            Arg::Int8(self.ttl_us),
+            Arg::Int8(self.id),
+            Arg::OptInt8(self.reentry),
+        ]
+    }
+}
+
+impl ReadRelease<'_> {
+    /// `$1` key, `$2` read tenure, `$3` the hold's id, `$4` outcome code (int2, or NULL).
+    pub(crate) fn args(&self) -> Vec<Arg<'_>> {
+        vec![
+            Arg::Text(self.key),
+            Arg::Int8(self.token),
+            Arg::Int8(self.id),
+            Arg::OptInt2(self.outcome.map(Outcome::code)),
+        ]
+    }
+}
+
+impl Intent<'_> {
+    /// `$1` key, `$2` the writer's owner, `$3` the intent's lease.
+    pub(crate) fn args(&self) -> [Arg<'_>; 3] {
+        [
+            Arg::Text(self.key),
+            Arg::Text(self.owner),
+            Arg::Int8(self.lease_us),
+        ]
+    }
+}
+
+impl Withdraw<'_> {
+    /// `$1` key, `$2` the writer's owner.
+    pub(crate) fn args(&self) -> [Arg<'_>; 2] {
+        [Arg::Text(self.key), Arg::Text(self.owner)]
+    }
 }

@@ -19,11 +19,7 @@ impl Statement for FlagSlots<'_> {
 /// Nothing to do where waiters poll.
 #[cfg(feature = "mysql")]
 impl super::OnMySql for FlagSlots<'_> {
-    async fn mysql(
-        &self,
-        _: &super::mysql::My,
-        _: &mut sqlx::MySqlConnection,
-    ) -> Result<(), sqlx::Error> {
+    async fn mysql(&self, _: &super::mysql::My, _: &mut sqlx::MySqlConnection) -> sqlx::Result<()> {
         Ok(())
     }
 }
@@ -34,7 +30,7 @@ impl super::OnSqlite for FlagSlots<'_> {
         &self,
         _: &super::sqlite::Lite,
         _: &mut sqlx::SqliteConnection,
-    ) -> Result<(), sqlx::Error> {
+    ) -> sqlx::Result<()> {
         Ok(())
     }
 }

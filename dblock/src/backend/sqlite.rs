@@ -94,16 +94,10 @@ pub(crate) struct Lite {
 
 #[derive(Debug)]
 struct Statements {
-    ddl: SqlStr,
-    outcomes: SqlStr,
-    exactly_once: SqlStr,
-    has_outcomes: SqlStr,
-    has_exactly_once: SqlStr,
-    has_shared: SqlStr,
-    shared: SqlStr,
-    has_renewals: SqlStr,
-    renewals: SqlStr,
-    queue: SqlStr,
+    schema: super::migrations::Schema,
+    /// A read that fails unless the columns of the schema's `columns` of the same place are
+    /// there.
+    has_columns: [SqlStr; 4],
     queue_steps: QueueSql<SqlStr>,
     done: SqlStr,
     clock_check: SqlStr,
@@ -257,36 +251,10 @@ impl Lite {
     pub(crate) fn new(pool: Conns<Sqlite>, table: &str) -> Self {
         let t = quote_ident(table, '"');
         let q = quote_ident(&super::queue_table(table), '"');
-        let files = super::migrations::SQLITE;
         let statements = Statements {
-            ddl: sql(
-                &super::migrations::statements(files[0], "\"dblock_locks\""),
-                &t,
-            ),
-            outcomes: sql(
-                &super::migrations::statements(files[1], "\"dblock_locks\""),
-                &t,
-            ),
-            exactly_once: sql(
-                &super::migrations::statements(files[2], "\"dblock_locks\""),
-                &t,
-            ),
-            has_outcomes: sql("SELECT available_at FROM {table} LIMIT 0", &t),
-            has_exactly_once: sql("SELECT release_token FROM {table} LIMIT 0", &t),
-            has_shared: sql("SELECT intent_owner FROM {table} LIMIT 0", &t),
-            has_renewals: sql("SELECT renewals_token FROM {table} LIMIT 0", &t),
-            renewals: sql(
-                &super::migrations::statements(files[6], "\"dblock_locks\""),
-                &t,
-            ),
-            shared: sql(
-                &super::migrations::statements(files[5], "\"dblock_locks\""),
-                &t,
-            ),
-            queue: sql(
-                &super::migrations::statements(files[3], "\"dblock_locks_queue\""),
-                &q,
-            ),
+            schema: super::migrations::Schema::new(&super::migrations::SQLITE, '"', sql, &t, &q),
+            has_columns: ["available_at", "release_token", "intent_owner", "renewals_token"]
+                .map(|column| sql(&format!("SELECT {column} FROM {{table}} LIMIT 0"), &t)),
             // The fair waiters' queue: each statement runs under SQLite's one write lock (or
             // reads one snapshot). The queue orders attempts only: exclusion stays the
             // acquire's alone. A leave also clears every ticket whose lease ran out. Leases come
@@ -369,7 +337,7 @@ RETURNING hold_count",
                 &t,
             ),
             extend: sql(
-                "UPDATE {table} SET expires_at = max(expires_at, min({now} + $4, acquired_at + $5)),
+                "UPDATE {table} SET expires_at = max(expires_at, min({now} + ($4 + 999) / 1000, acquired_at + $5 / 1000)),
     {renewed}
 WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > {now}
 RETURNING expires_at * 1000",
@@ -454,7 +422,7 @@ impl Lite {
     }
 
     /// After a busy `once` attempt (SQLite returns no row then): done, or busy.
-    async fn done(&self, conn: &mut SqliteConnection, key: &str) -> Result<Attempt, sqlx::Error> {
+    async fn done(&self, conn: &mut SqliteConnection, key: &str) -> sqlx::Result<Attempt> {
         let done: Option<(bool, Option<i64>)> = sqlx::query_as(self.sql.done.clone())
             .bind(key)
             .fetch_optional(&mut *conn)

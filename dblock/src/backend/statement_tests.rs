@@ -242,7 +242,7 @@ async fn busy_attempts_report_the_holders_time_left_where_the_dialect_can() {
 /// One statement for several keys that must grant every one of them.
 async fn grants(b: &Backend, all: &[Acquire<'_>]) -> Vec<Grant> {
     let attempts = b
-        .run(&crate::backend::AcquireMany(all), soon())
+        .run(&crate::backend::AcquireMany::of(all).unwrap(), soon())
         .await
         .unwrap();
     attempts
@@ -287,7 +287,7 @@ async fn several_keys_in_one_statement_are_taken_whole_or_not_at_all() {
 
         let set = [one(ma, "a", 10), one(mb, "a", 11), one(mc, "a", 12)];
         let Some(got) = b
-            .run(&crate::backend::AcquireMany(&set), soon())
+            .run(&crate::backend::AcquireMany::of(&set).unwrap(), soon())
             .await
             .unwrap()
         else {
@@ -336,7 +336,7 @@ async fn several_keys_in_one_statement_are_taken_whole_or_not_at_all() {
         let before = b.run(&crate::backend::Inspect(md), soon()).await.unwrap();
         let other = [one(mc, "o", 20), one(md, "o", 21)];
         let answer = b
-            .run(&crate::backend::AcquireMany(&other), soon())
+            .run(&crate::backend::AcquireMany::of(&other).unwrap(), soon())
             .await
             .unwrap()
             .unwrap();

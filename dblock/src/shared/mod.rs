@@ -431,7 +431,13 @@ impl Shared {
             tracked.fill(a);
             serials.push(tracked);
         }
-        let statement = crate::backend::AcquireMany(&all);
+        let Some(statement) = crate::backend::AcquireMany::of(&all) else {
+            let none = Tried {
+                result: Ok(Some(Vec::new())),
+                after_unknown: false,
+            };
+            return Ok((none, serials));
+        };
         let tried = backend.retried(&statement, policy).await;
         if let Ok(Some(attempts)) = &tried.result {
             for (tracked, attempt) in serials.iter_mut().zip(attempts) {

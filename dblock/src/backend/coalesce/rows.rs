@@ -389,3 +389,16 @@ impl crate::backend::Statement for ReleaseBatch<'_> {
     type Output = Vec<Released>;
     const ON_RELEASE_POOL: bool = true;
 }
+
+/// A batch is its rows: each backend's batch functions take the slice (`runs!`).
+macro_rules! rows_of {
+    ($($batch:ident => $row:ty),+) => {$(
+        impl<'a> std::ops::Deref for $batch<'a> {
+            type Target = [$row];
+            fn deref(&self) -> &[$row] {
+                self.0
+            }
+        }
+    )+};
+}
+rows_of!(AcquireBatch => Acquire<'a>, ReleaseBatch => ReleaseRow);

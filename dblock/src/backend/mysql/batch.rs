@@ -86,11 +86,11 @@ RETURNING CONVERT(lock_key USING utf8mb4), owner, hold_count, fencing_token,
     .replace("{table}", table)
 }
 
-pub(crate) async fn acquire(
+async fn acquire(
     my: &My,
     conn: &mut MySqlConnection,
     rows: &[Acquire<'_>],
-) -> Result<Vec<Attempt>, sqlx::Error> {
+) -> sqlx::Result<Vec<Attempt>> {
     let text = AssertSqlSafe(statement(listed(rows.len()), &my.table)).into_sql_str();
     let mut q = sqlx::query(text);
     for a in rows {
@@ -184,11 +184,11 @@ SET l.hold_count   = r.b_left,
     )
 }
 
-pub(crate) async fn release(
+async fn release(
     my: &My,
     conn: &mut MySqlConnection,
     rows: &[ReleaseRow],
-) -> Result<Vec<Released>, sqlx::Error> {
+) -> sqlx::Result<Vec<Released>> {
     let Some(first) = rows.first() else {
         return Ok(Vec::new());
     };
@@ -270,31 +270,25 @@ pub(crate) async fn release(
         .collect())
 }
 
-impl OnMySql for crate::backend::coalesce::AcquireBatch<'_> {
-    async fn mysql(
-        &self,
-        my: &My,
-        conn: &mut MySqlConnection,
-    ) -> Result<Vec<Attempt>, sqlx::Error> {
-        let rows = self.0;
-        if my.supports_returning(conn).await? {
-            acquire(my, conn, rows).await
-        } else {
-            one_by_one(my, conn, rows).await
-        }
+/// Coalesced acquires: one statement where the server has `RETURNING` (MariaDB), else one
+/// transaction of one-row statements.
+async fn acquire_batch(
+    my: &My,
+    c: &mut MySqlConnection,
+    rows: &[Acquire<'_>],
+) -> sqlx::Result<Vec<Attempt>> {
+    if my.supports_returning(c).await? {
+        acquire(my, c, rows).await
+    } else {
+        one_by_one(my, c, rows).await
     }
 }
 
-impl OnMySql for crate::backend::coalesce::ReleaseBatch<'_> {
-    /// Coalesced releases: four round trips, whatever the batch's size (`mysql/batch.rs`).
-    async fn mysql(
-        &self,
-        my: &My,
-        conn: &mut MySqlConnection,
-    ) -> Result<Vec<Released>, sqlx::Error> {
-        let rows = self.0;
-        release(my, conn, rows).await
-    }
+crate::backend::runs! {
+    OnMySql, mysql, My, MySqlConnection;
+    crate::backend::coalesce::AcquireBatch<'_> => acquire_batch,
+    // Four round trips, whatever the batch's size (above).
+    crate::backend::coalesce::ReleaseBatch<'_> => release,
 }
 
 /// MySQL 8's coalesced acquires (no `RETURNING`): the one-row statements in one transaction.
@@ -302,7 +296,7 @@ async fn one_by_one(
     my: &My,
     conn: &mut MySqlConnection,
     rows: &[Acquire<'_>],
-) -> Result<Vec<Attempt>, sqlx::Error> {
+) -> sqlx::Result<Vec<Attempt>> {
     let mut tx = sqlx::Connection::begin(conn).await?;
     let mut out = Vec::with_capacity(rows.len());
     for a in rows {

@@ -7,7 +7,7 @@ use super::*;
 use crate::backend::*;
 
 impl OnMySql for Acquire<'_> {
-    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Attempt, sqlx::Error> {
+    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> sqlx::Result<Attempt> {
         let p = self;
         let bound =
             |(text, order): &(SqlStr, Vec<Param>)| bind(text, order, p, std::slice::from_ref(p));
@@ -60,11 +60,8 @@ impl OnMySql for AcquireMany<'_> {
         &self,
         my: &My,
         conn: &mut MySqlConnection,
-    ) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
-        let all = self.0;
-        let Some(first) = all.first() else {
-            return Ok(Some(Vec::new()));
-        };
+    ) -> sqlx::Result<Option<Vec<Attempt>>> {
+        let AcquireMany { first, all } = *self;
         if !my.supports_returning(conn).await? {
             // MySQL 8: one grant per statement travels in LAST_INSERT_ID; one key at a time.
             return Ok(None);
@@ -96,48 +93,17 @@ RETURNING CONVERT(lock_key USING utf8mb4), owner <=> :owner, hold_count, fencing
 }
 
 impl OnMySql for Release<'_> {
-    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Released, sqlx::Error> {
-        let &Release {
-            hold: ref h,
-            remaining,
-            outcome,
-            release_id,
-        } = self;
-        let code = outcome.map(Outcome::code);
-        let done = sqlx::query(my.sql.release.clone())
-            .bind(i64::from(remaining))
-            .bind(code)
-            .bind(code)
-            .bind(release_id)
-            .bind(h.key)
-            .bind(h.owner)
-            .bind(h.fencing_token as i64)
-            .bind(release_id)
-            .execute(&mut *conn)
-            .await?;
-        Ok(match (done.rows_affected(), done.last_insert_id()) {
-            (0, _) => Released::NotHeld,
-            (_, 0) => Released::Free,
-            (_, n) => Released::StillHeld(n as u32),
-        })
+    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> sqlx::Result<Released> {
+        let done = my.sql.release.bound(&self.args())?.execute(conn).await?;
+        // The holds left travel in LAST_INSERT_ID.
+        let left = (done.rows_affected() > 0).then_some(done.last_insert_id() as i64);
+        Ok(Released::left(left))
     }
 }
 
 impl OnMySql for Extend<'_> {
-    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Option<i64>, sqlx::Error> {
-        let &Extend {
-            hold: ref h,
-            ttl_us,
-            max_hold_us,
-        } = self;
-        let done = sqlx::query(my.sql.extend.clone())
-            .bind(ttl_us)
-            .bind(max_hold_us)
-            .bind(h.key)
-            .bind(h.owner)
-            .bind(h.fencing_token as i64)
-            .execute(&mut *conn)
-            .await?;
+    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> sqlx::Result<Option<i64>> {
+        let done = my.sql.extend.bound(&self.args())?.execute(conn).await?;
         Ok((done.rows_affected() > 0).then_some(done.last_insert_id() as i64))
     }
 }
@@ -148,7 +114,7 @@ impl OnMySql for ExtendMany<'_> {
     /// owner/tenure/live check as `extend`. MySQL has no RETURNING for UPDATE: when fewer rows
     /// matched than were sent, one read names the holds still live (a hold that was not extended
     /// cannot be live again: its token would have changed).
-    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<Extended, sqlx::Error> {
+    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> sqlx::Result<Extended> {
         let items = self.0;
         let mut rows = vec!["SELECT ? AS k, ? AS o, ? AS tok, ? AS ttl, ? AS cap"; 1];
         rows.extend(std::iter::repeat_n("SELECT ?, ?, ?, ?, ?", items.len() - 1));

@@ -7,7 +7,7 @@ use super::*;
 use crate::backend::*;
 
 impl OnMySql for QueueStep<'_> {
-    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
+    async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> sqlx::Result<i64> {
         let args = self.args();
         let q = my.sql.queue_steps.of(self).bound(&args)?;
         Ok(match self {

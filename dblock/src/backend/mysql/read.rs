@@ -5,8 +5,8 @@
 //! the lock's MySQL 8 path, so one statement serves MySQL 8 and MariaDB alike.
 
 use sqlx::mysql::MySqlConnection;
-use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
+use super::sql::Numbered;
 use super::{My, US_NOW};
 use crate::backend::kind_sql::KindSql;
 use crate::backend::read::{
@@ -14,39 +14,16 @@ use crate::backend::read::{
 };
 use crate::backend::Grant;
 
-/// The statements of one table, positional, with the order of their parameters.
+/// The statements of one table, numbered as the statement values list their binds
+/// ([`ReadAcquire::args`] and the others; `$n` is the n-th).
 #[derive(Debug)]
 pub(crate) struct Sql {
-    acquire: (SqlStr, Vec<P>),
-    release: (SqlStr, Vec<P>),
-    gone: (SqlStr, Vec<P>),
-    intent: (SqlStr, Vec<P>),
-    withdraw: (SqlStr, Vec<P>),
+    acquire: Numbered,
+    release: Numbered,
+    gone: Numbered,
+    intent: Numbered,
+    withdraw: Numbered,
 }
-
-/// A named parameter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum P {
-    Key,
-    Holder,
-    Lease,
-    Id,
-    Reentry,
-    Token,
-    Outcome,
-    Owner,
-}
-
-const NAMES: [(&str, P); 8] = [
-    (":key", P::Key),
-    (":holder", P::Holder),
-    (":lease", P::Lease),
-    (":id", P::Id),
-    (":reentry", P::Reentry),
-    (":token", P::Token),
-    (":outcome", P::Outcome),
-    (":owner", P::Owner),
-];
 
 const JOINING: &str = "(owner <=> '(readers)' AND expires_at > UTC_TIMESTAMP(6))";
 const SEEN: &str = "(LOCATE(CONCAT(',', VALUES(attempt_id), ','), IFNULL(readers, '')) > 0)";
@@ -54,7 +31,7 @@ const INTENT: &str =
     "COALESCE(intent_until > UTC_TIMESTAMP(6) AND intent_token <=> fencing_token, 0)";
 /// May this reader have the row: join a live phase (its own id already there, a re-entry, or
 /// no writer waiting), or start a new one on a row whose lease ended (no writer waiting).
-const MAY: &str = "IF({joining}, {seen} OR :reentry <=> fencing_token OR NOT {intent},
+const MAY: &str = "IF({joining}, {seen} OR $5 <=> fencing_token OR NOT {intent},
                    expires_at <= UTC_TIMESTAMP(6) AND NOT {intent})";
 const RAN_OUT: &str = "(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6)
            AND NOT (success_token <=> fencing_token))";
@@ -74,9 +51,9 @@ const RAN_OUT: &str = "(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6)
 const ACQUIRE: &str = "INSERT INTO {table}
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
      readers)
-VALUES (:key, '(readers)', 1, LAST_INSERT_ID({us_now} + 4503599627370496) - 4503599627370496,
-        UTC_TIMESTAMP(6) + INTERVAL :lease MICROSECOND, UTC_TIMESTAMP(6), :holder, :id,
-        CONCAT(',', :id, ','))
+VALUES ($1, '(readers)', 1, LAST_INSERT_ID({us_now} + 4503599627370496) - 4503599627370496,
+        UTC_TIMESTAMP(6) + INTERVAL $3 MICROSECOND, UTC_TIMESTAMP(6), $2, $4,
+        CONCAT(',', $4, ','))
 ON DUPLICATE KEY UPDATE
     hold_count    = IF({may}, IF({joining}, hold_count + IF({seen}, 0, 1), 1), hold_count),
     holder        = IF({may} AND NOT {joining}, VALUES(holder), holder),
@@ -102,108 +79,65 @@ ON DUPLICATE KEY UPDATE
 /// back in `LAST_INSERT_ID` (0: nothing matched).
 const RELEASE: &str = "UPDATE {table} SET
     hold_count    = hold_count - 1,
-    readers       = REPLACE(readers, CONCAT(',', :id, ','), ','),
-    last_outcome  = IF(hold_count = 0, COALESCE(:outcome, last_outcome), last_outcome),
+    readers       = REPLACE(readers, CONCAT(',', $3, ','), ','),
+    last_outcome  = IF(hold_count = 0, COALESCE($4, last_outcome), last_outcome),
     finished_at   = IF(hold_count = 0 AND last_outcome IS NOT NULL, UTC_TIMESTAMP(6), finished_at),
-    release_id    = :id,
+    release_id    = $3,
     release_token = fencing_token + 0 * LAST_INSERT_ID(hold_count + 1),
     owner         = IF(hold_count = 0, NULL, owner),
     expires_at    = IF(hold_count = 0, UTC_TIMESTAMP(6), expires_at)
-WHERE lock_key = :key AND owner = '(readers)' AND fencing_token = :token
-  AND expires_at > UTC_TIMESTAMP(6) AND LOCATE(CONCAT(',', :id, ','), readers) > 0";
+WHERE lock_key = $1 AND owner = '(readers)' AND fencing_token = $2
+  AND expires_at > UTC_TIMESTAMP(6) AND LOCATE(CONCAT(',', $3, ','), readers) > 0";
 
-const GONE: &str = "SELECT 1 FROM {table} WHERE lock_key = :key AND owner = '(readers)'
-   AND fencing_token = :token AND expires_at > UTC_TIMESTAMP(6)
-   AND LOCATE(CONCAT(',', :id, ','), IFNULL(readers, '')) = 0";
+const GONE: &str = "SELECT 1 FROM {table} WHERE lock_key = $1 AND owner = '(readers)'
+   AND fencing_token = $2 AND expires_at > UTC_TIMESTAMP(6)
+   AND LOCATE(CONCAT(',', $3, ','), IFNULL(readers, '')) = 0";
 
 /// The WHERE is evaluated before the SET: the conditions read the old row.
 const INTENT_SQL: &str = "UPDATE {table} SET
-    intent_until = UTC_TIMESTAMP(6) + INTERVAL :lease MICROSECOND,
+    intent_until = UTC_TIMESTAMP(6) + INTERVAL $3 MICROSECOND,
     intent_token = fencing_token,
-    intent_owner = :owner
-WHERE lock_key = :key AND {joining} AND (intent_owner <=> :owner OR NOT {intent})";
+    intent_owner = $2
+WHERE lock_key = $1 AND {joining} AND (intent_owner <=> $2 OR NOT {intent})";
 
 const WITHDRAW: &str =
-    "UPDATE {table} SET intent_until = NULL WHERE lock_key = :key AND intent_owner = :owner";
+    "UPDATE {table} SET intent_until = NULL WHERE lock_key = $1 AND intent_owner = $2";
 
-fn positional(template: &str, table: &str) -> (SqlStr, Vec<P>) {
+fn numbered(template: &str, table: &str) -> Numbered {
     let text = template
         .replace("{may}", MAY)
         .replace("{joining}", JOINING)
         .replace("{seen}", SEEN)
         .replace("{intent}", INTENT)
         .replace("{ran_out}", RAN_OUT)
-        .replace("{us_now}", US_NOW)
-        .replace("{table}", table);
-    let (text, order) = super::sql::placeholders(&text, ':', &NAMES);
-    (AssertSqlSafe(text).into_sql_str(), order)
+        .replace("{us_now}", US_NOW);
+    Numbered::new(&text, table)
 }
 
 impl KindSql for Sql {
     fn build(table: &str) -> Sql {
         debug_assert!(ACQUIRE.contains(READERS));
         Sql {
-            acquire: positional(ACQUIRE, table),
-            release: positional(RELEASE, table),
-            gone: positional(GONE, table),
-            intent: positional(INTENT_SQL, table),
-            withdraw: positional(WITHDRAW, table),
+            acquire: numbered(ACQUIRE, table),
+            release: numbered(RELEASE, table),
+            gone: numbered(GONE, table),
+            intent: numbered(INTENT_SQL, table),
+            withdraw: numbered(WITHDRAW, table),
         }
     }
-}
-
-/// The values of one call, by name.
-#[derive(Default)]
-struct Values<'a> {
-    key: &'a str,
-    holder: &'a str,
-    lease_us: i64,
-    id: i64,
-    reentry: Option<i64>,
-    token: i64,
-    outcome: Option<i16>,
-    owner: &'a str,
-}
-
-fn bind<'q>(
-    (text, order): &(SqlStr, Vec<P>),
-    v: &Values<'q>,
-) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-    let mut q = sqlx::query(text.clone());
-    for p in order {
-        q = match p {
-            P::Key => q.bind(v.key),
-            P::Holder => q.bind(v.holder),
-            P::Lease => q.bind(v.lease_us),
-            P::Id => q.bind(v.id),
-            P::Reentry => q.bind(v.reentry),
-            P::Token => q.bind(v.token),
-            P::Outcome => q.bind(v.outcome),
-            P::Owner => q.bind(v.owner),
-        };
-    }
-    q
 }
 
 /// `hold_count` travels above these bits (see the lock's MySQL 8 path).
 const COUNT_SHIFT: u32 = 52;
 
-pub(crate) async fn acquire(
+async fn acquire(
     my: &My,
     conn: &mut MySqlConnection,
     a: &ReadAcquire<'_>,
-) -> Result<ReadAttempt, sqlx::Error> {
+) -> sqlx::Result<ReadAttempt> {
     let texts = my.kind_sql.get::<Sql>();
     let sent_at = std::time::SystemTime::now();
-    let v = Values {
-        key: a.key,
-        holder: a.holder,
-        lease_us: a.ttl_us,
-        id: a.id,
-        reentry: a.reentry,
-        ..Values::default()
-    };
-    let done = bind(&texts.acquire, &v).execute(&mut *conn).await?;
+    let done = texts.acquire.bound(&a.args())?.execute(&mut *conn).await?;
     let packed = done.last_insert_id();
     if packed == 0 {
         return Ok(ReadAttempt::Busy { retry_after: None });
@@ -220,23 +154,17 @@ pub(crate) async fn acquire(
     }))
 }
 
-pub(crate) async fn release(
+async fn release(
     my: &My,
     conn: &mut MySqlConnection,
     r: &ReadRelease<'_>,
-) -> Result<ReadReleased, sqlx::Error> {
+) -> sqlx::Result<ReadReleased> {
     let texts = my.kind_sql.get::<Sql>();
-    let v = Values {
-        key: r.key,
-        id: r.id,
-        token: r.token,
-        outcome: r.outcome.map(|o| o.code()),
-        ..Values::default()
-    };
-    let done = bind(&texts.release, &v).execute(&mut *conn).await?;
+    let args = r.args();
+    let done = texts.release.bound(&args)?.execute(&mut *conn).await?;
     Ok(match done.last_insert_id() {
         0 => {
-            let gone = bind(&texts.gone, &v).fetch_optional(&mut *conn).await?;
+            let gone = texts.gone.bound(&args)?.fetch_optional(&mut *conn).await?;
             if gone.is_some() {
                 ReadReleased::Gone
             } else {
@@ -248,34 +176,15 @@ pub(crate) async fn release(
     })
 }
 
-pub(crate) async fn intent(
-    my: &My,
-    conn: &mut MySqlConnection,
-    i: &Intent<'_>,
-) -> Result<bool, sqlx::Error> {
+async fn intent(my: &My, conn: &mut MySqlConnection, i: &Intent<'_>) -> sqlx::Result<bool> {
     let texts = my.kind_sql.get::<Sql>();
-    let v = Values {
-        key: i.key,
-        owner: i.owner,
-        lease_us: i.lease_us,
-        ..Values::default()
-    };
-    let done = bind(&texts.intent, &v).execute(&mut *conn).await?;
+    let done = texts.intent.bound(&i.args())?.execute(&mut *conn).await?;
     Ok(done.rows_affected() > 0)
 }
 
-pub(crate) async fn withdraw(
-    my: &My,
-    conn: &mut MySqlConnection,
-    w: &Withdraw<'_>,
-) -> Result<(), sqlx::Error> {
+async fn withdraw(my: &My, conn: &mut MySqlConnection, w: &Withdraw<'_>) -> sqlx::Result<()> {
     let texts = my.kind_sql.get::<Sql>();
-    let v = Values {
-        key: w.key,
-        owner: w.owner,
-        ..Values::default()
-    };
-    bind(&texts.withdraw, &v).execute(&mut *conn).await?;
+    texts.withdraw.bound(&w.args())?.execute(&mut *conn).await?;
     Ok(())
 }
 

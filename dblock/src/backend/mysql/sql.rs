@@ -7,19 +7,14 @@ use crate::backend::QueueSql;
 
 #[derive(Debug)]
 pub(super) struct Statements {
-    pub(super) ddl: SqlStr,
+    pub(super) schema: crate::backend::migrations::Schema,
     pub(super) acquire_returning: (SqlStr, Vec<Param>),
     pub(super) acquire_last_insert_id: (SqlStr, Vec<Param>),
     pub(super) done: SqlStr,
-    pub(super) outcomes: SqlStr,
-    pub(super) exactly_once: SqlStr,
-    pub(super) queue: SqlStr,
-    pub(super) shared: SqlStr,
-    pub(super) renewals: SqlStr,
     pub(super) has_queue: SqlStr,
     pub(super) queue_steps: QueueSql<Numbered>,
-    pub(super) release: SqlStr,
-    pub(super) extend: SqlStr,
+    pub(super) release: Numbered,
+    pub(super) extend: Numbered,
     pub(super) admin: AdminSql,
 }
 
@@ -279,7 +274,7 @@ impl Numbered {
     pub(super) fn bound<'q>(
         &self,
         args: &[crate::backend::Arg<'q>],
-    ) -> Result<sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>, sqlx::Error> {
+    ) -> sqlx::Result<sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>> {
         let ordered = self
             .order
             .iter()
@@ -333,14 +328,14 @@ impl My {
     pub(crate) fn new(pool: Conns<MySql>, table: &str) -> Self {
         let t = quote_ident(table, '`');
         let q = quote_ident(&crate::backend::queue_table(table), '`');
-        let files = crate::backend::migrations::MYSQL;
         let statements = Statements {
-            ddl: sql(&crate::backend::migrations::statements(files[0], "`dblock_locks`"), &t),
-            outcomes: sql(&crate::backend::migrations::statements(files[1], "`dblock_locks`"), &t),
-            exactly_once: sql(&crate::backend::migrations::statements(files[2], "`dblock_locks`"), &t),
-            queue: sql(&crate::backend::migrations::statements(files[3], "`dblock_locks_queue`"), &q),
-            shared: sql(&crate::backend::migrations::statements(files[5], "`dblock_locks`"), &t),
-            renewals: sql(&crate::backend::migrations::statements(files[6], "`dblock_locks`"), &t),
+            schema: crate::backend::migrations::Schema::new(
+                &crate::backend::migrations::MYSQL,
+                '`',
+                sql,
+                &t,
+                &q,
+            ),
             // Both tables with their newest columns (a lock table dropped by hand beside its
             // queue is made again).
             has_queue: sql(
@@ -423,36 +418,36 @@ FROM {table} WHERE lock_key = ?",
             // assigned first, to the count the process has left (absolute: a stray resend cannot
             // count down twice); owner, the outcome and expires_at then read its NEW value on
             // purpose. The count comes back as last_insert_id; rows_affected = 0: not held.
-            release: sql(
+            release: Numbered::new(
                 "UPDATE {table} SET
-    hold_count   = LAST_INSERT_ID(?),
+    hold_count   = LAST_INSERT_ID($5),
     owner        = IF(hold_count = 0, NULL, owner),
     -- A success committed with the work (`success_token`) stands, whatever the release says.
     last_outcome = IF(hold_count = 0,
-                      IF(success_token <=> fencing_token, 1, COALESCE(?, last_outcome)),
+                      IF(success_token <=> fencing_token, 1, COALESCE($6, last_outcome)),
                       last_outcome),
-    finished_at  = IF(hold_count = 0 AND ? IS NOT NULL, UTC_TIMESTAMP(6), finished_at),
+    finished_at  = IF(hold_count = 0 AND $6 IS NOT NULL, UTC_TIMESTAMP(6), finished_at),
     -- Free once released, or once min_hold has passed (available_at), whichever is later.
     expires_at   = IF(hold_count = 0, GREATEST(UTC_TIMESTAMP(6), COALESCE(available_at, UTC_TIMESTAMP(6))),
                       expires_at),
-    attempt_id   = ?,
+    attempt_id   = $4,
     -- The release id just assigned, and this tenure: kept by every acquire (see `last_write`).
     release_id   = attempt_id,
     release_token = fencing_token
-WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND NOT (attempt_id <=> ?)
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND NOT (attempt_id <=> $4)
   AND expires_at > UTC_TIMESTAMP(6)",
                 &t,
             ),
             // Single-row UPDATE, owner- and tenure-checked; the new lease end (read after it was
             // assigned) comes back as last_insert_id. Never shortens a lease.
-            extend: sql(
+            extend: Numbered::new(
                 "UPDATE {table} SET
-    expires_at    = GREATEST(expires_at, LEAST(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
-                                           acquired_at + INTERVAL ? MICROSECOND)),
+    expires_at    = GREATEST(expires_at, LEAST(UTC_TIMESTAMP(6) + INTERVAL $4 MICROSECOND,
+                                           acquired_at + INTERVAL $5 MICROSECOND)),
     fencing_token = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)) > 0,
                        fencing_token, fencing_token),
     {renewed}
-WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIMESTAMP(6)",
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > UTC_TIMESTAMP(6)",
                 &t,
             ),
             admin: AdminSql {

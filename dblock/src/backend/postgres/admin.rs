@@ -1,108 +1,81 @@
-//! The operator's statements on PostgreSQL and the last-writer read.
+//! The operator's statements on PostgreSQL and the last-writer read: its own texts through its
+//! own runner (which knows the form a transaction pooler needs), the decoders shared with the
+//! other backends (`backend/admin.rs`).
 
 #[allow(unused_imports)]
 use super::*;
+use crate::backend::admin::{decode, decode_last_write};
 use crate::backend::*;
 use crate::info::LockInfo;
 
-impl OnPostgres for LastWriteOf<'_> {
-    async fn postgres(
-        &self,
-        pg: &Pg,
-        conn: &mut PgConnection,
-    ) -> Result<Option<LastWrite>, sqlx::Error> {
-        let key = self.0;
-        let row = pg
-            .fetch_optional(conn, &pg.sql.last_write, &[Arg::Text(key)])
+/// Every row decoded as a [`LockInfo`].
+fn infos(rows: &[PgRow]) -> sqlx::Result<Vec<LockInfo>> {
+    rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
+}
+
+async fn last_write(
+    pg: &Pg,
+    c: &mut PgConnection,
+    s: &LastWriteOf<'_>,
+) -> sqlx::Result<Option<LastWrite>> {
+    let row = pg
+        .fetch_optional(c, &pg.sql.last_write, &[Arg::Text(s.0)])
+        .await?;
+    row.as_ref().map(decode_last_write).transpose()
+}
+
+async fn inspect(pg: &Pg, c: &mut PgConnection, s: &Inspect<'_>) -> sqlx::Result<Option<LockInfo>> {
+    let row = pg
+        .fetch_optional(c, &pg.sql.inspect, &[Arg::Text(s.0)])
+        .await?;
+    row.map(|r| decode(&r).map(LockInfo::from)).transpose()
+}
+
+async fn live(pg: &Pg, c: &mut PgConnection, _: &LiveRows) -> sqlx::Result<Vec<LockInfo>> {
+    infos(&pg.fetch_all(c, &pg.sql.held, &[]).await?)
+}
+
+async fn rows_in(pg: &Pg, c: &mut PgConnection, s: &RowsIn<'_>) -> sqlx::Result<Vec<LockInfo>> {
+    let args = [
+        Arg::Text(s.from),
+        Arg::Text(s.to),
+        Arg::Int8(s.taken_within_us),
+    ];
+    infos(&pg.fetch_all(c, &pg.sql.rows_in, &args).await?)
+}
+
+async fn force_release(pg: &Pg, c: &mut PgConnection, s: &ForceRelease<'_>) -> sqlx::Result<bool> {
+    Ok(pg
+        .execute(c, &pg.sql.force_release, &[Arg::Text(s.0)])
+        .await?
+        > 0)
+}
+
+async fn reset(pg: &Pg, c: &mut PgConnection, s: &Reset<'_>) -> sqlx::Result<bool> {
+    Ok(pg.execute(c, &pg.sql.reset, &[Arg::Text(s.0)]).await? > 0)
+}
+
+/// In batches of at most [`PURGE_BATCH`] rows, until a batch comes back short.
+async fn purge(pg: &Pg, c: &mut PgConnection, s: &Purge) -> sqlx::Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = pg
+            .execute(c, &pg.sql.purge, &[Arg::Int8(s.older_than_us)])
             .await?;
-        row.map(|r| {
-            Ok(LastWrite {
-                writer: r.try_get(0)?,
-                fencing_token: r.try_get(1)?,
-                release_id: r.try_get(2)?,
-                release_token: r.try_get(3)?,
-            })
-        })
-        .transpose()
-    }
-}
-
-impl OnPostgres for Inspect<'_> {
-    async fn postgres(
-        &self,
-        pg: &Pg,
-        conn: &mut PgConnection,
-    ) -> Result<Option<LockInfo>, sqlx::Error> {
-        let key = self.0;
-        let row = pg
-            .fetch_optional(conn, &pg.sql.inspect, &[Arg::Text(key)])
-            .await?;
-        row.map(|r| crate::backend::admin::decode(&r).map(LockInfo::from))
-            .transpose()
-    }
-}
-
-impl OnPostgres for LiveRows {
-    async fn postgres(
-        &self,
-        pg: &Pg,
-        conn: &mut PgConnection,
-    ) -> Result<Vec<LockInfo>, sqlx::Error> {
-        let rows = pg.fetch_all(conn, &pg.sql.held, &[]).await?;
-        rows.iter()
-            .map(|r| crate::backend::admin::decode(r).map(LockInfo::from))
-            .collect()
-    }
-}
-
-impl OnPostgres for RowsIn<'_> {
-    async fn postgres(
-        &self,
-        pg: &Pg,
-        conn: &mut PgConnection,
-    ) -> Result<Vec<LockInfo>, sqlx::Error> {
-        let &RowsIn {
-            from,
-            to,
-            taken_within_us,
-        } = self;
-        let args = [Arg::Text(from), Arg::Text(to), Arg::Int8(taken_within_us)];
-        let rows = pg.fetch_all(conn, &pg.sql.rows_in, &args).await?;
-        rows.iter()
-            .map(|r| crate::backend::admin::decode(r).map(LockInfo::from))
-            .collect()
-    }
-}
-
-impl OnPostgres for ForceRelease<'_> {
-    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
-        let key = self.0;
-        Ok(pg
-            .execute(conn, &pg.sql.force_release, &[Arg::Text(key)])
-            .await?
-            > 0)
-    }
-}
-
-impl OnPostgres for Reset<'_> {
-    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
-        let key = self.0;
-        Ok(pg.execute(conn, &pg.sql.reset, &[Arg::Text(key)]).await? > 0)
-    }
-}
-
-impl OnPostgres for Purge {
-    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
-        let older_than_us = self.older_than_us;
-        let mut total = 0;
-        loop {
-            let n = pg
-                .execute(conn, &pg.sql.purge, &[Arg::Int8(older_than_us)])
-                .await?;
-            total += n;
-            if n < PURGE_BATCH {
-                return Ok(total);
-            }
+        total += n;
+        if n < PURGE_BATCH {
+            return Ok(total);
         }
     }
+}
+
+crate::backend::runs! {
+    OnPostgres, postgres, Pg, PgConnection;
+    LastWriteOf<'_> => last_write,
+    Inspect<'_> => inspect,
+    LiveRows => live,
+    RowsIn<'_> => rows_in,
+    ForceRelease<'_> => force_release,
+    Reset<'_> => reset,
+    Purge => purge,
 }

@@ -175,11 +175,11 @@ impl Sql {
     }
 }
 
-pub(crate) async fn acquire(
+async fn acquire(
     pg: &Pg,
     conn: &mut PgConnection,
     rows: &[Acquire<'_>],
-) -> Result<Vec<Attempt>, sqlx::Error> {
+) -> sqlx::Result<Vec<Attempt>> {
     let keys: Vec<&str> = rows.iter().map(|a| a.key).collect();
     let owners: Vec<&str> = rows.iter().map(|a| a.owner).collect();
     let ttls: Vec<f64> = rows.iter().map(|a| a.ttl_us as f64).collect();
@@ -238,11 +238,11 @@ pub(crate) async fn acquire(
         .collect()
 }
 
-pub(crate) async fn release(
+async fn release(
     pg: &Pg,
     conn: &mut PgConnection,
     rows: &[ReleaseRow],
-) -> Result<Vec<Released>, sqlx::Error> {
+) -> sqlx::Result<Vec<Released>> {
     let keys: Vec<&str> = rows.iter().map(|r| r.key()).collect();
     let owners: Vec<&str> = rows.iter().map(|r| r.owner()).collect();
     let tokens: Vec<i64> = rows.iter().map(|r| r.fencing_token as i64).collect();
@@ -293,7 +293,7 @@ fn answered(
     answer: &[sqlx::postgres::PgRow],
     n: usize,
     at: usize,
-) -> Result<Vec<Option<&sqlx::postgres::PgRow>>, sqlx::Error> {
+) -> sqlx::Result<Vec<Option<&sqlx::postgres::PgRow>>> {
     let mut by_row = vec![None; n];
     for row in answer {
         let place: i64 = row.try_get(at)?;
@@ -310,26 +310,10 @@ fn answered(
     Ok(by_row)
 }
 
-impl super::OnPostgres for crate::backend::coalesce::AcquireBatch<'_> {
-    async fn postgres(
-        &self,
-        pg: &Pg,
-        conn: &mut PgConnection,
-    ) -> Result<Vec<Attempt>, sqlx::Error> {
-        let rows = self.0;
-        acquire(pg, conn, rows).await
-    }
-}
-
-impl super::OnPostgres for crate::backend::coalesce::ReleaseBatch<'_> {
-    async fn postgres(
-        &self,
-        pg: &Pg,
-        conn: &mut PgConnection,
-    ) -> Result<Vec<Released>, sqlx::Error> {
-        let rows = self.0;
-        release(pg, conn, rows).await
-    }
+crate::backend::runs! {
+    super::OnPostgres, postgres, Pg, PgConnection;
+    crate::backend::coalesce::AcquireBatch<'_> => acquire,
+    crate::backend::coalesce::ReleaseBatch<'_> => release,
 }
 
 #[cfg(test)]

@@ -123,7 +123,7 @@ const PROBE_SETTING: &str = "dblock.pooler_probe";
 async fn pooler_found(
     pool: &Conns<Postgres>,
     opts: &ConnectOptions,
-) -> Result<Option<String>, sqlx::Error> {
+) -> sqlx::Result<Option<String>> {
     let mut conn = pool.acquire().await?;
     let rows = sqlx::raw_sql(AssertSqlSafe("SELECT current_setting('statement_timeout')"))
         .fetch_all(&mut *conn)
@@ -160,7 +160,7 @@ const PROBE_ROUNDS: usize = 8;
 const SESSION_POOLER_LOOKS: usize = 3;
 
 /// [`state_shared`], [`SESSION_POOLER_LOOKS`] times: shared if any look says so.
-async fn shared_at_any_look(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
+async fn shared_at_any_look(options: &PgConnectOptions) -> sqlx::Result<bool> {
     for _ in 0..SESSION_POOLER_LOOKS {
         if state_shared(options).await? {
             return Ok(true);
@@ -182,7 +182,7 @@ async fn shared_at_any_look(options: &PgConnectOptions) -> Result<bool, sqlx::Er
 /// connection the first just left); under load one of them, or the third, shows within the
 /// rounds. Simple queries only: a prepared statement through such a pooler could itself fail.
 /// The marker is cleared again, so nothing is left on a shared server connection.
-pub(crate) async fn state_shared(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
+pub(crate) async fn state_shared(options: &PgConnectOptions) -> sqlx::Result<bool> {
     let marker = format!("{:016x}", fastrand::u64(..));
     let mut first = PgConnection::connect_with(options).await?;
     let mut second = match PgConnection::connect_with(options).await {
@@ -209,11 +209,11 @@ async fn probe_rounds(
     first: &mut PgConnection,
     second: &mut PgConnection,
     marker: &str,
-) -> Result<bool, sqlx::Error> {
+) -> sqlx::Result<bool> {
     async fn pid_and_setting(
         conn: &mut PgConnection,
         sql: &str,
-    ) -> Result<(i32, Option<String>), sqlx::Error> {
+    ) -> sqlx::Result<(i32, Option<String>)> {
         let rows = sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
             .fetch_all(conn)
             .await?;

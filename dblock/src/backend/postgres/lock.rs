@@ -6,7 +6,7 @@ use super::*;
 use crate::backend::*;
 
 impl OnPostgres for Acquire<'_> {
-    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Attempt, sqlx::Error> {
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> sqlx::Result<Attempt> {
         let p = self;
         let row = pg
             .fetch_optional(
@@ -43,11 +43,8 @@ impl OnPostgres for AcquireMany<'_> {
         &self,
         pg: &Pg,
         conn: &mut PgConnection,
-    ) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
-        let all = self.0;
-        let Some(first) = all.first() else {
-            return Ok(Some(Vec::new()));
-        };
+    ) -> sqlx::Result<Option<Vec<Attempt>>> {
+        let AcquireMany { first, all } = *self;
         let keys: Vec<&str> = all.iter().map(|a| a.key).collect();
         let attempts: Vec<i64> = all.iter().map(|a| a.attempt).collect();
         let tenures: Vec<i64> = all.iter().map(|a| a.tenure.unwrap_or(-1)).collect();
@@ -75,64 +72,26 @@ impl OnPostgres for AcquireMany<'_> {
 }
 
 impl OnPostgres for Release<'_> {
-    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Released, sqlx::Error> {
-        let &Release {
-            hold: ref h,
-            remaining,
-            outcome,
-            release_id,
-        } = self;
-        let row = pg
-            .fetch_optional(
-                conn,
-                &pg.sql.release,
-                &[
-                    Arg::Text(h.key),
-                    Arg::Text(h.owner),
-                    Arg::Int8(h.fencing_token as i64),
-                    Arg::Int8(release_id),
-                    Arg::Text(&pg.channel),
-                    Arg::Int4(remaining as i32),
-                    Arg::OptInt2(outcome.map(Outcome::code)),
-                    Arg::Bool(pg.settings.lazy_release),
-                ],
-            )
-            .await?;
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> sqlx::Result<Released> {
+        let mut args = self.args();
+        args.extend([Arg::Text(&pg.channel), Arg::Bool(pg.settings.lazy_release)]);
+        let row = pg.fetch_optional(conn, &pg.sql.release, &args).await?;
         let left: Option<i32> = row.map(|r| r.try_get(0)).transpose()?;
-        Ok(match left {
-            None => Released::NotHeld,
-            Some(0) => Released::Free,
-            Some(n) => Released::StillHeld(n as u32),
-        })
+        Ok(Released::left(left.map(i64::from)))
     }
 }
 
 impl OnPostgres for Extend<'_> {
-    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Option<i64>, sqlx::Error> {
-        let &Extend {
-            hold: ref h,
-            ttl_us,
-            max_hold_us,
-        } = self;
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> sqlx::Result<Option<i64>> {
         let row = pg
-            .fetch_optional(
-                conn,
-                &pg.sql.extend,
-                &[
-                    Arg::Text(h.key),
-                    Arg::Text(h.owner),
-                    Arg::Int8(h.fencing_token as i64),
-                    Arg::Float8(ttl_us as f64),
-                    Arg::Float8(max_hold_us as f64),
-                ],
-            )
+            .fetch_optional(conn, &pg.sql.extend, &self.args())
             .await?;
         row.map(|r| r.try_get(0)).transpose()
     }
 }
 
 impl OnPostgres for ExtendMany<'_> {
-    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<Extended, sqlx::Error> {
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> sqlx::Result<Extended> {
         let items = self.0;
         let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.owner).collect();

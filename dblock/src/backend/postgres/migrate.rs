@@ -5,7 +5,7 @@ use super::*;
 use crate::backend::*;
 
 impl OnPostgres for Migrate {
-    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> sqlx::Result<()> {
         // The usual case at every start: the table is there, with the newest migration's
         // columns. One read, no lock, and none of the "already exists, skipping" NOTICEs that
         // sqlx would log at INFO.
@@ -31,16 +31,13 @@ impl OnPostgres for Migrate {
             // Behind a pooler: the same steps as one simple query, which is one implicit
             // transaction (no explicit one to leave open on a shared server connection, and
             // fine in statement pooling mode too).
-            let script = format!(
-                "{}{MIGRATE_LOCK};\nSET LOCAL client_min_messages = warning;\n{}{}{}{}{}{}",
-                p.prefix(),
-                pg.sql.ddl.as_str(),
-                pg.sql.outcomes.as_str(),
-                pg.sql.exactly_once.as_str(),
-                pg.sql.queue.as_str(),
-                pg.sql.shared.as_str(),
-                pg.sql.renewals.as_str()
+            let mut script = format!(
+                "{}{MIGRATE_LOCK};\nSET LOCAL client_min_messages = warning;\n",
+                p.prefix()
             );
+            for statement in pg.sql.schema.in_order() {
+                script.push_str(statement.as_str());
+            }
             sqlx::raw_sql(AssertSqlSafe(script)).execute(conn).await?;
             return Ok(());
         }
@@ -49,22 +46,9 @@ impl OnPostgres for Migrate {
         sqlx::query("SET LOCAL client_min_messages = warning")
             .execute(&mut *tx)
             .await?;
-        sqlx::raw_sql(pg.sql.ddl.clone()).execute(&mut *tx).await?;
-        sqlx::raw_sql(pg.sql.outcomes.clone())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::raw_sql(pg.sql.exactly_once.clone())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::raw_sql(pg.sql.queue.clone())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::raw_sql(pg.sql.shared.clone())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::raw_sql(pg.sql.renewals.clone())
-            .execute(&mut *tx)
-            .await?;
+        for statement in pg.sql.schema.in_order() {
+            sqlx::raw_sql(statement.clone()).execute(&mut *tx).await?;
+        }
         tx.commit().await
     }
 }

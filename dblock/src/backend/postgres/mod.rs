@@ -201,7 +201,7 @@ impl Pg {
     /// (the default: sqlx keeps it prepared on the connection, one round trip from the second
     /// use on); or, behind a pooler, one simple-protocol query with the transaction's settings
     /// first and `args` written in as literals (`pooler.rs` says why).
-    fn ready(&self, s: &Stmt, args: &[Arg<'_>]) -> Result<Ready, sqlx::Error> {
+    fn ready(&self, s: &Stmt, args: &[Arg<'_>]) -> sqlx::Result<Ready> {
         match self.settings.pooler.pooler() {
             None => Ok(Ready::Prepared(
                 args.iter()
@@ -219,7 +219,7 @@ impl Pg {
         conn: &mut PgConnection,
         s: &Stmt,
         args: &[Arg<'_>],
-    ) -> Result<Option<PgRow>, sqlx::Error> {
+    ) -> sqlx::Result<Option<PgRow>> {
         match self.ready(s, args)? {
             Ready::Prepared(q) => self.seen(q.fetch_optional(conn).await),
             Ready::Simple(q) => q.fetch_optional(conn).await,
@@ -232,7 +232,7 @@ impl Pg {
         conn: &mut PgConnection,
         s: &Stmt,
         args: &[Arg<'_>],
-    ) -> Result<Vec<PgRow>, sqlx::Error> {
+    ) -> sqlx::Result<Vec<PgRow>> {
         match self.ready(s, args)? {
             Ready::Prepared(q) => self.seen(q.fetch_all(conn).await),
             Ready::Simple(q) => q.fetch_all(conn).await,
@@ -245,7 +245,7 @@ impl Pg {
         conn: &mut PgConnection,
         s: &Stmt,
         args: &[Arg<'_>],
-    ) -> Result<u64, sqlx::Error> {
+    ) -> sqlx::Result<u64> {
         Ok(match self.ready(s, args)? {
             Ready::Prepared(q) => self.seen(q.execute(conn).await)?.rows_affected(),
             Ready::Simple(q) => q.execute(conn).await?.rows_affected(),
@@ -260,7 +260,7 @@ impl Pg {
     /// With `pooler(false)` (the direct path forced) it is a configuration error naming
     /// `pooler(true)`, not retried: a retry could land on another client's statement of the
     /// same name.
-    fn seen<T>(&self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+    fn seen<T>(&self, result: Result<T, sqlx::Error>) -> sqlx::Result<T> {
         match result {
             Err(sqlx::Error::Database(e))
                 if sqlstate::is_shared_connection(e.code().as_deref())
@@ -313,9 +313,9 @@ impl Pg {
             owner.to_owned(),
             "(:a_fencing_token)::int8".into(),
             "(:release_id)::int8".into(),
-            format!("'{}'", self.channel),
             "(:remaining)::int4".into(),
             "(:outcome)::int2".into(),
+            format!("'{}'", self.channel),
             format!("({})", self.settings.lazy_release),
         ];
         let with_binds = |sql: &str, binds: &[String]| {

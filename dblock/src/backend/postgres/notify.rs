@@ -185,7 +185,7 @@ impl Notifier {
     /// said once at `info`), since a LISTEN through such a pooler stays on whichever server
     /// connection ran it and its notifications then reach other clients, who cannot read them.
     /// A `listen_url` is the caller's word that it goes straight to the server.
-    async fn listen(self: &Arc<Self>) -> Result<bool, sqlx::Error> {
+    async fn listen(self: &Arc<Self>) -> sqlx::Result<bool> {
         let options = self.source.connect_options();
         if matches!(self.source, Source::Pool(_)) && super::state_shared(&options).await? {
             tracing::info!(

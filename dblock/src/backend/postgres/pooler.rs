@@ -177,7 +177,7 @@ impl<'a> Arg<'a> {
     pub(crate) fn bind<'q>(
         self,
         q: Query<'q, Postgres, PgArguments>,
-    ) -> Result<Query<'q, Postgres, PgArguments>, sqlx::Error> {
+    ) -> sqlx::Result<Query<'q, Postgres, PgArguments>> {
         match self {
             Arg::TextArray(v) => Ok(q.bind(v)),
             Arg::Int8Array(v) => Ok(q.bind(v)),
@@ -187,7 +187,7 @@ impl<'a> Arg<'a> {
     }
 
     /// Writes the value as a literal of the type it would have been bound as.
-    fn write_literal(self, out: &mut String) -> Result<(), sqlx::Error> {
+    fn write_literal(self, out: &mut String) -> sqlx::Result<()> {
         match self {
             Arg::Text(v) => {
                 text(out, v)?;
@@ -235,7 +235,7 @@ impl<'a> Arg<'a> {
 /// `E'…'`: backslashes and quotes doubled, so the literal reads the same whether or not
 /// `standard_conforming_strings` is on. No NUL: PostgreSQL text cannot hold one, and in a
 /// simple query it would cut the statement short.
-fn text(out: &mut String, v: &str) -> Result<(), sqlx::Error> {
+fn text(out: &mut String, v: &str) -> sqlx::Result<()> {
     if v.contains('\0') {
         return Err(sqlx::Error::Encode(
             "a text value with a NUL byte cannot be sent to PostgreSQL".into(),
@@ -271,7 +271,7 @@ fn array<T>(
     out: &mut String,
     items: &[T],
     mut one: impl FnMut(&mut String, &T) -> Result<(), sqlx::Error>,
-) -> Result<(), sqlx::Error> {
+) -> sqlx::Result<()> {
     if items.is_empty() {
         out.push_str("'{}'");
         return Ok(());
@@ -410,7 +410,7 @@ impl Template {
     }
 
     /// `prefix`, then the statement with each placeholder replaced by its value's literal.
-    pub(crate) fn render(&self, prefix: &str, args: &[Arg<'_>]) -> Result<String, sqlx::Error> {
+    pub(crate) fn render(&self, prefix: &str, args: &[Arg<'_>]) -> sqlx::Result<String> {
         let mut out = String::with_capacity(prefix.len() + self.len + 64 * args.len());
         out.push_str(prefix);
         for part in &self.parts {
@@ -445,7 +445,7 @@ impl Template {
 
 /// `sql` with `args` in place of its placeholders and nothing before it: one statement inside
 /// the caller's own transaction (`fence`).
-pub(crate) fn inline(sql: &str, args: &[Arg<'_>]) -> Result<String, sqlx::Error> {
+pub(crate) fn inline(sql: &str, args: &[Arg<'_>]) -> sqlx::Result<String> {
     Template::parse(sql).render("", args)
 }
 

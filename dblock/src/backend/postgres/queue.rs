@@ -6,7 +6,7 @@ use super::*;
 use crate::backend::*;
 
 impl OnPostgres for QueueStep<'_> {
-    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+    async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> sqlx::Result<i64> {
         let (sql, args) = (pg.sql.queue_steps.of(self), self.args());
         match self {
             QueueStep::Join { .. } | QueueStep::Ahead { .. } => {

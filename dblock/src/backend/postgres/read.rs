@@ -157,24 +157,18 @@ impl KindSql for Sql {
     }
 }
 
-pub(crate) async fn acquire(
+async fn acquire(
     pg: &Pg,
     conn: &mut PgConnection,
     a: &ReadAcquire<'_>,
-) -> Result<ReadAttempt, sqlx::Error> {
+) -> sqlx::Result<ReadAttempt> {
     let texts = pg.kind_sql.get::<Sql>();
     let s = if a.waiting {
         &texts.acquire_waiting
     } else {
         &texts.acquire
     };
-    let mut args = vec![
-        Arg::Text(a.key),
-        Arg::Text(a.holder),
-        Arg::Float8(a.ttl_us as f64),
-        Arg::Int8(a.id),
-        Arg::OptInt8(a.reentry),
-    ];
+    let mut args = a.args();
     if a.waiting {
         args.push(Arg::Bool(true));
     }
@@ -195,26 +189,15 @@ pub(crate) async fn acquire(
     }
 }
 
-pub(crate) async fn release(
+async fn release(
     pg: &Pg,
     conn: &mut PgConnection,
     r: &ReadRelease<'_>,
-) -> Result<ReadReleased, sqlx::Error> {
+) -> sqlx::Result<ReadReleased> {
     let texts = pg.kind_sql.get::<Sql>();
-    let row = pg
-        .fetch_optional(
-            conn,
-            &texts.release,
-            &[
-                Arg::Text(r.key),
-                Arg::Int8(r.token),
-                Arg::Int8(r.id),
-                Arg::OptInt2(r.outcome.map(|o| o.code())),
-                Arg::Text(&pg.channel),
-                Arg::Bool(pg.settings.lazy_release),
-            ],
-        )
-        .await?;
+    let mut args = r.args();
+    args.extend([Arg::Text(&pg.channel), Arg::Bool(pg.settings.lazy_release)]);
+    let row = pg.fetch_optional(conn, &texts.release, &args).await?;
     Ok(match row {
         None => ReadReleased::NotHeld,
         Some(row) => match (
@@ -228,38 +211,14 @@ pub(crate) async fn release(
     })
 }
 
-pub(crate) async fn intent(
-    pg: &Pg,
-    conn: &mut PgConnection,
-    i: &Intent<'_>,
-) -> Result<bool, sqlx::Error> {
+async fn intent(pg: &Pg, conn: &mut PgConnection, i: &Intent<'_>) -> sqlx::Result<bool> {
     let texts = pg.kind_sql.get::<Sql>();
-    let n = pg
-        .execute(
-            conn,
-            &texts.intent,
-            &[
-                Arg::Text(i.key),
-                Arg::Text(i.owner),
-                Arg::Float8(i.lease_us as f64),
-            ],
-        )
-        .await?;
-    Ok(n > 0)
+    Ok(pg.execute(conn, &texts.intent, &i.args()).await? > 0)
 }
 
-pub(crate) async fn withdraw(
-    pg: &Pg,
-    conn: &mut PgConnection,
-    w: &Withdraw<'_>,
-) -> Result<(), sqlx::Error> {
+async fn withdraw(pg: &Pg, conn: &mut PgConnection, w: &Withdraw<'_>) -> sqlx::Result<()> {
     let texts = pg.kind_sql.get::<Sql>();
-    pg.execute(
-        conn,
-        &texts.withdraw,
-        &[Arg::Text(w.key), Arg::Text(w.owner)],
-    )
-    .await?;
+    pg.execute(conn, &texts.withdraw, &w.args()).await?;
     Ok(())
 }
 

@@ -25,7 +25,7 @@ pub(crate) async fn flag_slots(
     pg: &Pg,
     conn: &mut PgConnection,
     f: &FlagSlots<'_>,
-) -> Result<(), sqlx::Error> {
+) -> sqlx::Result<()> {
     let keys: Vec<&str> = f.keys.iter().map(String::as_str).collect();
     let flag = pg.kind_sql.get::<Flag>();
     pg.execute(conn, &flag.0, &[Arg::TextArray(&keys)]).await?;

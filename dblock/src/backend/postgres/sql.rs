@@ -20,12 +20,7 @@ pub(super) struct Statements {
     /// `to_regclass`.
     pub(super) table: String,
     pub(super) queue_table: String,
-    pub(super) ddl: SqlStr,
-    pub(super) outcomes: SqlStr,
-    pub(super) exactly_once: SqlStr,
-    pub(super) queue: SqlStr,
-    pub(super) shared: SqlStr,
-    pub(super) renewals: SqlStr,
+    pub(super) schema: crate::backend::migrations::Schema,
     /// `$1`, `$2` = the quoted queue and lock tables: are both there, with the newest columns?
     pub(super) exists: Stmt,
     pub(super) acquire: Stmt,
@@ -175,16 +170,16 @@ impl Pg {
     pub(super) fn build(pool: Conns<Postgres>, table: &str, settings: Settings) -> Self {
         let t = quote_ident(table, '"');
         let q = quote_ident(&crate::backend::queue_table(table), '"');
-        let files = crate::backend::migrations::POSTGRES;
         let statements = Statements {
             table: t.clone(),
             queue_table: q.clone(),
-            ddl: sql(&crate::backend::migrations::statements(files[0], "\"dblock_locks\""), &t),
-            outcomes: sql(&crate::backend::migrations::statements(files[1], "\"dblock_locks\""), &t),
-            exactly_once: sql(&crate::backend::migrations::statements(files[2], "\"dblock_locks\""), &t),
-            queue: sql(&crate::backend::migrations::statements(files[3], "\"dblock_locks_queue\""), &q),
-            shared: sql(&crate::backend::migrations::statements(files[5], "\"dblock_locks\""), &t),
-            renewals: sql(&crate::backend::migrations::statements(files[6], "\"dblock_locks\""), &t),
+            schema: crate::backend::migrations::Schema::new(
+                &crate::backend::migrations::POSTGRES,
+                '"',
+                sql,
+                &t,
+                &q,
+            ),
             // Both tables with their newest columns (a lock table dropped by hand beside its
             // queue is made again).
             exists: stmt(
@@ -309,18 +304,19 @@ SELECT lock_key, hold_count, fencing_token, {us_expires} FROM ins"
             // whatever this release says. Every release leaves its id and tenure in
             // `release_id` / `release_token`, which no acquire overwrites: a resend after a lost
             // reply can tell its own earlier effect from a lease that ran out (`last_write`).
+            // $1-$6 as [`Release::args`] lists them; $7 the NOTIFY channel, $8 lazily durable.
             release: stmt(
                 "WITH r AS (
     UPDATE {table} SET
-        hold_count   = $6,
-        owner        = CASE WHEN $6 > 0 THEN owner END,
+        hold_count   = $5,
+        owner        = CASE WHEN $5 > 0 THEN owner END,
         -- Free once released, or once min_hold has passed (available_at), whichever is later.
-        expires_at   = CASE WHEN $6 > 0 THEN expires_at
+        expires_at   = CASE WHEN $5 > 0 THEN expires_at
                             ELSE greatest(statement_timestamp(), available_at) END,
-        last_outcome = CASE WHEN $6 > 0 THEN last_outcome
+        last_outcome = CASE WHEN $5 > 0 THEN last_outcome
                             WHEN success_token = fencing_token THEN 1
-                            ELSE coalesce($7, last_outcome) END,
-        finished_at  = CASE WHEN $6 > 0 OR $7 IS NULL THEN finished_at
+                            ELSE coalesce($6, last_outcome) END,
+        finished_at  = CASE WHEN $5 > 0 OR $6 IS NULL THEN finished_at
                             ELSE statement_timestamp() END,
         attempt_id   = $4,
         release_id   = $4,
@@ -329,7 +325,7 @@ SELECT lock_key, hold_count, fencing_token, {us_expires} FROM ins"
       AND expires_at > statement_timestamp()
     RETURNING hold_count, contended, lock_key
 )
-SELECT hold_count, CASE WHEN hold_count = 0 AND contended THEN pg_notify($5, lock_key)::text END,
+SELECT hold_count, CASE WHEN hold_count = 0 AND contended THEN pg_notify($7, lock_key)::text END,
        -- A lazily durable release ($8): this statement's transaction commits without waiting
        -- for its WAL flush (only this transaction: is_local). The next durable commit, e.g.
        -- the grant that takes the key, flushes the log up to and including it.

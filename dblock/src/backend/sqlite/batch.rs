@@ -110,11 +110,11 @@ impl Sql {
     }
 }
 
-pub(crate) async fn acquire(
+async fn acquire(
     lite: &Lite,
     conn: &mut SqliteConnection,
     all: &[Acquire<'_>],
-) -> Result<Vec<Attempt>, sqlx::Error> {
+) -> sqlx::Result<Vec<Attempt>> {
     if all.len() > MAX {
         return acquire_one_by_one(lite, conn, all).await;
     }
@@ -141,7 +141,7 @@ async fn attempts(
     conn: &mut SqliteConnection,
     all: &[Acquire<'_>],
     granted: &[SqliteRow],
-) -> Result<Vec<Attempt>, sqlx::Error> {
+) -> sqlx::Result<Vec<Attempt>> {
     let grants = granted
         .iter()
         .map(|row| crate::backend::keyed_grant(row, 1));
@@ -155,11 +155,11 @@ async fn attempts(
     Ok(out)
 }
 
-pub(crate) async fn release(
+async fn release(
     lite: &Lite,
     conn: &mut SqliteConnection,
     all: &[ReleaseRow],
-) -> Result<Vec<Released>, sqlx::Error> {
+) -> sqlx::Result<Vec<Released>> {
     if all.len() > MAX {
         return release_one_by_one(lite, conn, all).await;
     }
@@ -190,7 +190,7 @@ fn bind_releases<'q>(
 
 /// Each release's answer, from the rows its statement returned (`lock_key, hold_count` of
 /// the rows it released).
-fn released(all: &[ReleaseRow], left: &[SqliteRow]) -> Result<Vec<Released>, sqlx::Error> {
+fn released(all: &[ReleaseRow], left: &[SqliteRow]) -> sqlx::Result<Vec<Released>> {
     let mut by_key = std::collections::HashMap::with_capacity(left.len());
     for row in left {
         by_key.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
@@ -222,7 +222,7 @@ pub(crate) async fn write(
     acquires: &[Acquire<'_>],
     releases: &[ReleaseRow],
     extends: &[RenewItem<'_>],
-) -> Result<(Vec<Attempt>, Vec<Released>, Extended), sqlx::Error> {
+) -> sqlx::Result<(Vec<Attempt>, Vec<Released>, Extended)> {
     let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
     let extended = if extends.is_empty() {
         Vec::new()
@@ -273,7 +273,7 @@ pub(crate) async fn write_whole(
     conn: &mut sqlx::pool::PoolConnection<Sqlite>,
     acquires: &[Acquire<'_>],
     releases: &[ReleaseRow],
-) -> Result<(Vec<Attempt>, Vec<Released>), sqlx::Error> {
+) -> sqlx::Result<(Vec<Attempt>, Vec<Released>)> {
     let q = both(lite, acquires, releases, "BEGIN IMMEDIATE;\n", ";\nCOMMIT");
     let rows = match q.fetch_all(&mut **conn).await {
         Ok(rows) => rows,
@@ -328,7 +328,7 @@ async fn answers(
     acquires: &[Acquire<'_>],
     releases: &[ReleaseRow],
     rows: Vec<SqliteRow>,
-) -> Result<(Vec<Attempt>, Vec<Released>), sqlx::Error> {
+) -> sqlx::Result<(Vec<Attempt>, Vec<Released>)> {
     let (left, granted): (Vec<SqliteRow>, Vec<SqliteRow>) =
         rows.into_iter().partition(|r| r.len() == 2);
     Ok((
@@ -337,28 +337,11 @@ async fn answers(
     ))
 }
 
-impl OnSqlite for crate::backend::coalesce::AcquireBatch<'_> {
-    /// Coalesced acquires of distinct keys: one statement (`sqlite/batch.rs`).
-    async fn sqlite(
-        &self,
-        lite: &Lite,
-        conn: &mut SqliteConnection,
-    ) -> Result<Vec<Attempt>, sqlx::Error> {
-        let rows = self.0;
-        acquire(lite, conn, rows).await
-    }
-}
-
-impl OnSqlite for crate::backend::coalesce::ReleaseBatch<'_> {
-    /// Coalesced releases of distinct keys: one statement (`sqlite/batch.rs`).
-    async fn sqlite(
-        &self,
-        lite: &Lite,
-        conn: &mut SqliteConnection,
-    ) -> Result<Vec<Released>, sqlx::Error> {
-        let rows = self.0;
-        release(lite, conn, rows).await
-    }
+// Coalesced acquires and releases of distinct keys: one statement each (above).
+crate::backend::runs! {
+    OnSqlite, sqlite, Lite, SqliteConnection;
+    crate::backend::coalesce::AcquireBatch<'_> => acquire,
+    crate::backend::coalesce::ReleaseBatch<'_> => release,
 }
 
 /// More rows than one statement lists: the one-row statements in one transaction, under the
@@ -367,7 +350,7 @@ async fn acquire_one_by_one(
     lite: &Lite,
     conn: &mut SqliteConnection,
     rows: &[Acquire<'_>],
-) -> Result<Vec<Attempt>, sqlx::Error> {
+) -> sqlx::Result<Vec<Attempt>> {
     let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
     let mut out = Vec::with_capacity(rows.len());
     for a in rows {
@@ -382,7 +365,7 @@ async fn release_one_by_one(
     lite: &Lite,
     conn: &mut SqliteConnection,
     rows: &[ReleaseRow],
-) -> Result<Vec<Released>, sqlx::Error> {
+) -> sqlx::Result<Vec<Released>> {
     let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {

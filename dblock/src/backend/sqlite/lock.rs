@@ -6,11 +6,7 @@ use super::*;
 use crate::backend::*;
 
 impl OnSqlite for Acquire<'_> {
-    async fn sqlite(
-        &self,
-        lite: &Lite,
-        conn: &mut SqliteConnection,
-    ) -> Result<Attempt, sqlx::Error> {
+    async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> sqlx::Result<Attempt> {
         let p = self;
         let row = bind_acquire(sqlx::query(lite.sql.acquire.clone()), p)
             .fetch_optional(&mut *conn)
@@ -38,11 +34,8 @@ impl OnSqlite for AcquireMany<'_> {
         &self,
         lite: &Lite,
         conn: &mut SqliteConnection,
-    ) -> Result<Option<Vec<Attempt>>, sqlx::Error> {
-        let all = self.0;
-        let Some(first) = all.first() else {
-            return Ok(Some(Vec::new()));
-        };
+    ) -> sqlx::Result<Option<Vec<Attempt>>> {
+        let AcquireMany { first, all } = *self;
         // ?1-?5 are shared, then four per key from ?6 on.
         let rows = (0..all.len())
             .map(|i| {
@@ -97,64 +90,25 @@ RETURNING lock_key, hold_count, fencing_token, expires_at * 1000",
 }
 
 impl OnSqlite for Release<'_> {
-    async fn sqlite(
-        &self,
-        lite: &Lite,
-        conn: &mut SqliteConnection,
-    ) -> Result<Released, sqlx::Error> {
-        let &Release {
-            hold: ref h,
-            remaining,
-            outcome,
-            release_id,
-        } = self;
-        let left: Option<i64> = sqlx::query_scalar(lite.sql.release.clone())
-            .bind(h.key)
-            .bind(h.owner)
-            .bind(h.fencing_token as i64)
-            .bind(release_id)
-            .bind(i64::from(remaining))
-            .bind(outcome.map(Outcome::code))
-            .fetch_optional(&mut *conn)
-            .await?;
-        Ok(match left {
-            None => Released::NotHeld,
-            Some(0) => Released::Free,
-            Some(n) => Released::StillHeld(n as u32),
-        })
+    async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> sqlx::Result<Released> {
+        let q = bound::<Sqlite>(lite.sql.release.clone(), &self.args())?;
+        let row = q.fetch_optional(&mut *conn).await?;
+        Ok(Released::left(row.map(|r| r.try_get(0)).transpose()?))
     }
 }
 
 impl OnSqlite for Extend<'_> {
-    async fn sqlite(
-        &self,
-        lite: &Lite,
-        conn: &mut SqliteConnection,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        let &Extend {
-            hold: ref h,
-            ttl_us,
-            max_hold_us,
-        } = self;
-        sqlx::query_scalar(lite.sql.extend.clone())
-            .bind(h.key)
-            .bind(h.owner)
-            .bind(h.fencing_token as i64)
-            .bind(ms_ceil(ttl_us))
-            .bind(max_hold_us / 1000)
-            .fetch_optional(&mut *conn)
-            .await
+    async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> sqlx::Result<Option<i64>> {
+        let q = bound::<Sqlite>(lite.sql.extend.clone(), &self.args())?;
+        let row = q.fetch_optional(&mut *conn).await?;
+        row.map(|r| r.try_get(0)).transpose()
     }
 }
 
 impl OnSqlite for ExtendMany<'_> {
     /// Renewal of many leases: one UPDATE ... FROM a list of (key, owner, token, ttl) rows, under
     /// SQLite's single write lock, with the same owner/tenure/live check as `extend`.
-    async fn sqlite(
-        &self,
-        lite: &Lite,
-        conn: &mut SqliteConnection,
-    ) -> Result<Extended, sqlx::Error> {
+    async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> sqlx::Result<Extended> {
         let items = self.0;
         let rows = vec!["(?, ?, ?, ?, ?)"; items.len()].join(", ");
         let text = format!(

@@ -5,20 +5,16 @@ use super::*;
 use crate::backend::*;
 
 impl OnSqlite for Migrate {
-    async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> sqlx::Result<()> {
         // One statement under SQLite's write lock; IF NOT EXISTS makes repeats a no-op.
-        sqlx::raw_sql(lite.sql.ddl.clone())
+        let schema = &lite.sql.schema;
+        sqlx::raw_sql(schema.create.clone())
             .execute(&mut *conn)
             .await?;
         // Migrations 0002, 0003, 0006 and 0007, each unless its columns are there: checked again and
         // applied under the database's write lock (BEGIN IMMEDIATE), so racing processes add
         // them once.
-        for (has, add) in [
-            (&lite.sql.has_outcomes, &lite.sql.outcomes),
-            (&lite.sql.has_exactly_once, &lite.sql.exactly_once),
-            (&lite.sql.has_shared, &lite.sql.shared),
-            (&lite.sql.has_renewals, &lite.sql.renewals),
-        ] {
+        for (has, add) in lite.sql.has_columns.iter().zip(&schema.columns) {
             if sqlx::query(has.clone()).execute(&mut *conn).await.is_ok() {
                 continue;
             }
@@ -29,7 +25,7 @@ impl OnSqlite for Migrate {
             tx.commit().await?;
         }
         // Migration 0004, IF NOT EXISTS as the table's own.
-        sqlx::raw_sql(lite.sql.queue.clone())
+        sqlx::raw_sql(schema.queue.clone())
             .execute(&mut *conn)
             .await?;
         // The one clock check that costs nothing at run time: a lock taken "in the future" was

@@ -6,7 +6,7 @@ use super::*;
 use crate::backend::*;
 
 impl OnSqlite for QueueStep<'_> {
-    async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
+    async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> sqlx::Result<i64> {
         let args = self.args();
         let q = bound::<Sqlite>(lite.sql.queue_steps.of(self).clone(), &args)?;
         Ok(match self {

@@ -1,11 +1,13 @@
 //! Shared (read) locks on SQLite: the readers' statements and the writer's intent (the model is
 //! in `backend/read.rs`). Each is one statement, run under the database's write lock: nothing
-//! else writes between its read of the row and its write. Times in ms, as the lock's.
+//! else writes between its read of the row and its write. Times in ms, as the lock's (the
+//! values come in µs, [`ReadAcquire::args`], and are rounded up in the texts).
 
-use sqlx::sqlite::SqliteConnection;
+use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
-use super::{ms_ceil, Lite, NOW};
+use super::{Lite, NOW};
+use crate::backend::bound;
 use crate::backend::kind_sql::KindSql;
 use crate::backend::read::{
     Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
@@ -26,22 +28,22 @@ const JOINING: &str = "(l.owner = '(readers)' AND l.expires_at > {now})";
 const SEEN: &str = "(instr(coalesce(l.readers, ''), ',' || $4 || ',') > 0)";
 const INTENT: &str = "coalesce(l.intent_until > {now} AND l.intent_token = l.fencing_token, 0)";
 
-/// A reader's acquire: `$1` key, `$2` holder, `$3` ttl ms, `$4` the hold's id, `$5` the read
-/// tenure the owner already reads in (or NULL). Inserts the row, or on conflict joins the live
+/// A reader's acquire: `$1` key, `$2` holder, `$3` ttl µs (rounded up to the table's ms), `$4`
+/// the hold's id, `$5` the read tenure the owner already reads in (or NULL). Inserts the row, or on conflict joins the live
 /// read phase (unless a writer's intent holds new readers back) or starts a new one on a row
 /// whose lease ended; `WHERE` false (busy) returns no row. All `SET` expressions read the old
 /// row.
 const ACQUIRE: &str = "INSERT INTO {table} AS l
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
      readers)
-VALUES ($1, '(readers)', 1, {now} * 1000, {now} + $3, {now}, $2, $4, ',' || $4 || ',')
+VALUES ($1, '(readers)', 1, {now} * 1000, {now} + ($3 + 999) / 1000, {now}, $2, $4, ',' || $4 || ',')
 ON CONFLICT (lock_key) DO UPDATE SET
     hold_count    = CASE WHEN {joining} THEN l.hold_count + CASE WHEN {seen} THEN 0 ELSE 1 END
                          ELSE 1 END,
     fencing_token = CASE WHEN {joining} THEN l.fencing_token ELSE l.fencing_token + 1 END,
     acquired_at   = CASE WHEN {joining} THEN l.acquired_at ELSE {now} END,
     holder        = CASE WHEN {joining} THEN l.holder ELSE excluded.holder END,
-    expires_at    = CASE WHEN {joining} THEN max(l.expires_at, {now} + $3) ELSE {now} + $3 END,
+    expires_at    = CASE WHEN {joining} THEN max(l.expires_at, {now} + ($3 + 999) / 1000) ELSE {now} + ($3 + 999) / 1000 END,
     last_outcome  = CASE WHEN NOT {joining} AND {ran_out_l} THEN 2 ELSE l.last_outcome END,
     finished_at   = CASE WHEN NOT {joining} AND {ran_out_l} THEN l.expires_at ELSE l.finished_at END,
     available_at  = CASE WHEN {joining} THEN l.available_at END,
@@ -76,7 +78,7 @@ const GONE: &str = "SELECT 1 FROM {table} AS l WHERE l.lock_key = $1 AND l.owner
    AND instr(coalesce(l.readers, ''), ',' || $3 || ',') = 0";
 
 const INTENT_SQL: &str = "UPDATE {table} AS l SET
-    intent_until = {now} + $3, intent_token = l.fencing_token, intent_owner = $2
+    intent_until = {now} + ($3 + 999) / 1000, intent_token = l.fencing_token, intent_owner = $2
 WHERE l.lock_key = $1 AND {joining} AND (l.intent_owner IS $2 OR NOT {intent})";
 
 const WITHDRAW: &str =
@@ -106,20 +108,14 @@ impl KindSql for Sql {
     }
 }
 
-pub(crate) async fn acquire(
+async fn acquire(
     lite: &Lite,
     conn: &mut SqliteConnection,
     a: &ReadAcquire<'_>,
-) -> Result<ReadAttempt, sqlx::Error> {
+) -> sqlx::Result<ReadAttempt> {
     let texts = lite.kind_sql.get::<Sql>();
-    let row = sqlx::query(texts.acquire.clone())
-        .bind(a.key)
-        .bind(a.holder)
-        .bind(ms_ceil(a.ttl_us))
-        .bind(a.id)
-        .bind(a.reentry)
-        .fetch_optional(&mut *conn)
-        .await?;
+    let q = bound::<Sqlite>(texts.acquire.clone(), &a.args())?;
+    let row = q.fetch_optional(&mut *conn).await?;
     Ok(match row {
         Some(row) => ReadAttempt::Granted(Grant {
             hold_count: row.try_get::<i64, _>(0)?.max(0) as u32,
@@ -130,27 +126,23 @@ pub(crate) async fn acquire(
     })
 }
 
-pub(crate) async fn release(
+async fn release(
     lite: &Lite,
     conn: &mut SqliteConnection,
     r: &ReadRelease<'_>,
-) -> Result<ReadReleased, sqlx::Error> {
+) -> sqlx::Result<ReadReleased> {
     let texts = lite.kind_sql.get::<Sql>();
-    let left: Option<i64> = sqlx::query_scalar(texts.release.clone())
-        .bind(r.key)
-        .bind(r.token)
-        .bind(r.id)
-        .bind(r.outcome.map(|o| o.code()))
+    let args = r.args();
+    let row = bound::<Sqlite>(texts.release.clone(), &args)?
         .fetch_optional(&mut *conn)
         .await?;
+    let left: Option<i64> = row.map(|r| r.try_get(0)).transpose()?;
     Ok(match left {
         Some(0) => ReadReleased::Free,
         Some(n) => ReadReleased::StillHeld(n.max(0) as u32),
         None => {
-            let gone = sqlx::query(texts.gone.clone())
-                .bind(r.key)
-                .bind(r.token)
-                .bind(r.id)
+            // The same values; the text reads `$1`-`$3`.
+            let gone = bound::<Sqlite>(texts.gone.clone(), &args[..3])?
                 .fetch_optional(&mut *conn)
                 .await?;
             if gone.is_some() {
@@ -162,30 +154,17 @@ pub(crate) async fn release(
     })
 }
 
-pub(crate) async fn intent(
-    lite: &Lite,
-    conn: &mut SqliteConnection,
-    i: &Intent<'_>,
-) -> Result<bool, sqlx::Error> {
+async fn intent(lite: &Lite, conn: &mut SqliteConnection, i: &Intent<'_>) -> sqlx::Result<bool> {
     let texts = lite.kind_sql.get::<Sql>();
-    let done = sqlx::query(texts.intent.clone())
-        .bind(i.key)
-        .bind(i.owner)
-        .bind(ms_ceil(i.lease_us))
+    let done = bound::<Sqlite>(texts.intent.clone(), &i.args())?
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() > 0)
 }
 
-pub(crate) async fn withdraw(
-    lite: &Lite,
-    conn: &mut SqliteConnection,
-    w: &Withdraw<'_>,
-) -> Result<(), sqlx::Error> {
+async fn withdraw(lite: &Lite, conn: &mut SqliteConnection, w: &Withdraw<'_>) -> sqlx::Result<()> {
     let texts = lite.kind_sql.get::<Sql>();
-    sqlx::query(texts.withdraw.clone())
-        .bind(w.key)
-        .bind(w.owner)
+    bound::<Sqlite>(texts.withdraw.clone(), &w.args())?
         .execute(&mut *conn)
         .await?;
     Ok(())
