@@ -78,6 +78,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        self.usable()?;
         validate::key(key)?;
         self.operate("inspect", crate::backend::Inspect(key)).await
     }
@@ -92,6 +93,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn held(&self) -> Result<Vec<LockInfo>, LockError> {
+        self.usable()?;
         let mut held = self.operate("held", crate::backend::LiveRows).await?;
         held.extend(crate::semaphore::all_live(self.shared()).await?);
         held.sort_by(|a, b| a.key.cmp(&b.key));
@@ -112,8 +114,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn permits(&self, key: &str) -> Result<Vec<LockInfo>, LockError> {
-        LockError::require_runtime()?;
-        self.shared().check_open()?;
+        self.usable()?;
         validate::key(key)?;
         crate::semaphore::live(self.shared(), key).await
     }
@@ -133,6 +134,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        self.usable()?;
         validate::key(key)?;
         let freed = self
             .operate("force_release", crate::backend::ForceRelease(key))
@@ -157,6 +159,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, key: &str) -> Result<bool, LockError> {
+        self.usable()?;
         validate::key(key)?;
         let reset = self.operate("reset", crate::backend::Reset(key)).await?;
         tracing::info!(key, reset, "reset");
@@ -180,6 +183,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn purge(&self, older_than: Duration) -> Result<u64, LockError> {
+        self.usable()?;
         let us = i64::try_from(older_than.as_micros())
             .map_err(|_| LockError::Config("purge: older_than is too large".into()))?;
         let purge = crate::backend::Purge { older_than_us: us };
@@ -207,6 +211,7 @@ impl Locker {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub async fn migration_status(&self) -> Result<Vec<MigrationStatus>, LockError> {
+        self.usable()?;
         let probes = Probes {
             table: self.table_name(),
         };
@@ -236,6 +241,7 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn waiters(&self, prefix: &str) -> Result<Vec<Waiter>, LockError> {
+        self.usable()?;
         let read = Queue {
             table: self.table_name(),
         };
@@ -257,15 +263,19 @@ impl Locker {
 }
 
 impl Locker {
-    /// Runs one of the operator's statements (`what` names it in errors): in a runtime, on an
-    /// open locker, for at most one statement time-out, resending within it.
+    /// Runs one of the operator's statements (`what` names it in errors) for at most one
+    /// statement time-out, resending within it (after [`usable`](Self::usable)).
     async fn operate<S: Runs>(&self, what: &str, statement: S) -> Result<S::Output, LockError> {
-        LockError::require_runtime()?;
         let shared = self.shared();
-        shared.check_open()?;
         let backend = shared.backend()?;
         shared
             .run_bounded(what, |limit| backend.run(&statement, limit))
             .await
+    }
+
+    /// What every operator call checks first: a runtime to run in, a locker not shut down.
+    fn usable(&self) -> Result<(), LockError> {
+        LockError::require_runtime()?;
+        self.shared().check_open()
     }
 }

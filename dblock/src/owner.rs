@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::backend::fence::FenceConnection;
+use crate::backend::fence::{FenceConnection, Owned};
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -189,6 +189,13 @@ pub struct HeldLock {
     pub(crate) released_in: ReleasedIn,
 }
 
+impl HeldLock {
+    /// The values its fence or `release_in` binds: its row's key, owner and tenure.
+    fn owned(&self) -> Owned<'_> {
+        Owned::new(&self.row_key, &self.owner, self.fencing_token, self.simple)
+    }
+}
+
 /// Whether a hold was released in the caller's transaction (`release_in`): shared between the
 /// hold and the [`HeldLock`]s that describe it. Not part of a `HeldLock`'s value (equality).
 #[derive(Clone, Debug, Default)]
@@ -362,15 +369,7 @@ pub(crate) async fn release_lock_in<C: FenceConnection>(
     conn: &mut C,
     lock: &HeldLock,
 ) -> Result<(), crate::LockError> {
-    let matched = conn
-        .release_in_row(
-            &lock.table,
-            &lock.row_key,
-            &lock.owner,
-            lock.fencing_token,
-            lock.simple,
-        )
-        .await?;
+    let matched = conn.release_in_row(&lock.table, lock.owned()).await?;
     if matched == 0 {
         return Err(crate::LockError::Lost {
             key: lock.key.clone(),
@@ -409,15 +408,7 @@ pub(crate) async fn fence_locks<C: FenceConnection>(
 ) -> Result<(), crate::LockError> {
     for lock in locks {
         let matched = conn
-            .fence_row(
-                &lock.table,
-                &lock.row_key,
-                &lock.owner,
-                lock.fencing_token,
-                lock.simple,
-                succeed,
-                lock.in_tx,
-            )
+            .fence_row(&lock.table, lock.owned(), succeed, lock.in_tx)
             .await?;
         if matched == 0 {
             return Err(crate::LockError::Lost {

@@ -39,27 +39,19 @@ pub trait FenceConnection: Send + sealed::Sealed {
     #[doc(hidden)]
     const BACKEND: &'static str;
 
-    /// Locks the row of `key` if `owner` holds it in tenure `token` — live, unless `in_tx` (a
-    /// hold taken with `lock_in`) — and with `succeed`, records the hold's success; how many
-    /// rows matched. `simple`: as a simple-protocol query with the values inlined (PostgreSQL
-    /// behind a pooler; other backends ignore it).
+    /// Locks the row of `row`'s key in `table` if its owner holds it in its tenure — live,
+    /// unless `in_tx` (a hold taken with `lock_in`) — and with `succeed`, records the hold's
+    /// success; how many rows matched.
     #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
     fn fence_row(
         &mut self,
         table: &str,
-        key: &str,
-        owner: &str,
-        token: u64,
-        simple: bool,
+        row: Owned<'_>,
         succeed: bool,
         in_tx: bool,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send {
         let text = Self::TEXTS.fence(table, succeed, in_tx);
-        async move {
-            self.owned_write(text, Owned::new(key, owner, token, simple))
-                .await
-        }
+        async move { self.owned_write(text, row).await }
     }
 
     /// Takes `key` for `owner` inside the connection's open transaction if no one holds it and
@@ -104,22 +96,16 @@ pub trait FenceConnection: Send + sealed::Sealed {
         std::future::ready(true)
     }
 
-    /// Records the success of `owner`'s live tenure `token` of `key` and releases it, inside
-    /// the connection's open transaction; how many rows matched.
+    /// Records the success of `row`'s live tenure (in `table`) and releases it, inside the
+    /// connection's open transaction; how many rows matched.
     #[doc(hidden)]
     fn release_in_row(
         &mut self,
         table: &str,
-        key: &str,
-        owner: &str,
-        token: u64,
-        simple: bool,
+        row: Owned<'_>,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send {
         let text = Self::TEXTS.text(Self::TEXTS.release_in, table);
-        async move {
-            self.owned_write(text, Owned::new(key, owner, token, simple))
-                .await
-        }
+        async move { self.owned_write(text, row).await }
     }
 }
 
@@ -159,7 +145,7 @@ pub struct Owned<'a> {
 }
 
 impl<'a> Owned<'a> {
-    fn new(key: &'a str, owner: &'a str, token: u64, simple: bool) -> Self {
+    pub(crate) fn new(key: &'a str, owner: &'a str, token: u64, simple: bool) -> Self {
         Owned {
             key,
             owner,
