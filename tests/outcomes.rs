@@ -378,6 +378,12 @@ async fn shutdown_gives_every_key_back_at_once() {
         }
         assert!(matches!(mine.lock("x").await, Err(LockError::ShutDown)));
         assert!(matches!(mine.inspect("x").await, Err(LockError::ShutDown)));
+        // Shut down before bad input: the locker's state is said first, whatever the input.
+        assert!(matches!(mine.inspect("").await, Err(LockError::ShutDown)));
+        assert!(matches!(
+            mine.purge(std::time::Duration::MAX).await,
+            Err(LockError::ShutDown)
+        ));
         for g in held {
             assert!(matches!(g.release().await, Err(LockError::ShutDown)));
         }
