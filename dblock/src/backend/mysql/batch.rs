@@ -4,7 +4,7 @@
 //! ... ON DUPLICATE KEY UPDATE ... RETURNING`: one round trip, one commit, one answer row per
 //! key.
 //!
-//! Atomic per row as the one-key statement (`UPSERT` in `mysql.rs`): InnoDB takes each row's
+//! Atomic per row as the one-key statement (`UPSERT` in `sql.rs`): InnoDB takes each row's
 //! exclusive lock for its duplicate check and keeps it through that row's UPDATE and to the
 //! commit, so every row's "may I take it" decision and its write see one row version. The rows
 //! come from a derived table of the callers' values, ordered by key (bytes): every batch of
@@ -157,7 +157,7 @@ FOR UPDATE",
 }
 
 /// Step 2 for `n` rows decided to be released: (key, holds left, outcome or NULL, release id)
-/// each, rows with a NULL key padding that joins nothing. As the one-row release (`mysql.rs`):
+/// each, rows with a NULL key padding that joins nothing. As the one-row release (`sql.rs`):
 /// the count set absolutely, the last release of a tenure recording its outcome (a success
 /// committed with the work stands) and when, the key free at once or when min_hold has passed,
 /// the release id and the tenure recorded.

@@ -7,7 +7,7 @@
 //! Atomicity: SQLite runs every write statement under the database's single write lock, so a
 //! statement's rows are decided and written without any other writer in between, and the
 //! statement commits whole or not at all. Each row is decided as its one-row statement decides
-//! it (`sqlite.rs`): the acquire is the same `INSERT ... ON CONFLICT DO UPDATE ... WHERE`, with
+//! it (`sql.rs`): the acquire is the same `INSERT ... ON CONFLICT DO UPDATE ... WHERE`, with
 //! the row's own values read from `excluded` and, for what the process holds of the key (no
 //! column carries it), from the request list by key, which is unique in a batch; the release
 //! is the same owner-, tenure- and lease-checked `UPDATE`.

@@ -18,6 +18,7 @@ use tokio::sync::OnceCell;
 
 use super::admin::AdminSql;
 
+mod admin;
 pub(crate) mod batch;
 mod lock;
 mod migrate;
@@ -231,8 +232,6 @@ impl Dialect for My {
         super::dialect::server_database(o.get_socket(), o.get_host(), o.get_port(), db)
     }
 }
-
-super::admin::shared_admin!(OnMySql, mysql, My, sqlx::MySql, sql.admin);
 
 /// Error 1205: a row lock not had within `innodb_lock_wait_timeout` (only the statement is
 /// rolled back, `innodb_rollback_on_timeout` being off by default).
