@@ -162,14 +162,10 @@ mod on_postgres {
     }
 
     async fn queue(_: &Pg, c: &mut PgConnection, s: &Queue<'_>) -> sqlx::Result<Vec<QueueRow>> {
-        let sql = format!(
-            "SELECT lock_key, ticket, owner, (extract(epoch FROM expires_at) * 1000000)::int8,
+        let text = "SELECT lock_key, ticket, owner, (extract(epoch FROM expires_at) * 1000000)::int8,
                     greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8
-             FROM {} WHERE expires_at > statement_timestamp() ORDER BY lock_key, ticket",
-            Tables::Queue.quoted(s.table, '"')
-        );
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(c).await?;
-        rows.iter().map(waiter).collect()
+             FROM {table} WHERE expires_at > statement_timestamp() ORDER BY lock_key, ticket";
+        s.run::<sqlx::Postgres>(c, text, '"').await
     }
 
     crate::backend::runs! {
@@ -195,15 +191,11 @@ mod on_mysql {
 
     async fn queue(_: &My, c: &mut MySqlConnection, s: &Queue<'_>) -> sqlx::Result<Vec<QueueRow>> {
         // Keys are binary; dblock only writes keys that came from a Rust `&str` (valid UTF-8).
-        let sql = format!(
-            "SELECT CONVERT(lock_key USING utf8mb4), ticket, owner,
+        let text = "SELECT CONVERT(lock_key USING utf8mb4), ticket, owner,
                     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
                     GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000)
-             FROM {} WHERE expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key, ticket",
-            Tables::Queue.quoted(s.table, '`')
-        );
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(c).await?;
-        rows.iter().map(waiter).collect()
+             FROM {table} WHERE expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key, ticket";
+        s.run::<sqlx::MySql>(c, text, '`').await
     }
 
     crate::backend::runs! {
@@ -234,14 +226,10 @@ mod on_sqlite {
         s: &Queue<'_>,
     ) -> sqlx::Result<Vec<QueueRow>> {
         // Times are whole milliseconds since the epoch (the clock of the process).
-        const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
-        let sql = format!(
-            "SELECT lock_key, ticket, owner, expires_at * 1000, max(0, expires_at - {NOW})
-             FROM {} WHERE expires_at > {NOW} ORDER BY lock_key, ticket",
-            Tables::Queue.quoted(s.table, '"')
-        );
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(c).await?;
-        rows.iter().map(waiter).collect()
+        let text = "SELECT lock_key, ticket, owner, expires_at * 1000, max(0, expires_at - {now})
+             FROM {table} WHERE expires_at > {now} ORDER BY lock_key, ticket"
+            .replace("{now}", crate::backend::sqlite::NOW);
+        s.run::<sqlx::Sqlite>(c, &text, '"').await
     }
 
     crate::backend::runs! {
@@ -287,6 +275,28 @@ where
 
 impl Statement for Queue<'_> {
     type Output = Vec<QueueRow>;
+}
+
+impl Queue<'_> {
+    /// Runs a backend's queue read `text` (the queue's name, quoted with `quote`, for
+    /// `{table}`) on `conn`.
+    async fn run<DB>(
+        &self,
+        conn: &mut DB::Connection,
+        text: &str,
+        quote: char,
+    ) -> sqlx::Result<Vec<QueueRow>>
+    where
+        DB: Database,
+        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+        usize: ColumnIndex<DB::Row>,
+        for<'r> String: Decode<'r, DB> + Type<DB>,
+        for<'r> i64: Decode<'r, DB> + Type<DB>,
+    {
+        let sql = text.replace("{table}", &Tables::Queue.quoted(self.table, quote));
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
+        rows.iter().map(waiter).collect()
+    }
 }
 
 #[cfg(test)]

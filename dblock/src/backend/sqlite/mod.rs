@@ -72,7 +72,7 @@ fn ran_out(alias: &str) -> String {
 }
 
 /// Now, in whole milliseconds. `ROUND`, not a plain cast, which truncates a millisecond early.
-const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+pub(crate) const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
 #[derive(Clone, Debug)]
 pub(crate) struct Lite {
