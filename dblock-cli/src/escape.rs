@@ -19,6 +19,16 @@ pub fn escape(s: &str) -> Cow<'_, str> {
     }
 }
 
+/// `s`, a message the library already wrote with its keys and labels escaped: the controls and
+/// invisible characters escaped as by [`escape`], its backslashes left as they are (escaping them
+/// again would show a key's `\n` as `\\n`).
+pub fn escape_message(s: &str) -> String {
+    s.split('\\')
+        .map(|part| escape(part).into_owned())
+        .collect::<Vec<_>>()
+        .join("\\")
+}
+
 /// `s` escaped and in double quotes (a `"` inside written `\"`), for messages.
 pub fn quoted(s: &str) -> String {
     format!("\"{}\"", escape(s).replace('"', "\\\""))
@@ -60,6 +70,13 @@ mod tests {
         // A key that spells an escape is not shown like the character it names.
         assert_eq!(escape("\\u{1b}"), "\\\\u{1b}");
         assert_ne!(escape("\\n"), escape("\n"));
+    }
+
+    #[test]
+    fn a_message_already_escaped_is_not_escaped_twice() {
+        let said = format!("lock `{}` is busy", dblock::Escaped("a\nb\\c"));
+        assert_eq!(escape_message(&said), "lock `a\\nb\\\\c` is busy");
+        assert_eq!(escape_message("x\u{1b}[2J\\y"), "x\\u{1b}[2J\\y");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The one JSON schema of `--json` (documented in `docs/cli.md`): every command's object is
 //! built from these types, so a lock row reads the same in `list`, `show` and `watch`.
-//! serde_json writes the strings, escaping every control character of a key or label.
+//! serde_json writes the strings and escapes the C0 controls of a key or label; [`encode`]
+//! escapes the rest of what the tables escape (DEL, C1, bidi and invisible characters) as
+//! `\uXXXX`, so that no JSON line can drive a terminal either, and every string reads back exactly.
 
 use dblock::{LockInfo, LockKind, MigrationStatus, Outcome, Waiter};
 use serde::Serialize;
@@ -151,11 +153,53 @@ fn secs(d: std::time::Duration) -> f64 {
     d.as_millis() as f64 / 1000.0
 }
 
+/// `value` as one line of JSON, with every character the tables escape written `\uXXXX`
+/// (a surrogate pair above U+FFFF): serde_json escapes only the C0 controls, and DEL, the C1
+/// controls (CSI is U+009B) and the bidirectional overrides would reach the terminal raw.
+/// Outside strings the JSON is ASCII, so every such character is inside one.
+pub fn encode(value: &impl Serialize) -> serde_json::Result<String> {
+    let line = serde_json::to_string(value)?;
+    if line.bytes().all(|b| b.is_ascii() && b != 0x7f) {
+        return Ok(line);
+    }
+    let mut out = String::with_capacity(line.len() + 16);
+    for c in line.chars() {
+        let mut buf = [0u8; 4];
+        let text = c.encode_utf8(&mut buf);
+        if (c == '\u{7f}' || !c.is_ascii()) && dblock::Escaped(text).to_string() != *text {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
 /// `value` as one line of JSON on stdout.
 pub fn print(value: &impl Serialize) {
-    match serde_json::to_string(value) {
+    match encode(value) {
         Ok(line) => crate::emit(&(line + "\n")),
         // Only a failing `Serialize` impl could get here; these types have none.
-        Err(e) => eprintln!("dblock: error: cannot encode JSON: {e}"),
+        Err(e) => crate::say(&format!("dblock: error: cannot encode JSON: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_terminal_would_obey_is_escaped_and_reads_back() {
+        let evil = "a\u{7f}b\u{9b}31m\u{202e}c\u{200b}\u{e0041}\u{1b}é日\\\"";
+        let line = encode(&[evil]).unwrap();
+        assert_eq!(
+            line,
+            r#"["a\u007fb\u009b31m\u202ec\u200b\udb40\udc41\u001bé日\\\""]"#
+        );
+        let back: Vec<String> = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, [evil]);
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use clap::{Parser, Subcommand};
 use dblock::{ConnectOptions, LockError, Locker};
 
-use crate::escape::{escape, quoted};
+use crate::escape::{escape_message, quoted};
 
 /// Inspect and repair dblock lock tables: list held locks, show a key, force-release or reset
 /// it, purge old rows, run or check the migrations, and watch the table live.
@@ -65,6 +65,7 @@ enum Command {
     /// Exits 3 if the key has neither.
     Show {
         /// The key.
+        #[arg(value_parser = parse_key)]
         key: String,
         /// Print JSON (the schema is in docs/cli.md).
         #[arg(long)]
@@ -76,6 +77,7 @@ enum Command {
     /// recorded as failed. Exits 3 if nothing was held.
     Release {
         /// The key.
+        #[arg(value_parser = parse_key)]
         key: String,
     },
     /// Take a key from whoever holds it, with a new fencing token, and keep it for --ttl.
@@ -86,9 +88,10 @@ enum Command {
     /// else starts it meanwhile.
     Steal {
         /// The key.
+        #[arg(value_parser = parse_key)]
         key: String,
         /// How long the stolen lease lasts: like 30s, 5m, 1h.
-        #[arg(long, value_name = "TTL", default_value = "5m", value_parser = time::parse_duration)]
+        #[arg(long, value_name = "TTL", default_value = "5m", value_parser = time::parse_ttl)]
         ttl: Duration,
     },
     /// Forget how a key's last hold ended, so that a `once` key runs again, and end a min_hold
@@ -97,6 +100,7 @@ enum Command {
     /// Exits 3 if the key is held (release it first) or has no row.
     Reset {
         /// The key.
+        #[arg(value_parser = parse_key)]
         key: String,
     },
     /// Delete rows that have been free (or expired) for longer than --older-than.
@@ -105,7 +109,7 @@ enum Command {
     /// first). Fencing tokens still never go backwards.
     Purge {
         /// Like 1d, 12h, 30m, 1m30s; 0s deletes every row that is not held.
-        #[arg(long, value_name = "AGE", default_value = "1d", value_parser = time::parse_duration)]
+        #[arg(long, value_name = "AGE", default_value = "1d", value_parser = time::parse_age)]
         older_than: Duration,
     },
     /// Create or update the lock table (`migrate`, `migrate run`), or list which migrations
@@ -144,6 +148,24 @@ enum Migrate {
     },
 }
 
+/// A key as the library takes it: not empty, at most 255 bytes, no NUL.
+pub fn parse_key(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("the key is empty".into());
+    }
+    if s.len() > dblock::MAX_KEY_LEN {
+        return Err(format!(
+            "the key is {} bytes long; at most {} are allowed",
+            s.len(),
+            dblock::MAX_KEY_LEN
+        ));
+    }
+    if s.contains('\0') {
+        return Err("the key contains a NUL byte".into());
+    }
+    Ok(s.to_owned())
+}
+
 /// How a command failed, and so the exit status.
 pub enum Failure {
     /// 1: the configuration failed (the message is ready to print).
@@ -168,22 +190,25 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("dblock: error: cannot start: {e}");
+            say(&format!("dblock: error: cannot start: {e}"));
             return ExitCode::from(1);
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Error(msg)) => {
-            eprintln!("dblock: error: {msg}");
+            say(&format!("dblock: error: {msg}"));
             ExitCode::from(1)
         }
         Err(Failure::Lock(e)) => {
-            eprintln!("dblock: error: {}", escape(&e.to_string()));
+            say(&format!(
+                "dblock: error: {}",
+                escape_message(&e.to_string())
+            ));
             ExitCode::from(1)
         }
         Err(Failure::Nothing(msg)) => {
-            eprintln!("dblock: {msg}");
+            say(&format!("dblock: {msg}"));
             ExitCode::from(3)
         }
     }
@@ -193,6 +218,12 @@ fn main() -> ExitCode {
 pub fn emit(text: &str) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+/// Writes `line` to stderr. A closed stderr is not a reason to panic (`eprintln!` would).
+pub fn say(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}").and_then(|()| err.flush());
 }
 
 /// `lines`, one per line.
@@ -228,7 +259,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     match result {
         // The table (or a column of a later migration) is not there: say which and how.
         Err(Failure::Lock(e)) if e.is_not_migrated() => {
-            let msg = escape(&e.to_string()).into_owned();
+            let msg = escape_message(&e.to_string());
             Err(Failure::Error(
                 explain(msg, &locker, cli.table.is_some()).await,
             ))

@@ -135,6 +135,27 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// A lease for `steal`: more than zero and at most 100 years, as the library takes it.
+pub fn parse_ttl(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("ttl {s:?} is zero: a lease must last"));
+    }
+    if d > Duration::from_secs(36_500 * 86_400) {
+        return Err(format!("ttl {s:?} is longer than 100 years"));
+    }
+    Ok(d)
+}
+
+/// An age for `purge`: what the table's microsecond arithmetic holds (about 292,000 years).
+pub fn parse_age(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if i64::try_from(d.as_micros()).is_err() {
+        return Err(format!("age {s:?} is too large"));
+    }
+    Ok(d)
+}
+
 /// A refresh interval: a duration of at least 100 ms (a shorter one would only load the
 /// database).
 pub fn parse_interval(s: &str) -> Result<Duration, String> {

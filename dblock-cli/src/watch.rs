@@ -12,7 +12,7 @@ use crossterm::{cursor, queue, terminal};
 use dblock::{LockInfo, Locker, Waiter};
 use tokio::sync::mpsc;
 
-use crate::escape::{escape, quoted};
+use crate::escape::{escape, escape_message, quoted};
 use crate::table::{self, Align};
 use crate::time::{short, span};
 use crate::{json, Failure};
@@ -73,7 +73,7 @@ async fn stream(
     loop {
         match next {
             Ok(s) => {
-                let line = serde_json::to_string(&json::Snapshot {
+                let line = json::encode(&json::Snapshot {
                     table: table.clone(),
                     at: crate::time::rfc3339(s.at),
                     locks: s.locks.iter().map(json::Lock::from).collect(),
@@ -86,7 +86,10 @@ async fn stream(
                 }
             }
             // Said on stderr, and tried again at the next refresh.
-            Err(e) => eprintln!("dblock: error: {}", escape(&e.to_string())),
+            Err(e) => crate::say(&format!(
+                "dblock: error: {}",
+                escape_message(&e.to_string())
+            )),
         }
         let later = async {
             tokio::time::sleep(interval).await;
@@ -218,7 +221,7 @@ async fn live(
                     error = None;
                 }
                 // Kept on screen, with the last good snapshot, until a read works again.
-                Err(e) => error = Some(escape(&e.to_string()).into_owned()),
+                Err(e) => error = Some(escape_message(&e.to_string())),
             }
         }
     };

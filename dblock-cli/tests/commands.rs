@@ -631,6 +631,10 @@ async fn pooler_mode_can_be_forced() {
 
 #[test]
 fn bad_command_lines_exit_2_and_help_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("never.db");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let long_key = "k".repeat(256);
     for args in [
         &[][..],
         &["bogus"],
@@ -642,14 +646,38 @@ fn bad_command_lines_exit_2_and_help_exits_0() {
         &["release", "k", "--json"],
         &["list", "--frobnicate"],
         &["migrate", "sideways"],
+        // What the library would refuse is refused here, before any connection.
+        &["show", ""],
+        &["release", ""],
+        &["reset", ""],
+        &["steal", ""],
+        &["show", &long_key],
+        &["steal", "k", "--ttl", "0s"],
+        &["steal", "k", "--ttl", "36501d"],
+        &["purge", "--older-than", "110000000d"],
+    ] {
+        // A database that connecting would create: it is still not there after.
+        let out = common::cmd()
+            .args(args)
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "{args:?}");
+        assert!(!file.exists(), "{args:?} connected");
+    }
+    // The edges that are allowed pass the command line (and fail later, if at all).
+    for args in [
+        &["show", &"k".repeat(255)][..],
+        &["steal", "k", "--ttl", "36500d"],
+        &["purge", "--older-than", "100000000d"],
     ] {
         let out = common::cmd()
             .args(args)
             .env("DATABASE_URL", "sqlite::memory:")
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
-        assert!(stdout(&out).is_empty(), "{args:?}");
+        assert_ne!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
     }
     for args in [&["--help"][..], &["list", "--help"], &["help", "watch"]] {
         let out = common::cmd().args(args).output().unwrap();

@@ -127,6 +127,34 @@ async fn keys_and_labels_are_printed_escaped() {
     }
 }
 
+/// In `--json`, what the tables escape is escaped too: DEL, a C1 control (CSI), a
+/// bidirectional override, a zero-width space and a tag character come out as `\uXXXX`
+/// escapes, never raw, and read back exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_escapes_what_a_terminal_would_obey() {
+    let (db, _dir) = common::sqlite("json_escape").await;
+    let key = "k\u{7f}\u{9b}31m\u{202e}exe\u{200b}\u{e0041}";
+    let _g = db.locker.lock(key).holder("\u{9b}2J").await.unwrap();
+    for args in [&["list", "--json"][..], &["show", key, "--json"]] {
+        let out = run(&db, args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        assert_no_controls(db.name, "json", &out.stdout);
+        let text = stdout(&out);
+        assert!(!text.contains(['\u{200b}', '\u{e0041}']), "{text}");
+        for escape in ["\\u007f", "\\u009b", "\\u202e", "\\u200b", "\\udb40\\udc41"] {
+            assert!(text.contains(escape), "{escape} in {text}");
+        }
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let lock = if args[0] == "list" {
+            &v["locks"][0]
+        } else {
+            &v["lock"]
+        };
+        assert_eq!(lock["key"], json!(key));
+        assert!(lock["holder"].as_str().unwrap().ends_with("\u{9b}2J"));
+    }
+}
+
 /// A password in the URL (user part or `password=` parameter) never reaches stdout or stderr:
 /// not in a connection error, not in a URL that does not parse, not in `--help` (which shows
 /// that DATABASE_URL is read, never its value).
@@ -139,6 +167,11 @@ fn passwords_are_never_printed() {
         format!("mysql://app:{secret}@127.0.0.1:1/test"),
         format!("postgres://app:{secret}@127.0.0.1:notaport/test"),
         format!("mysql://app:{secret}@[::1/test"),
+        // A password holding `?`, `#` or `@`, which a parser may end the authority at.
+        format!("postgres://app:{secret}?x@127.0.0.1:1/test"),
+        format!("postgres://app:x?{secret}@127.0.0.1:1/test"),
+        format!("mysql://app:#{secret}@127.0.0.1:1/test"),
+        format!("postgres://app:a@{secret}@127.0.0.1:notaport/test"),
     ];
     for url in &urls {
         for how in ["env", "flag"] {

@@ -19,31 +19,38 @@ pub(crate) fn redact(url: &str) -> String {
         // `x:` and anything but a URL after it: the scheme alone.
         return format!("{scheme}:…");
     }
+    let mut out = format!("{scheme}:");
+    // The user part runs to the *last* `@` of the whole URL: a password may hold `/`, `?`, `#`,
+    // `@` and `:`, and a parser that ends the authority at the first `?` would otherwise let
+    // `u:pa?ss@h` through as a path and a query. What stands before the user's first `:` is
+    // shown; if a `/`, `?` or `#` comes before any `:` (an `@` in a query, say), none of it is.
+    // SQLite's URLs have no user: an `@` there is in a file name.
+    let authority = rest
+        .strip_prefix("//")
+        .filter(|_| !scheme.eq_ignore_ascii_case("sqlite"));
+    let rest = match authority.and_then(|a| a.rfind('@').map(|at| (a, at))) {
+        Some((authority, at)) => {
+            let userinfo = &authority[..at];
+            out.push_str("//");
+            match userinfo.find([':', '/', '?', '#']) {
+                Some(colon) if userinfo[colon..].starts_with(':') => {
+                    out.push_str(&userinfo[..colon]);
+                    out.push(':');
+                    out.push_str(HIDDEN);
+                }
+                Some(_) => out.push_str(HIDDEN),
+                None => out.push_str(userinfo),
+            }
+            out.push('@');
+            &authority[at + 1..]
+        }
+        None => rest,
+    };
     let (before_query, query) = match rest.split_once('?') {
         Some((path, query)) => (path, Some(query)),
         None => (rest, None),
     };
-    let mut out = format!("{scheme}:");
-    // The user part: up to the last `@` before the path (a password may hold `/`, `@`, `:`).
-    match before_query
-        .strip_prefix("//")
-        .and_then(|a| a.rfind('@').map(|at| (a, at)))
-    {
-        Some((authority, at)) => {
-            let userinfo = &authority[..at];
-            out.push_str("//");
-            match userinfo.split_once(':') {
-                Some((user, _)) => {
-                    out.push_str(user);
-                    out.push(':');
-                    out.push_str(HIDDEN);
-                }
-                None => out.push_str(userinfo),
-            }
-            out.push_str(&authority[at..]);
-        }
-        None => out.push_str(before_query),
-    }
+    out.push_str(before_query);
     if let Some(query) = query {
         out.push('?');
         // Parameters split at every `&`, `?` or `;`, so that a stray separator cannot hide a
@@ -72,18 +79,16 @@ pub(crate) fn redact(url: &str) -> String {
 /// percent-decoded.
 pub(crate) fn scrub(message: &str, url: &str) -> String {
     let mut secrets: Vec<String> = Vec::new();
-    let (before_query, query) = match url.split_once('?') {
-        Some((path, query)) => (path, Some(query)),
-        None => (url, None),
-    };
-    if let Some(authority) = before_query.split_once("://").map(|(_, a)| a) {
+    // As `redact` reads it: the user part runs to the last `@` (a password may hold `?`).
+    if let Some(authority) = url.split_once("://").map(|(_, a)| a) {
         if let Some((userinfo, _)) = authority.rsplit_once('@') {
             if let Some((_, password)) = userinfo.split_once(':') {
                 secrets.push(password.to_owned());
             }
         }
     }
-    for param in query.into_iter().flat_map(|q| q.split(['&', '?', ';'])) {
+    // Every `name=value` anywhere in the URL: scrubbing a value too many costs nothing.
+    for param in url.split(['&', '?', ';', '#', '/']) {
         if let Some((name, value)) = param.split_once('=') {
             if secret(name) {
                 secrets.push(value.to_owned());
@@ -173,6 +178,7 @@ mod tests {
             ("mysql://root@h/db", "mysql://root@h/db"),
             ("sqlite://x.db", "sqlite://x.db"),
             ("sqlite::memory:", "sqlite::memory:"),
+            ("sqlite:///tmp/a@b.db", "sqlite:///tmp/a@b.db"),
             ("postgres://u:p@ss/w@rd@h:5/db", "postgres://u:***@h:5/db"),
             (
                 "postgres://u@h/db?password=secret&sslmode=require",
@@ -193,6 +199,21 @@ mod tests {
                 "postgres://h/d?a=1;pwd=***&b",
             ),
             ("", "(a connection string that is not a URL)"),
+            // A password holding `?` or `#`: not a query, not a fragment.
+            ("postgres://app:pa?ss@h/db", "postgres://app:***@h/db"),
+            (
+                "mysql://app:p#x?secret@h:3306/db",
+                "mysql://app:***@h:3306/db",
+            ),
+            (
+                "postgres://app:x?password=1&secret@h/db?sslmode=require",
+                "postgres://app:***@h/db?sslmode=require",
+            ),
+            // An `@` in a query: the part before it is hidden whole, never shown.
+            (
+                "postgres://h/db?password=secret&application_name=a@b",
+                "postgres://***@b",
+            ),
         ] {
             assert_eq!(redact(url), shown, "{url}");
             assert!(!redact(url).contains("secret"));
@@ -205,6 +226,10 @@ mod tests {
         assert_eq!(
             scrub("bad port in u:s%3Fcret@h:x, s?cret, other", url),
             "bad port in u:***@h:x, ***, ***"
+        );
+        assert_eq!(
+            scrub("invalid port in app:pa?ss@h", "postgres://app:pa?ss@h/db"),
+            "invalid port in app:***@h"
         );
     }
 }
