@@ -24,54 +24,53 @@ pub(crate) fn redact(url: &str) -> String {
     // `@` and `:`, and a parser that ends the authority at the first `?` would otherwise let
     // `u:pa?ss@h` through as a path and a query. What stands before the user's first `:` is
     // shown; if a `/`, `?` or `#` comes before any `:` (an `@` in a query, say), none of it is.
-    // SQLite's URLs have no user: an `@` there is in a file name.
-    let authority = rest
+    let rest = match rest
         .strip_prefix("//")
-        .filter(|_| !scheme.eq_ignore_ascii_case("sqlite"));
-    let rest = match authority.and_then(|a| a.rfind('@').map(|at| (a, at))) {
+        .and_then(|a| a.rfind('@').map(|at| (a, at)))
+    {
         Some((authority, at)) => {
             let userinfo = &authority[..at];
             out.push_str("//");
             match userinfo.find([':', '/', '?', '#']) {
                 Some(colon) if userinfo[colon..].starts_with(':') => {
-                    out.push_str(&userinfo[..colon]);
+                    push_params(&mut out, &userinfo[..colon]);
                     out.push(':');
                     out.push_str(HIDDEN);
                 }
                 Some(_) => out.push_str(HIDDEN),
-                None => out.push_str(userinfo),
+                None => push_params(&mut out, userinfo),
             }
             out.push('@');
             &authority[at + 1..]
         }
         None => rest,
     };
-    let (before_query, query) = match rest.split_once('?') {
-        Some((path, query)) => (path, Some(query)),
-        None => (rest, None),
-    };
-    out.push_str(before_query);
-    if let Some(query) = query {
-        out.push('?');
-        // Parameters split at every `&`, `?` or `;`, so that a stray separator cannot hide a
-        // `password=` inside another parameter's value.
-        for param in query.split_inclusive(['&', '?', ';']) {
-            let (body, sep) = match param.char_indices().last() {
-                Some((at, '&' | '?' | ';')) => (&param[..at], &param[at..]),
-                _ => (param, ""),
-            };
-            match body.split_once('=') {
-                Some((name, _)) if secret(name) => {
-                    out.push_str(name);
-                    out.push('=');
-                    out.push_str(HIDDEN);
-                }
-                _ => out.push_str(body),
-            }
-            out.push_str(sep);
-        }
-    }
+    // Host, path and query: every `name=value` whose name says secret is hidden, wherever it
+    // stands (a `?` may have gone into the user part above, and a stray one may hide a
+    // `password=` inside another parameter's value): split at every `&`, `?` and `;`.
+    push_params(&mut out, rest);
     out
+}
+
+/// `text` pushed onto `out` with the value of every `name=value` whose name says secret hidden:
+/// split at every `&`, `?` and `;`, so that a stray separator cannot hide a `password=` inside
+/// another parameter's value.
+fn push_params(out: &mut String, text: &str) {
+    for param in text.split_inclusive(['&', '?', ';']) {
+        let (body, sep) = match param.char_indices().last() {
+            Some((at, '&' | '?' | ';')) => (&param[..at], &param[at..]),
+            _ => (param, ""),
+        };
+        match body.split_once('=') {
+            Some((name, _)) if secret(name) => {
+                out.push_str(name);
+                out.push('=');
+                out.push_str(HIDDEN);
+            }
+            _ => out.push_str(body),
+        }
+        out.push_str(sep);
+    }
 }
 
 /// `message` (say, a driver's error about `url`) with every secret of `url` in it replaced: the
@@ -178,7 +177,8 @@ mod tests {
             ("mysql://root@h/db", "mysql://root@h/db"),
             ("sqlite://x.db", "sqlite://x.db"),
             ("sqlite::memory:", "sqlite::memory:"),
-            ("sqlite:///tmp/a@b.db", "sqlite:///tmp/a@b.db"),
+            // A SQLite file name with an `@`: hidden before it, rather than a password shown.
+            ("sqlite:///tmp/a@b.db", "sqlite://***@b.db"),
             ("postgres://u:p@ss/w@rd@h:5/db", "postgres://u:***@h:5/db"),
             (
                 "postgres://u@h/db?password=secret&sslmode=require",
@@ -213,6 +213,11 @@ mod tests {
             (
                 "postgres://h/db?password=secret&application_name=a@b",
                 "postgres://***@b",
+            ),
+            // The `?` went into the user part: the query's secrets are hidden all the same.
+            (
+                "host://127.0.0.1:1/db?@&password=secret",
+                "host://127.0.0.1:***@&password=***",
             ),
         ] {
             assert_eq!(redact(url), shown, "{url}");
