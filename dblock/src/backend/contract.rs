@@ -44,6 +44,27 @@ pub(crate) struct Acquire<'a> {
     pub once: bool,
 }
 
+impl<'a> Acquire<'a> {
+    /// Its values, as every backend's one-key text numbers them: `$1` key, `$2` owner, `$3`
+    /// ttl, `$4` holder label, `$5` attempt id, `$6` the tenure the process tracks (NULL: none),
+    /// `$7` how many holds of it (int4), `$8` min_hold (0: none), `$9` once. Times in µs (int8):
+    /// a backend of coarser time converts in its text. PostgreSQL appends `$10`, a waiter whose
+    /// LISTEN is in place.
+    pub(crate) fn args(&self) -> [Arg<'a>; 9] {
+        [
+            Arg::Text(self.key),
+            Arg::Text(self.owner),
+            Arg::Int8(self.ttl_us),
+            Arg::Text(self.holder),
+            Arg::Int8(self.attempt),
+            Arg::OptInt8(self.tenure),
+            Arg::Int4(self.held as i32),
+            Arg::Int8(self.min_hold_us),
+            Arg::Bool(self.once),
+        ]
+    }
+}
+
 /// A lock that the statement granted (first hold, takeover or re-entry).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Grant {

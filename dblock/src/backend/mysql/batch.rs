@@ -33,19 +33,20 @@
 //!    it left, or not held.
 
 use super::OnMySql;
-use sqlx::mysql::MySqlConnection;
+use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr};
 
 use super::sql::{expand, NEW_ROW, UPSERT};
 use super::{My, US_NOW};
 use crate::backend::batch::{listed, pad};
 use crate::backend::coalesce::ReleaseRow;
-use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
+use crate::backend::{Acquire, Attempt, Binds, Grant, Outcome, Released};
 
 /// The derived table's columns, named apart from the lock table's (`ON DUPLICATE KEY UPDATE`
 /// sees both).
+/// In the order of [`Acquire::args`].
 const COLUMNS: &str =
-    "b_key, b_owner, b_lease, b_holder, b_attempt, b_min_hold, b_tenure, b_held, b_once";
+    "b_key, b_owner, b_ttl, b_holder, b_attempt, b_tenure, b_held, b_min_hold, b_once";
 
 /// The statement for `n` rows, its `?` the rows' values in [`COLUMNS`] order, row after row
 /// (rows with a NULL key are padding, and select nothing).
@@ -57,7 +58,7 @@ fn statement(n: usize, table: &str) -> String {
     let rest = " UNION ALL SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?".repeat(n.saturating_sub(1));
     let new_row = NEW_ROW
         .replace(":owner", "r.b_owner")
-        .replace(":lease", "r.b_lease")
+        .replace(":ttl", "r.b_ttl")
         .replace(":holder", "r.b_holder")
         .replace(":min_hold", "r.b_min_hold")
         .replace(":once", "r.b_once")
@@ -92,19 +93,10 @@ async fn acquire(
     rows: &[Acquire<'_>],
 ) -> sqlx::Result<Vec<Attempt>> {
     let text = AssertSqlSafe(statement(listed(rows.len()), &my.table)).into_sql_str();
-    let mut q = sqlx::query(text);
-    for a in rows {
-        q = q
-            .bind(a.key)
-            .bind(a.owner)
-            .bind(a.ttl_us.max(a.min_hold_us))
-            .bind(a.holder)
-            .bind(a.attempt)
-            .bind(a.min_hold_us)
-            .bind(a.tenure)
-            .bind(i64::from(a.held))
-            .bind(a.once);
-    }
+    let q = rows
+        .iter()
+        .flat_map(Acquire::args)
+        .try_fold(sqlx::query(text), MySql::bind_value)?;
     let answer = pad(q, rows.len(), 9).fetch_all(&mut *conn).await?;
     // One row per key written or looked at (busy rows assign every column its own value and
     // come back too). On Galera with its autocommit retry on, a stale row can come first: the

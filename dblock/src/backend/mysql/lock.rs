@@ -9,13 +9,15 @@ use crate::backend::*;
 impl OnMySql for Acquire<'_> {
     async fn mysql(&self, my: &My, conn: &mut MySqlConnection) -> sqlx::Result<Attempt> {
         let p = self;
-        let bound =
-            |(text, order): &(SqlStr, Vec<Param>)| bind(text, order, p, std::slice::from_ref(p));
+        let args = p.args();
         if my.supports_returning(conn).await? {
             // Read ALL rows and keep the last: a Galera node whose automatic autocommit retry
             // fired (when the pool is not ours and wsrep_retry_autocommit could not be set to 0)
             // sends one stale row per aborted attempt before the committed one.
-            let rows = bound(&my.sql.acquire_returning)
+            let rows = my
+                .sql
+                .acquire_returning
+                .bound(&args)?
                 .fetch_all(&mut *conn)
                 .await?;
             let Some(row) = rows.last() else {
@@ -24,7 +26,10 @@ impl OnMySql for Acquire<'_> {
             crate::backend::attempt_row(row)
         } else {
             let sent_at = std::time::SystemTime::now();
-            let done = bound(&my.sql.acquire_last_insert_id)
+            let done = my
+                .sql
+                .acquire_last_insert_id
+                .bound(&args)?
                 .execute(&mut *conn)
                 .await?;
             let packed = done.last_insert_id();

@@ -8,8 +8,8 @@ use crate::backend::QueueSql;
 #[derive(Debug)]
 pub(super) struct Statements {
     pub(super) schema: crate::backend::migrations::Schema,
-    pub(super) acquire_returning: (SqlStr, Vec<Param>),
-    pub(super) acquire_last_insert_id: (SqlStr, Vec<Param>),
+    pub(super) acquire_returning: Numbered,
+    pub(super) acquire_last_insert_id: Numbered,
     pub(super) done: SqlStr,
     pub(super) has_queue: SqlStr,
     pub(super) queue_steps: QueueSql<Numbered>,
@@ -116,7 +116,8 @@ ON DUPLICATE KEY UPDATE
 
 /// The new row's values after its key: `{attempt}` is the attempt id.
 pub(super) const NEW_ROW: &str =
-    ":owner, 1, {token}, UTC_TIMESTAMP(6) + INTERVAL :lease MICROSECOND, UTC_TIMESTAMP(6),
+    ":owner, 1, {token}, UTC_TIMESTAMP(6) + INTERVAL GREATEST(:ttl, :min_hold) MICROSECOND,
+        UTC_TIMESTAMP(6),
         :holder, {attempt},
         IF(:min_hold > 0, UTC_TIMESTAMP(6) + INTERVAL :min_hold MICROSECOND, NULL), :once";
 
@@ -165,12 +166,13 @@ pub(super) const ACQUIRABLE: &str = "((expires_at <= UTC_TIMESTAMP(6) OR owner <
 pub(super) const RAN_OUT: &str = "(owner IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6)
            AND NOT (success_token <=> fencing_token))";
 
-/// A named parameter of the acquire statement.
+/// A named parameter of the several-keys acquire statement ([`upsert_many`]; the one-key
+/// statements are [`Numbered::named`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Param {
     Key,
     Owner,
-    Lease,
+    Ttl,
     Holder,
     Attempt,
     MinHold,
@@ -193,7 +195,7 @@ pub(super) const PARAMS: [(&str, Param); 14] = [
     (":gate_key", Param::GateKey),
     (":key", Param::Key),
     (":owner", Param::Owner),
-    (":lease", Param::Lease),
+    (":ttl", Param::Ttl),
     (":holder", Param::Holder),
     (":attempt", Param::Attempt),
     (":min_hold", Param::MinHold),
@@ -218,7 +220,7 @@ pub(super) fn bind<'q>(
         q = match param {
             Param::Key => q.bind(p.key),
             Param::Owner => q.bind(p.owner),
-            Param::Lease => q.bind(p.ttl_us.max(p.min_hold_us)),
+            Param::Ttl => q.bind(p.ttl_us),
             Param::Holder => q.bind(p.holder),
             Param::Attempt => q.bind(p.attempt),
             Param::MinHold => q.bind(p.min_hold_us),
@@ -263,6 +265,28 @@ impl Numbered {
         ];
         let (text, order) =
             placeholders(&expand(template).replace("{table}", table), '$', &NUMBERS);
+        Numbered {
+            sql: AssertSqlSafe(Arc::<str>::from(text)).into_sql_str(),
+            order,
+        }
+    }
+
+    /// A statement written with the acquire's named parameters, which stand for the values of
+    /// [`Acquire::args`](crate::backend::Acquire::args) (`:key`, `:owner`, `:ttl`, `:holder`,
+    /// `:attempt`, `:tenure`, `:held`, `:min_hold`, `:once`: `$1` to `$9`).
+    pub(super) fn named(template: &str, table: &str) -> Self {
+        const NAMES: [(&str, usize); 9] = [
+            (":key", 0),
+            (":owner", 1),
+            (":ttl", 2),
+            (":holder", 3),
+            (":attempt", 4),
+            (":tenure", 5),
+            (":held", 6),
+            (":min_hold", 7),
+            (":once", 8),
+        ];
+        let (text, order) = placeholders(&expand(template).replace("{table}", table), ':', &NAMES);
         Numbered {
             sql: AssertSqlSafe(Arc::<str>::from(text)).into_sql_str(),
             order,
@@ -372,7 +396,7 @@ WHERE lock_key = $1 AND (owner = $2 AND ticket = $3 OR expires_at <= UTC_TIMESTA
                 ),
             },
             // MariaDB: the row as it is after the statement comes back with RETURNING.
-            acquire_returning: acquire_sql(
+            acquire_returning: Numbered::named(
                 &(upsert_one()
                     .replace("{token}", "{us_now}")
                     .replace(
@@ -392,7 +416,7 @@ RETURNING owner <=> :owner, hold_count, fencing_token,
             // Inserted: LAST_INSERT_ID(token + 1 << 52) inside VALUES (the column keeps the token).
             // Updated: the last assignment sets it to count << 52 | token when acquired, and to 0
             // when busy (the VALUES call ran before the duplicate check and must be overwritten).
-            acquire_last_insert_id: acquire_sql(
+            acquire_last_insert_id: Numbered::named(
                 &upsert_one()
                     .replace(
                         "{token}",
@@ -520,6 +544,29 @@ mod tests {
         let (text, order) = placeholders("a = :key AND b = :keys AND c = :owner", ':', &PARAMS);
         assert_eq!(text, "a = ? AND b = :keys AND c = ?");
         assert_eq!(order, [Param::Key, Param::Owner]);
+    }
+
+    #[test]
+    fn the_one_key_acquire_reads_each_of_its_nine_values_and_no_other_name() {
+        let n = Numbered::named(
+            &upsert_one()
+                .replace("{token}", "{us_now}")
+                .replace("{expires}", "expires_at"),
+            "t",
+        );
+        let mut seen = n.order.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, (0..9).collect::<Vec<_>>(), "{}", n.sql.as_str());
+        assert_eq!(n.sql.as_str().matches('?').count(), n.order.len());
+        let text = n.sql.as_str();
+        for (at, _) in text.match_indices(':') {
+            let next = text[at + 1..].chars().next();
+            assert!(
+                !next.is_some_and(|c| c.is_ascii_alphabetic() || c == '_'),
+                "a name left at {at}: {text}"
+            );
+        }
     }
 
     #[test]

@@ -7,29 +7,15 @@ use crate::backend::*;
 
 impl OnPostgres for Acquire<'_> {
     async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> sqlx::Result<Attempt> {
-        let p = self;
-        let row = pg
-            .fetch_optional(
-                conn,
-                if p.waiting {
-                    &pg.sql.acquire_waiting
-                } else {
-                    &pg.sql.acquire
-                },
-                &[
-                    Arg::Text(p.key),
-                    Arg::Text(p.owner),
-                    Arg::Float8(p.ttl_us as f64),
-                    Arg::Text(p.holder),
-                    Arg::Int8(p.attempt),
-                    Arg::Bool(p.waiting),
-                    Arg::OptInt8(p.tenure),
-                    Arg::Int4(p.held as i32),
-                    Arg::Float8(p.min_hold_us as f64),
-                    Arg::Bool(p.once),
-                ],
-            )
-            .await?;
+        // A waiter whose LISTEN is in place sends the text with `flag`, which reads `$10`.
+        let mut args = self.args().to_vec();
+        let text = if self.waiting {
+            args.push(Arg::Bool(true));
+            &pg.sql.acquire_waiting
+        } else {
+            &pg.sql.acquire
+        };
+        let row = pg.fetch_optional(conn, text, &args).await?;
         let Some(row) = row else {
             // The key was inserted by someone else during this statement.
             return Ok(Attempt::Busy { retry_after: None });

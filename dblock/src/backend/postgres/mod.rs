@@ -294,17 +294,17 @@ impl Pg {
     pub(crate) fn pgbench_script(&self) -> String {
         let key = "('pgbench:' || :client_id || ':' || :k)";
         let owner = "('pgb:' || :client_id)";
-        // The binds of `acquire`, in order (non-waiting: `$6` false, no tracked tenure).
+        // The binds of `acquire` ([`Acquire::args`]), in order: no tracked tenure; a first
+        // attempt, which sends the text without the waiter's `$10`.
         let acquire_binds = [
             key.to_owned(),
             owner.to_owned(),
-            "(:ttl_us)::float8".into(),
+            "(:ttl_us)::int8".into(),
             "('bench/' || :client_id)".into(),
             "(:attempt)::int8".into(),
-            "(:waiting = 1)".into(),
             "nullif(:tenure, -1)::int8".into(),
             "(:held)::int4".into(),
-            "(:min_hold_us)::float8".into(),
+            "(:min_hold_us)::int8".into(),
             "(:once = 1)".into(),
         ];
         // The binds of `release`, in order; the token from the acquire's row (`\gset a_`).
@@ -326,7 +326,7 @@ impl Pg {
         };
         format!(
             "\\set k random(0, 63)\n\\set ttl_us 30000000\n\\set attempt random(1, 9000000000000000000)\n\
-             \\set release_id random(1, 9000000000000000000)\n\\set waiting 0\n\\set tenure -1\n\
+             \\set release_id random(1, 9000000000000000000)\n\\set tenure -1\n\
              \\set held 0\n\\set min_hold_us 0\n\\set once 0\n\\set remaining 0\n\\set outcome 1\n\
              {};\n\\gset a_\n{};\n",
             with_binds(self.sql.acquire.sql.as_str(), &acquire_binds),
@@ -462,7 +462,8 @@ mod tests {
         let sql = &Pg::new(lazy_pool().into(), "some.t").sql;
         for (name, s, n) in [
             ("exists", &sql.exists, 2),
-            ("acquire", &sql.acquire, 10),
+            ("acquire", &sql.acquire, 9),
+            ("acquire_waiting", &sql.acquire_waiting, 10),
             ("release", &sql.release, 8),
             ("extend", &sql.extend, 5),
             ("extend_many", &sql.extend_many, 5),

@@ -39,7 +39,7 @@ pub(super) struct Statements {
     pub(super) queue_steps: QueueSql<Stmt>,
 }
 
-/// The acquire statement's "a live hold of ours in the tenure this process holds ($7), or one
+/// The acquire statement's "a live hold of ours in the tenure this process holds ($6), or one
 /// written by this very attempt ($5)"; never NULL.
 pub(crate) const SAME: &str = "coalesce(l.owner = {owner} AND l.expires_at > statement_timestamp()
                    AND (l.attempt_id = {attempt} OR l.fencing_token = {tenure}), false)";
@@ -76,11 +76,11 @@ pub(super) fn acquire_one(flag: &str) -> String {
         .replace("{ran_out}", &ran_out("l."))
 }
 
-/// A waiter ($6) whose LISTEN is in place asks the holder's release to NOTIFY. Written once per
+/// A waiter ($10) whose LISTEN is in place asks the holder's release to NOTIFY. Written once per
 /// contention episode: when the flag is already set this updates nothing.
 pub(super) const FLAG: &str = ", flag AS (
     UPDATE {table} SET contended = true
-    WHERE $6 AND lock_key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM upd)
+    WHERE $10 AND lock_key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM upd)
       AND owner IS NOT NULL AND owner <> $2 AND expires_at > statement_timestamp()
     RETURNING 1
 )";
@@ -91,17 +91,17 @@ pub(super) const ACQUIRE: &str = "WITH upd AS (
         {take}
     WHERE l.lock_key = $1
       AND (l.expires_at <= statement_timestamp() OR l.owner = $2)
-      AND NOT ($10 AND l.last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})
+      AND NOT ($9 AND l.last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})
     RETURNING l.hold_count, l.fencing_token, l.expires_at, l.last_outcome, l.finished_at,
               l.success_token, l.owner
 ){flag}, ins AS (
     INSERT INTO {table} (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at,
                          holder, attempt_id, available_at, once_key)
     SELECT $1, $2, 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8,
-           statement_timestamp() + greatest($3, $9)::float8 * interval '1 microsecond',
+           statement_timestamp() + greatest($3, $8)::float8 * interval '1 microsecond',
            statement_timestamp(), $4, $5,
-           CASE WHEN $9 > 0 THEN statement_timestamp() + $9::float8 * interval '1 microsecond' END,
-           $10
+           CASE WHEN $8 > 0 THEN statement_timestamp() + $8::float8 * interval '1 microsecond' END,
+           $9
     WHERE NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM {table} WHERE lock_key = $1)
     ON CONFLICT (lock_key) DO NOTHING
     RETURNING hold_count, fencing_token, expires_at, last_outcome, finished_at, success_token,
@@ -119,7 +119,7 @@ pub(super) const ACQUIRE: &str = "WITH upd AS (
 )
 SELECT acquired, hold_count, fencing_token, {us_expires} AS expires_us,
        greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8 AS left_ms,
-       NOT acquired AND $10 AND last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out_res} AS done,
+       NOT acquired AND $9 AND last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out_res} AS done,
        {us_finished} AS finished_us
 FROM res";
 
@@ -128,12 +128,12 @@ pub(super) fn take_one() -> String {
     TAKE.replace("{same}", SAME)
         .replace("{owner}", "$2")
         .replace("{attempt}", "$5")
-        .replace("{tenure}", "$7")
-        .replace("{held}", "$8")
+        .replace("{tenure}", "$6")
+        .replace("{held}", "$7")
         .replace("{holder}", "$4")
         .replace("{ttl}", "$3")
-        .replace("{min_hold}", "$9")
-        .replace("{once}", "$10")
+        .replace("{min_hold}", "$8")
+        .replace("{once}", "$9")
         .replace("{ran_out}", &ran_out("l."))
 }
 
@@ -202,16 +202,17 @@ impl Pg {
             //   LISTEN is in place.
             // - A busy attempt (row held by someone else) updates nothing and inserts nothing:
             //   no row lock kept, no WAL written, just the final SELECT of the holder's state.
-            // - {same}: a live hold of ours in the tenure this process holds ($7, with $8 holds)
+            // - The values are [`Acquire::args`]'s ($1-$9), then $10 (a waiter, for `flag`).
+            // - {same}: a live hold of ours in the tenure this process holds ($6, with $7 holds)
             //   or written by this very attempt ($5). `attempt_id = $5` means this attempt
             //   already succeeded (its reply was lost): the row is returned as it is. Re-entry
-            //   counts from the process's holds ($8 + 1), never from the row alone: a live row of
+            //   counts from the process's holds ($7 + 1), never from the row alone: a live row of
             //   ours that the process does not track (an acquire whose reply never came) is
             //   taken over as a new tenure instead of being built upon.
             // - "Free" is `expires_at <= now`: a released row keeps the key unavailable until
-            //   `available_at` (min_hold, $9 µs) by leaving expires_at there. The lease is at
+            //   `available_at` (min_hold, $8 µs) by leaving expires_at there. The lease is at
             //   least min_hold long, so a crashed holder's key waits for min_hold too.
-            // - `once` ($10): a key whose last hold succeeded (last_outcome 1) is not taken; the
+            // - `once` ($9): a key whose last hold succeeded (last_outcome 1) is not taken; the
             //   busy row then says so. A hold that ran out without a release since (a crashed
             //   holder) ended in failure, whatever the hold before it did: the key is taken.
             acquire: stmt(&acquire_one("").replace("{take}", &take_one()), &t),

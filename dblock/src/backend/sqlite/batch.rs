@@ -20,10 +20,12 @@ use sqlx::query::Query;
 use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
-use super::{bind_acquire, ran_out, sql, Lite, SAME, TAKE_OVER};
+use super::{ran_out, sql, Lite, SAME, TAKE_OVER};
 use crate::backend::batch::{listed, pad};
 use crate::backend::coalesce::{ReleaseRow, MAX_ROWS as MAX};
-use crate::backend::{per_key_decoded, Acquire, Attempt, Extended, Outcome, Released, RenewItem};
+use crate::backend::{
+    per_key_decoded, Acquire, Attempt, Binds, Extended, Outcome, Released, RenewItem,
+};
 
 /// The coalesced statements of one table, by list size: `[i]` takes `2 << i` rows.
 #[derive(Debug)]
@@ -32,16 +34,17 @@ pub(crate) struct Sql {
     release: Vec<SqlStr>,
 }
 
-/// Acquires: nine values per row (key, owner, ttl ms, holder, attempt id, tenure the process
-/// tracks, holds it tracks, min_hold ms, once), as the one-row statement's `$1`-`$9`.
+/// Acquires: nine values per row, [`Acquire::args`] (key, owner, ttl µs, holder, attempt id,
+/// tenure the process tracks, holds it tracks, min_hold µs, once), as the one-row statement's
+/// `$1`-`$9`, its times rounded up to milliseconds as there.
 const ACQUIRE: &str = "WITH req(k, own, ttl, hold, att, tenure, held, min_hold, once) AS (
     VALUES {rows}
 )
 INSERT INTO {table} AS l
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
      available_at, once_key)
-SELECT k, own, 1, {now} * 1000, {now} + max(ttl, min_hold), {now}, hold, att,
-       CASE WHEN min_hold > 0 THEN {now} + min_hold END, once
+SELECT k, own, 1, {now} * 1000, {now} + max((ttl + 999) / 1000, (min_hold + 999) / 1000), {now},
+       hold, att, CASE WHEN min_hold > 0 THEN {now} + (min_hold + 999) / 1000 END, once
 FROM req WHERE k IS NOT NULL
 {take_over}
 RETURNING lock_key, hold_count, fencing_token, expires_at * 1000";
@@ -121,7 +124,7 @@ async fn acquire(
     let q = bind_acquires(
         sqlx::query(lite.batch_sql.acquire[size_index(all.len())].clone()),
         all,
-    );
+    )?;
     let granted = q.fetch_all(&mut *conn).await?;
     attempts(lite, conn, all, &granted).await
 }
@@ -130,9 +133,12 @@ async fn acquire(
 fn bind_acquires<'q>(
     q: Query<'q, Sqlite, SqliteArguments>,
     all: &[Acquire<'_>],
-) -> Query<'q, Sqlite, SqliteArguments> {
-    let n = all.len();
-    pad(all.iter().fold(q, bind_acquire), n, 9)
+) -> sqlx::Result<Query<'q, Sqlite, SqliteArguments>> {
+    let q = all
+        .iter()
+        .flat_map(Acquire::args)
+        .try_fold(q, Sqlite::bind_value)?;
+    Ok(pad(q, all.len(), 9))
 }
 
 /// Each acquire's attempt, from the rows its statement returned (the grants, by key).
@@ -236,7 +242,7 @@ pub(crate) async fn write(
         (true, false) => (Vec::new(), release(lite, &mut tx, releases).await?),
         (false, true) => (acquire(lite, &mut tx, acquires).await?, Vec::new()),
         (false, false) => {
-            let rows = both(lite, acquires, releases, "", "")
+            let rows = both(lite, acquires, releases, "", "")?
                 .fetch_all(&mut *tx)
                 .await?;
             answers(lite, &mut tx, acquires, releases, rows).await?
@@ -274,7 +280,8 @@ pub(crate) async fn write_whole(
     acquires: &[Acquire<'_>],
     releases: &[ReleaseRow],
 ) -> sqlx::Result<(Vec<Attempt>, Vec<Released>)> {
-    let q = both(lite, acquires, releases, "BEGIN IMMEDIATE;\n", ";\nCOMMIT");
+    // Nothing is sent when the values do not bind.
+    let q = both(lite, acquires, releases, "BEGIN IMMEDIATE;\n", ";\nCOMMIT")?;
     let rows = match q.fetch_all(&mut **conn).await {
         Ok(rows) => rows,
         Err(e) => {
@@ -311,7 +318,7 @@ fn both(
     releases: &[ReleaseRow],
     before: &str,
     after: &str,
-) -> Query<'static, Sqlite, SqliteArguments> {
+) -> sqlx::Result<Query<'static, Sqlite, SqliteArguments>> {
     let text = format!(
         "{before}{};\n{}{after}",
         lite.batch_sql.release[size_index(releases.len())].as_str(),

@@ -8,9 +8,8 @@ use crate::backend::*;
 impl OnSqlite for Acquire<'_> {
     async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> sqlx::Result<Attempt> {
         let p = self;
-        let row = bind_acquire(sqlx::query(lite.sql.acquire.clone()), p)
-            .fetch_optional(&mut *conn)
-            .await?;
+        let q = bound::<Sqlite>(lite.sql.acquire.clone(), &p.args())?;
+        let row = q.fetch_optional(&mut *conn).await?;
         match row {
             Some(row) => Ok(Attempt::Acquired(Grant {
                 hold_count: row.try_get::<i64, _>(0)?.max(0) as u32,
@@ -36,7 +35,8 @@ impl OnSqlite for AcquireMany<'_> {
         conn: &mut SqliteConnection,
     ) -> sqlx::Result<Option<Vec<Attempt>>> {
         let AcquireMany { first, all } = *self;
-        // ?1-?5 are shared, then four per key from ?6 on.
+        // ?1-?5 are shared (owner, ttl µs, holder, min_hold µs, once), then four per key from
+        // ?6 on; times are rounded up to milliseconds in the text, as the one-key statement's.
         let rows = (0..all.len())
             .map(|i| {
                 let n = 6 + 4 * i;
@@ -51,8 +51,8 @@ impl OnSqlite for AcquireMany<'_> {
 INSERT INTO {table} AS l
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
      available_at, once_key)
-SELECT k, ?1, 1, {{now}} * 1000, {{now}} + max(?2, ?4), {{now}}, ?3, attempt,
-       CASE WHEN ?4 > 0 THEN {{now}} + ?4 END, ?5
+SELECT k, ?1, 1, {{now}} * 1000, {{now}} + max((?2 + 999) / 1000, (?4 + 999) / 1000), {{now}},
+       ?3, attempt, CASE WHEN ?4 > 0 THEN {{now}} + (?4 + 999) / 1000 END, ?5
 FROM req
 WHERE NOT EXISTS (
     SELECT 1 FROM {table} AS b JOIN req AS q ON b.lock_key = q.k
@@ -72,9 +72,9 @@ RETURNING lock_key, hold_count, fencing_token, expires_at * 1000",
         .replace("{now}", NOW);
         let mut q = sqlx::query(AssertSqlSafe(text))
             .bind(first.owner)
-            .bind(ms_ceil(first.ttl_us))
+            .bind(first.ttl_us)
             .bind(first.holder)
-            .bind(ms_ceil(first.min_hold_us))
+            .bind(first.min_hold_us)
             .bind(first.once);
         for a in all {
             q = q
@@ -106,14 +106,15 @@ impl OnSqlite for Extend<'_> {
 }
 
 impl OnSqlite for ExtendMany<'_> {
-    /// Renewal of many leases: one UPDATE ... FROM a list of (key, owner, token, ttl) rows, under
-    /// SQLite's single write lock, with the same owner/tenure/live check as `extend`.
+    /// Renewal of many leases: one UPDATE ... FROM a list of (key, owner, token, ttl, max_hold)
+    /// rows, under SQLite's single write lock, with the same owner/tenure/live check and the
+    /// same rounding to milliseconds as `extend`.
     async fn sqlite(&self, lite: &Lite, conn: &mut SqliteConnection) -> sqlx::Result<Extended> {
         let items = self.0;
         let rows = vec!["(?, ?, ?, ?, ?)"; items.len()].join(", ");
         let text = format!(
             "UPDATE {table} AS l
-SET expires_at = max(l.expires_at, min({now} + r.column4, l.acquired_at + r.column5)),
+SET expires_at = max(l.expires_at, min({now} + (r.column4 + 999) / 1000, l.acquired_at + r.column5 / 1000)),
     {renewed}
 FROM (VALUES {rows}) AS r
 WHERE l.lock_key = r.column1 AND l.owner = r.column2 AND l.fencing_token = r.column3
@@ -129,8 +130,8 @@ RETURNING lock_key, owner, fencing_token",
                 .bind(i.key)
                 .bind(i.owner)
                 .bind(i.fencing_token as i64)
-                .bind(ms_ceil(i.ttl_us))
-                .bind(i.max_hold_us / 1000);
+                .bind(i.ttl_us)
+                .bind(i.max_hold_us);
         }
         let rows = q.fetch_all(&mut *conn).await?;
         Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())

@@ -9,10 +9,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::query::Query;
 use sqlx::sqlite::{
-    Sqlite, SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode,
-    SqlitePoolOptions, SqliteSynchronous,
+    Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 
@@ -28,7 +27,7 @@ mod sql;
 pub(crate) use batch::{one_command, write as write_batch, write_whole};
 pub(crate) mod read;
 use super::migrations::RENEWED;
-use super::{quote_ident, Acquire, Attempt, Dialect, QueueSql};
+use super::{quote_ident, Attempt, Dialect, QueueSql};
 use crate::backend::kind_sql::KindSqls;
 use crate::backend::Conns;
 use crate::connect::ConnectOptions;
@@ -94,11 +93,6 @@ pub(crate) struct Lite {
     /// One statement at a time per database in this process ([`Dialect::one_at_a_time`]), shared by
     /// the lockers of every table made from this one.
     turn: Arc<tokio::sync::Mutex<()>>,
-}
-
-/// Microseconds to whole milliseconds, rounding up so a lease is never shorter than asked.
-fn ms_ceil(us: i64) -> i64 {
-    (us + 999) / 1000
 }
 
 /// A pool configured for locking: WAL, `synchronous = FULL` (a granted lock and its fencing token
@@ -186,23 +180,6 @@ impl Lite {
         .map_err(|f| LockError::Database(f.error))?;
         Ok(done.rows_affected())
     }
-}
-
-/// `q` with an acquire's values, in the order of the acquire statements' `$1`-`$9` (one key)
-/// and of each row of the coalesced statement's list (`sqlite/batch.rs`).
-fn bind_acquire<'q>(
-    q: Query<'q, Sqlite, SqliteArguments>,
-    p: &Acquire<'_>,
-) -> Query<'q, Sqlite, SqliteArguments> {
-    q.bind(p.key)
-        .bind(p.owner)
-        .bind(ms_ceil(p.ttl_us))
-        .bind(p.holder)
-        .bind(p.attempt)
-        .bind(p.tenure)
-        .bind(i64::from(p.held))
-        .bind(ms_ceil(p.min_hold_us))
-        .bind(p.once)
 }
 
 impl Lite {

@@ -112,8 +112,10 @@ WHERE ticket = $3 AND lock_key = $1 AND owner = $2 OR expires_at <= {now}",
             // database's single write lock, so the conflict check, the WHERE ("may I take it")
             // and the update are one indivisible step. SET reads the old row throughout. When the
             // WHERE refuses (busy) nothing is written and RETURNING yields no row.
+            // The values are [`Acquire::args`]'s; the ttl ($3) and min_hold ($8) come in µs and
+            // are rounded up to the table's milliseconds here, as the extension's are.
             // "Free" is `expires_at <= now`: a release leaves expires_at at `available_at` (the
-            // acquisition + min_hold, $8 ms) when that is later, and the lease is at least
+            // acquisition + min_hold, $8) when that is later, and the lease is at least
             // min_hold long. `once` ($9): a key whose last hold succeeded is not taken.
             // A hold taken over after it ran out is recorded as failed.
             // {same}: a live hold of ours in the tenure this process holds ($6, with $7 holds)
@@ -124,8 +126,8 @@ WHERE ticket = $3 AND lock_key = $1 AND owner = $2 OR expires_at <= {now}",
                 &"INSERT INTO {table} AS l
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
      available_at, once_key)
-VALUES ($1, $2, 1, {now} * 1000, {now} + max($3, $8), {now}, $4, $5,
-        CASE WHEN $8 > 0 THEN {now} + $8 END, $9)
+VALUES ($1, $2, 1, {now} * 1000, {now} + max(($3 + 999) / 1000, ($8 + 999) / 1000), {now}, $4, $5,
+        CASE WHEN $8 > 0 THEN {now} + ($8 + 999) / 1000 END, $9)
 {take_over}
 RETURNING hold_count, fencing_token, expires_at * 1000"
                     .replace("{take_over}", TAKE_OVER)
