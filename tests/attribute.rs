@@ -510,3 +510,53 @@ async fn min_hold_keeps_the_key_after_a_quick_body() {
         tick(&l).await.unwrap();
     }
 }
+
+#[distributed_lock(key = "plain:{{x}}", locker = locker)]
+async fn braces_only(locker: &Locker) -> Result<String, AppError> {
+    Ok(dblock::current().expect("inside a locked body").key)
+}
+
+#[distributed_lock(key = ["pair:{{a}}", "pair:{{b}}"], locker = locker)]
+async fn braces_only_list(locker: &Locker) -> Result<Vec<String>, AppError> {
+    Ok(dblock::current_all().into_iter().map(|h| h.key).collect())
+}
+
+/// `{{` and `}}` are single braces in the key also when the template names no parameter.
+#[tokio::test]
+async fn escaped_braces_are_single_braces_without_parameters_too() {
+    let (dbs, _dir) = common::all("attr_braces").await;
+    for db in &dbs {
+        let l = &db.locker;
+        assert_eq!(braces_only(l).await.unwrap(), "plain:{x}", "{}", db.name);
+        let mut keys = braces_only_list(l).await.unwrap();
+        keys.sort();
+        assert_eq!(keys, ["pair:{a}", "pair:{b}"], "{}", db.name);
+    }
+}
+
+static LAZY: std::sync::OnceLock<Locker> = std::sync::OnceLock::new();
+static LAZY_LOCKER: std::sync::LazyLock<Locker> =
+    std::sync::LazyLock::new(|| LAZY.get().expect("set by the test").clone());
+
+#[distributed_lock(key = "lazy", locker = LAZY_LOCKER)]
+async fn through_a_lazy_static() -> Result<u64, AppError> {
+    Ok(dblock::current()
+        .expect("inside a locked body")
+        .fencing_token)
+}
+
+#[distributed_lock(key = "arc", locker = locker)]
+async fn through_an_arc(locker: Arc<Locker>) -> Result<u64, AppError> {
+    Ok(dblock::current()
+        .expect("inside a locked body")
+        .fencing_token)
+}
+
+/// `locker =` takes whatever dereferences to a `Locker`: a `static LazyLock`, an `Arc`.
+#[tokio::test]
+async fn locker_expressions_that_dereference_to_a_locker() {
+    let (db, _dir) = common::sqlite("attr_lazy").await;
+    LAZY.set(db.locker.clone()).ok();
+    assert!(through_a_lazy_static().await.unwrap() > 0);
+    assert!(through_an_arc(Arc::new(db.locker.clone())).await.unwrap() > 0);
+}

@@ -32,6 +32,13 @@ async fn hangs(locker: &Locker) -> Result<(), LockError> {
     Ok(())
 }
 
+/// `max_hold` shorter than the (default) ttl: the cap ends the hold all the same.
+#[distributed_lock(key = "short-capped-body", locker = locker, max_hold = "1200ms")]
+async fn short_capped_body(locker: &Locker) -> Result<(), LockError> {
+    tokio::time::sleep(LIMIT).await; // a hung body
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_hold_caps_renewal_on_the_database_clock() {
     let (dbs, _dir) = common::all("max_hold").await;
@@ -108,8 +115,23 @@ async fn max_hold_caps_renewal_on_the_database_clock() {
             .unwrap_or_else(|_| panic!("{name}: permit still held after max_hold"));
         drop(permit);
 
-        // A cap shorter than the first lease is refused up front.
-        let e = l.lock("k").ttl(TTL).max_hold(TTL / 2).await.unwrap_err();
+        // A cap shorter than the ttl is the first lease: the hold ends at the cap. With the
+        // default ttl (30 s), as an attribute would write it.
+        let short = Duration::from_millis(1200);
+        let guard = l.lock("short-cap").max_hold(short).await.unwrap();
+        let info = l.inspect("short-cap").await.unwrap().unwrap();
+        let span = info
+            .expires_at
+            .duration_since(info.acquired_at)
+            .unwrap_or_default();
+        assert!(span <= short, "{name}: first lease {span:?} past the cap");
+        tokio::time::timeout(LIMIT, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: a 30 s lease outlived max_hold {short:?}"));
+        let e = short_capped_body(&l).await.unwrap_err();
+        assert!(e.is_lost(), "{name}: {e:?}");
+        // A zero cap, or one shorter than min_hold, is refused up front.
+        let e = l.lock("k").max_hold(Duration::ZERO).await.unwrap_err();
         assert!(matches!(e, LockError::Config(_)), "{name}: {e:?}");
         let e = l
             .lock("k")

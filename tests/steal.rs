@@ -168,3 +168,53 @@ async fn steal_takes_the_key_now_and_the_old_holder_cannot_commit() {
         newer.resign().await.unwrap();
     }
 }
+
+/// A steal or a force-release in the holder's own process ends its hold at once: `lost()`
+/// resolves without waiting for a renewal or the lease (30 s, not renewed here), for a lock, a
+/// read hold and a permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_in_the_same_process_learns_at_once() {
+    let (dbs, _dir) = common::all("steal_same").await;
+    let at_once = Duration::from_secs(5);
+    for db in &dbs {
+        let name = db.name;
+        let l = common::own_table(db, "steal_same").await;
+        let ttl = Duration::from_secs(30);
+
+        let old = l.lock("s").ttl(ttl).await.unwrap();
+        let new = l.steal("s").await.unwrap();
+        tokio::time::timeout(at_once, old.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the stolen guard did not learn it"));
+        assert!(
+            !new.is_lost(),
+            "{name}: the thief's own guard was marked lost"
+        );
+        assert!(old.extend(ttl).await.unwrap_err().is_lost(), "{name}");
+        new.release().await.unwrap();
+
+        let old = l.lock("f").ttl(ttl).await.unwrap();
+        assert!(l.force_release("f").await.unwrap(), "{name}");
+        tokio::time::timeout(at_once, old.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the force-released guard did not learn it"));
+        assert!(old.release().await.is_err(), "{name}");
+
+        let read = l.read("r").ttl(ttl).await.unwrap();
+        assert!(l.force_release("r").await.unwrap(), "{name}");
+        tokio::time::timeout(at_once, read.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the force-released read did not learn it"));
+
+        let permit = l.semaphore("p", 2).ttl(ttl).await.unwrap();
+        assert!(l.force_release("p").await.unwrap(), "{name}");
+        tokio::time::timeout(at_once, permit.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the force-released permit did not learn it"));
+
+        // A key taken again after it was freed is a new tenure: not touched.
+        let again = l.lock("f").ttl(ttl).await.unwrap();
+        assert!(!again.is_lost(), "{name}");
+        again.release().await.unwrap();
+    }
+}

@@ -211,3 +211,32 @@ async fn a_locked_function_ends_with_lost_when_its_lease_is_taken() -> Result<()
     assert!(matches!(ended, Err(LockError::Lost { .. })), "{ended:?}");
     Ok(())
 }
+
+/// Fencing tokens never go back after a purge, even when the key is freed, purged and taken
+/// again within one millisecond of the database's clock (here, a paused one): the row stays
+/// until a new row of the key would start above its token.
+#[tokio::test(start_paused = true)]
+async fn a_purged_key_never_gets_an_old_fencing_token_back() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let mut last = 0;
+    for _ in 0..3 {
+        let g = locker.lock("k").await?;
+        assert!(
+            g.fencing_token() > last,
+            "{} after {last}",
+            g.fencing_token()
+        );
+        last = g.fencing_token();
+        g.release().await?;
+        assert_eq!(
+            locker.purge(Duration::ZERO).await?,
+            0,
+            "purged within its millisecond"
+        );
+    }
+    tokio::time::advance(Duration::from_millis(5)).await;
+    assert_eq!(locker.purge(Duration::ZERO).await?, 1);
+    let g = locker.lock("k").await?;
+    assert!(g.fencing_token() > last);
+    Ok(())
+}

@@ -67,6 +67,8 @@ async fn watch_reports_what_happens_to_keys() {
         let name = db.name;
         let l = common::own_table(db, "watch").await;
         let already = l.lock("w:already").await.unwrap();
+        // Older than the stream by more than its margin (20 ms): not reported.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let mut events = l.watch("w:").every(EVERY);
         started(&mut events, &l, "w:", EVERY).await;
 
@@ -287,9 +289,64 @@ async fn a_watch_takes_any_interval_and_capacity() {
     for db in &dbs {
         let l = common::own_table(db, "watch_bounds").await;
         let _held = l.lock("b:held").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await; // older than the stream
         let mut events = l.watch("b:").every(Duration::MAX).capacity(usize::MAX);
         // The first read is the starting point: no event, and the stream stays open.
         let first = tokio::time::timeout(Duration::from_secs(2), events.next()).await;
         assert!(first.is_err(), "{}: {first:?}", db.name);
+    }
+}
+
+/// The holds taken after `watch()` made the stream are reported even when they were taken (and
+/// given back) before its first poll; a hold older than the stream is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_taken_before_the_first_poll_are_reported() {
+    let (dbs, _dir) = common::all("watch_early").await;
+    for db in &dbs {
+        let name = db.name;
+        let l = common::own_table(db, "watch_early").await;
+        let _older = l.lock("e:older").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut events = l.watch("e:").every(EVERY);
+        let held = l.lock("e:held").await.unwrap();
+        l.lock("e:gone").await.unwrap().release().await.unwrap();
+        let mut seen = Vec::new();
+        let all = tokio::time::timeout(LIMIT, async {
+            loop {
+                let e = next(&mut events, name).await;
+                seen.push(e);
+                let acquired = |key: &str| {
+                    seen.iter()
+                        .any(|e| matches!(e, LockEvent::Acquired(e) if e.key == key))
+                };
+                let gone = seen.iter().any(|e| {
+                    matches!(e, LockEvent::Released { event, outcome: Some(Outcome::Succeeded) } if event.key == "e:gone")
+                });
+                if acquired("e:held") && acquired("e:gone") && gone {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(all.is_ok(), "{name}: {seen:?}");
+        // A few more reads: the older hold is never reported.
+        let more = tokio::time::timeout(EVERY * 6, events.next()).await;
+        if let Ok(Some(Ok(e))) = &more {
+            seen.push(e.clone());
+        }
+        assert!(
+            !seen
+                .iter()
+                .any(|e| matches!(e, LockEvent::Acquired(e) if e.key == "e:older")),
+            "{name}: a hold older than the stream was reported: {seen:?}"
+        );
+        let held_event = seen
+            .iter()
+            .find_map(|e| match e {
+                LockEvent::Acquired(e) if e.key == "e:held" => Some(e.fencing_token),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(held_event, held.fencing_token(), "{name}");
     }
 }

@@ -109,7 +109,7 @@ enum Command {
     /// first). Fencing tokens still never go backwards.
     Purge {
         /// Like 1d, 12h, 30m, 1m30s; 0s deletes every row that is not held.
-        #[arg(long, value_name = "AGE", default_value = "1d", value_parser = time::parse_age)]
+        #[arg(long, value_name = "AGE", default_value = "1d", value_parser = time::parse_duration)]
         older_than: Duration,
     },
     /// Create or update the lock table (`migrate`, `migrate run`), or list which migrations

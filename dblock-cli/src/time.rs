@@ -147,15 +147,6 @@ pub fn parse_ttl(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// An age for `purge`: what the table's microsecond arithmetic holds (about 292,000 years).
-pub fn parse_age(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if i64::try_from(d.as_micros()).is_err() {
-        return Err(format!("age {s:?} is too large"));
-    }
-    Ok(d)
-}
-
 /// A refresh interval: a duration of at least 100 ms (a shorter one would only load the
 /// database).
 pub fn parse_interval(s: &str) -> Result<Duration, String> {

@@ -224,21 +224,20 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
     args
 }
 
-/// A literal `max_hold` shorter than a literal ttl (or min_hold): the first lease would
-/// already outlive the cap. (Against the default ttl, or expressions, the runtime checks it.)
+/// A literal `max_hold` shorter than a literal min_hold: the key would have to stay
+/// unavailable past the cap. (Expressions are checked at run time. A max_hold shorter than the
+/// ttl is allowed: it is the first lease.)
 fn check_max_hold(args: &Args, errors: &mut Errors) {
-    let Some(Dur::Lit(max_hold, at)) = &args.max_hold else {
+    let (Some(Dur::Lit(max_hold, at)), Some(Dur::Lit(min_hold, _))) =
+        (&args.max_hold, &args.min_hold)
+    else {
         return;
     };
-    for (name, given) in [("ttl", &args.ttl), ("min_hold", &args.min_hold)] {
-        if let Some(Dur::Lit(d, _)) = given {
-            if d > max_hold {
-                errors.push(syn::Error::new(
-                    *at,
-                    format!("max_hold ({max_hold:?}) is shorter than {name} ({d:?}): the first lease would already outlive the cap; make max_hold at least the {name}"),
-                ));
-            }
-        }
+    if min_hold > max_hold {
+        errors.push(syn::Error::new(
+            *at,
+            format!("max_hold ({max_hold:?}) is shorter than min_hold ({min_hold:?}): the key would stay unavailable past the cap; make max_hold at least the min_hold"),
+        ));
     }
 }
 

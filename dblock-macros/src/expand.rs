@@ -295,7 +295,15 @@ fn key_from_template(
         return None;
     }
     Some(if values.is_empty() {
-        quote_spanned! {span=> ::std::string::String::from(#format) }
+        // No value: the text as it reads, its `{{`/`}}` single braces (not `format!`'s escapes).
+        let text: String = pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Text(t) => Some(t.as_str()),
+                Piece::Path(_) => None,
+            })
+            .collect();
+        quote_spanned! {span=> ::std::string::String::from(#text) }
     } else {
         let format = LitStr::new(&format, span);
         quote_spanned! {span=> ::std::format!(#format, #(#values),*) }

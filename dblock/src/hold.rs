@@ -330,6 +330,12 @@ impl Hold {
         self.mark_lost();
     }
 
+    /// An operator freed the hold's row (`force_release`, `steal`) in this process: it is lost
+    /// now, not at its next renewal or the end of its lease.
+    pub(crate) fn taken_away(&self) {
+        self.renewal_refused(Instant::now());
+    }
+
     /// `Locker::shutdown` takes the hold away (and releases it): it is lost, and whoever holds
     /// the guard has nothing left to release. `false` if it was already revoked.
     pub(crate) fn revoke(&self) -> bool {

@@ -137,7 +137,14 @@ impl LeaderRequest {
     /// // ... lead until leadership.lost() resolves ...
     /// # Ok(()) }
     /// ```
-    pub async fn campaign(&self) -> Result<Leadership, LockError> {
+    ///
+    /// The future owns what it needs (`'static`): it can be spawned, and the request used
+    /// again.
+    pub fn campaign(&self) -> impl Future<Output = Result<Leadership, LockError>> + Send + 'static {
+        self.clone().campaign_owned()
+    }
+
+    async fn campaign_owned(self) -> Result<Leadership, LockError> {
         LockError::require_runtime()?;
         validate::key(&self.key)?;
         validate::ttl_micros(self.options.ttl)?;
@@ -174,8 +181,8 @@ impl LeaderRequest {
     /// Takes the leadership now, from whoever leads (preemption: a leader that is stuck, or one
     /// a newer deployment supersedes), as [`Locker::steal`](crate::Locker::steal) does for a
     /// lock: the old leader's lease ends at once, this instance leads with the next fencing
-    /// token, and the old leader's [`lost`](Leadership::lost) resolves at its next renewal (its
-    /// `fence` and `succeed_in` fail with `Lost` at once). Then as [`campaign`](Self::campaign).
+    /// token, and the old leader's [`lost`](Leadership::lost) resolves (at once in this process,
+    /// at its next renewal in another; its `fence` and `succeed_in` fail with `Lost` at once). Then as [`campaign`](Self::campaign).
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -184,7 +191,11 @@ impl LeaderRequest {
     /// assert!(newer.fencing_token() > stuck.fencing_token());
     /// # Ok(()) }
     /// ```
-    pub async fn steal(&self) -> Result<Leadership, LockError> {
+    pub fn steal(&self) -> impl Future<Output = Result<Leadership, LockError>> + Send + 'static {
+        self.clone().steal_owned()
+    }
+
+    async fn steal_owned(self) -> Result<Leadership, LockError> {
         LockError::require_runtime()?;
         validate::key(&self.key)?;
         validate::ttl_micros(self.options.ttl)?;
@@ -222,8 +233,11 @@ impl LeaderRequest {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn current(&self) -> Result<Option<LockInfo>, LockError> {
-        current(&self.shared, &self.key).await
+    pub fn current(
+        &self,
+    ) -> impl Future<Output = Result<Option<LockInfo>, LockError>> + Send + 'static {
+        let (shared, key) = (self.shared.clone(), self.key.clone());
+        async move { current(&shared, &key).await }
     }
 
     /// Follows the election: a [`Stream`](futures_core::Stream) that yields the leader first

@@ -77,7 +77,8 @@ impl Locker {
     /// assert_eq!(info.fencing_token, guard.fencing_token());
     /// # Ok(()) }
     /// ```
-    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+    pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
+        let key = key.as_ref();
         self.usable()?;
         validate::key(key)?;
         self.operate("inspect", crate::backend::Inspect(key)).await
@@ -113,7 +114,8 @@ impl Locker {
     /// assert_eq!(in_use[0].key, "exports");
     /// # Ok(()) }
     /// ```
-    pub async fn permits(&self, key: &str) -> Result<Vec<LockInfo>, LockError> {
+    pub async fn permits(&self, key: impl AsRef<str>) -> Result<Vec<LockInfo>, LockError> {
+        let key = key.as_ref();
         self.usable()?;
         validate::key(key)?;
         crate::semaphore::live(self.shared(), key).await
@@ -123,8 +125,10 @@ impl Locker {
     /// of the semaphore of that key. Returns `true` if anything live was freed.
     /// The old holder's release then fails with [`LockError::NotHeld`], its `extend`, `fence`
     /// and renewal with [`LockError::Lost`] (the lease was taken while it ran); the fencing
-    /// token is kept, so the next owner still gets a larger one. To take the key for yourself
-    /// in the same breath, [`steal`](Locker::steal) it.
+    /// token is kept, so the next owner still gets a larger one. A holder in this process
+    /// learns it at once (its [`lost`](crate::LockGuard::lost) resolves, a locked body ends with
+    /// `Lost`); one in another process at its next renewal. To take the key for yourself in
+    /// the same breath, [`steal`](Locker::steal) it.
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -133,12 +137,19 @@ impl Locker {
     /// assert!(stuck.release().await.is_err()); // NotHeld
     /// # Ok(()) }
     /// ```
-    pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+    pub async fn force_release(&self, key: impl AsRef<str>) -> Result<bool, LockError> {
+        let key = key.as_ref();
         self.usable()?;
         validate::key(key)?;
+        // The holds this process has of the key, known before the row is freed: they are the
+        // ones freed (a hold taken after the statement is a new tenure).
+        let holds = self.shared().holds_of(key);
         let freed = self
             .operate("force_release", crate::backend::ForceRelease(key))
             .await?;
+        if freed {
+            holds.iter().for_each(|h| h.taken_away());
+        }
         let permits = crate::semaphore::force_release(self.shared(), key).await?;
         tracing::info!(key, freed, permits, "force_release");
         Ok(freed || permits > 0)
@@ -158,7 +169,8 @@ impl Locker {
     /// assert!(locker.lock("payout:9").once().await.is_ok());
     /// # Ok(()) }
     /// ```
-    pub async fn reset(&self, key: &str) -> Result<bool, LockError> {
+    pub async fn reset(&self, key: impl AsRef<str>) -> Result<bool, LockError> {
+        let key = key.as_ref();
         self.usable()?;
         validate::key(key)?;
         let reset = self.operate("reset", crate::backend::Reset(key)).await?;
@@ -168,9 +180,13 @@ impl Locker {
 
     /// Deletes rows that have been free (or expired) for longer than `older_than` (locks and
     /// semaphore permits);
-    /// `Duration::ZERO` deletes every row that is not held. Returns how many were deleted.
-    /// Fencing tokens of purged keys still never go backwards (new rows are seeded from the
-    /// database clock in microseconds).
+    /// `Duration::ZERO` deletes every row that is not held; an age over 100 years (up to
+    /// `Duration::MAX`) is read as 100 years. Returns how many were deleted.
+    /// Fencing tokens of purged keys still never go backwards: a new row's token is seeded from
+    /// the database clock (in microseconds; on SQLite, its millisecond × 1000), and a row is
+    /// kept until that seed is above its token — a key freed and purged within one millisecond
+    /// on SQLite, or whose token went past the clock (taken over many times at once, a server
+    /// clock stepped back), stays a little longer.
     ///
     /// The record of a [`once`](crate::LockRequest::once) key whose last hold succeeded is never
     /// deleted, whatever its age: without it the work would run again. An operator forgets one
@@ -184,8 +200,9 @@ impl Locker {
     /// ```
     pub async fn purge(&self, older_than: Duration) -> Result<u64, LockError> {
         self.usable()?;
-        let us = i64::try_from(older_than.as_micros())
-            .map_err(|_| LockError::Config("purge: older_than is too large".into()))?;
+        // Nothing is older than 100 years (the longest lease): a longer age, up to
+        // `Duration::MAX`, deletes what that one does.
+        let us = older_than.min(crate::validate::MAX_TTL).as_micros() as i64;
         let purge = crate::backend::Purge { older_than_us: us };
         let n = self.operate("purge", purge).await?
             + crate::semaphore::purge(self.shared(), us).await?;

@@ -73,14 +73,22 @@ impl Options {
         self.lock_delay.unwrap_or(shared.lock_delay)
     }
 
-    /// Refuses a `max_hold` shorter than the lease a grant gets (`lease`: the ttl, or min_hold
-    /// if longer): the first lease would already outlive the cap.
-    pub(crate) fn check_max_hold(&self, lease: Duration) -> Result<(), LockError> {
+    /// The ttl a grant asks for: the ttl, but never more than `max_hold` (a cap shorter than
+    /// the ttl is the lease: the hold ends at the cap, as it would under renewal).
+    pub(crate) fn capped_ttl(&self) -> Duration {
+        self.max_hold.map_or(self.ttl, |cap| self.ttl.min(cap))
+    }
+
+    /// Refuses a `max_hold` of zero, and one shorter than `min_hold` (the key would have to
+    /// stay unavailable past the cap).
+    pub(crate) fn check_max_hold(&self, min_hold: Duration) -> Result<(), LockError> {
         match self.max_hold {
-            Some(max_hold) if max_hold < lease => Err(LockError::Config(format!(
-                "max_hold {max_hold:?} is shorter than the lease {lease:?} (the ttl, or min_hold if \
-                 longer), which the first acquisition already grants: set a ttl (and min_hold) \
-                 of at most max_hold"
+            Some(max_hold) if max_hold.is_zero() => Err(LockError::Config(
+                "max_hold must be greater than zero".into(),
+            )),
+            Some(max_hold) if max_hold < min_hold => Err(LockError::Config(format!(
+                "max_hold {max_hold:?} is shorter than min_hold {min_hold:?}: the key would stay \
+                 unavailable past the cap; set a min_hold of at most max_hold"
             ))),
             _ => Ok(()),
         }
@@ -173,9 +181,10 @@ macro_rules! setters {
         /// acquisition (measured from when the acquire was sent, so never past
         /// `acquired_at + max_hold` on the database clock). At the cap renewal stops, the lease
         /// ends, [`lost`](crate::LockGuard::lost) resolves, and a locked body ends with
-        /// `Err(Lost)` (its hold recording `Failed`); `extend` then returns `Lost`. It must be
-        /// at least the lease the acquisition grants (the ttl, or `min_hold` if longer), else
-        /// `LockError::Config`. Default: none (a renewed lease lives as long as its guard).
+        /// `Err(Lost)` (its hold recording `Failed`); `extend` then returns `Lost`. A `max_hold`
+        /// shorter than the ttl is the first lease itself (the hold ends at the cap); zero, or
+        /// shorter than `min_hold`, is `LockError::Config`. Default: none (a renewed lease lives
+        /// as long as its guard).
         ///
         #[doc = concat!("```
 # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {

@@ -118,8 +118,8 @@ impl ReadRequest {
         self.shared.check_open()?;
         validate::key(&self.key)?;
         let lock_delay = self.options.lock_delay(&self.shared);
-        let ttl_us = validate::lease_micros(self.options.ttl, lock_delay)?;
-        self.options.check_max_hold(self.options.ttl)?;
+        self.options.check_max_hold(Duration::ZERO)?;
+        let ttl_us = validate::lease_micros(self.options.capped_ttl(), lock_delay)?;
         let shared = self.shared.clone();
         let mut kind = ReadWait {
             backend: shared.backend()?.clone(),
@@ -129,7 +129,7 @@ impl ReadRequest {
             key: self.key,
             owner,
             meter,
-            ttl: self.options.ttl,
+            ttl: self.options.capped_ttl(),
             ttl_us,
             max_hold: self.options.max_hold,
             lock_delay,

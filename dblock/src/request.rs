@@ -135,6 +135,7 @@ impl LockRequest {
         self.shared.check_open()?;
         validate::key(&self.key)?;
         let holder = self.options.holder(&self.shared)?;
+        self.options.check_max_hold(self.lock.min_hold)?;
         let request = Request {
             meter: meter::Label::new(
                 self.options.metrics_key.as_ref(),
@@ -143,21 +144,17 @@ impl LockRequest {
             ),
             record_call: self.record_call,
             ttl_us: validate::lease_micros(
-                self.options.ttl,
+                self.options.capped_ttl(),
                 self.options.lock_delay(&self.shared),
             )?,
             lock_delay: self.options.lock_delay(&self.shared),
             min_hold_us: validate::min_hold_micros(self.lock.min_hold)?,
-            max_hold: {
-                self.options
-                    .check_max_hold(self.lock.lease(self.options.ttl))?;
-                self.options.max_hold
-            },
+            max_hold: self.options.max_hold,
             lock: self.lock,
             caller: Caller::current(),
             holder,
             key: self.key,
-            ttl: self.options.ttl,
+            ttl: self.options.capped_ttl(),
             wait: self.options.wait,
             owner,
             hold_kind: self.hold_kind,

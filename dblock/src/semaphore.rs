@@ -251,6 +251,7 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
     let backend = permits.backend()?;
     let mut freed = 0;
     for row in &rows {
+        let holds = permits.holds_of(&row.key);
         if permits
             .run_bounded("force_release", |limit| async move {
                 backend
@@ -259,6 +260,7 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
             })
             .await?
         {
+            holds.iter().for_each(|h| h.taken_away());
             freed += 1;
         }
     }

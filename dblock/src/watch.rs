@@ -79,7 +79,9 @@ pub enum LockEvent {
 /// A stream of [`LockEvent`]s of the keys under a prefix, made by [`Locker::watch`].
 ///
 /// It is advisory: every interval (`every`, 250 ms by default) it reads the keys that are held
-/// or were taken since the last read, and reports the differences. A hold that began and ended
+/// or were taken since the last read, and reports the differences. It starts on its first
+/// poll, from the keys as they were when [`Locker::watch`] made it: a hold taken after that,
+/// even before the first poll, is reported (one taken up to 20 ms before may be too). A hold that began and ended
 /// between two reads is reported (acquired, then how it ended), but when a key changes hands
 /// several times between two reads only the first and the last of those tenures are seen (the
 /// first as [`Released`](LockEvent::Released) with outcome `None` when the row no longer says
@@ -103,6 +105,9 @@ pub struct Watch {
     every: Duration,
     capacity: usize,
     events: Option<mpsc::Receiver<Result<LockEvent, LockError>>>,
+    /// When [`Locker::watch`] made it: the holds taken since are reported, even those taken
+    /// before the stream is first polled.
+    made: std::time::Instant,
 }
 
 impl fmt::Debug for Watch {
@@ -146,6 +151,7 @@ impl Locker {
             every: DEFAULT_EVERY,
             capacity: DEFAULT_CAPACITY,
             events: None,
+            made: std::time::Instant::now(),
         }
     }
 }
@@ -193,7 +199,8 @@ impl futures_core::Stream for Watch {
                 locker: Locker::from_shared(this.shared.clone()),
                 prefix: this.prefix.clone(),
             };
-            tokio::spawn(run(reader, this.every, Out { tx, skipped: 0 }));
+            let out = Out { tx, skipped: 0 };
+            tokio::spawn(run(reader, this.every, out, this.made));
             this.events = Some(rx);
         }
         match this.events.as_mut() {
@@ -212,6 +219,30 @@ fn window(every: Duration) -> Duration {
         .saturating_add(LATE_MARGIN)
         .min(MAX_TTL)
 }
+
+/// The first read's baseline: its rows as they stood when the watch was made, `since` ago —
+/// those taken since (on the database clock, with a margin for its rounding) are left out, so
+/// that they are reported. The database's time is read from a held row's lease (`expires_at`
+/// less `time_left`, both the database's), the machine's clock when no row is held.
+fn as_made(now: &BTreeMap<String, LockInfo>, since: Duration) -> BTreeMap<String, LockInfo> {
+    let db_now = now
+        .values()
+        .filter(|r| r.held)
+        .filter_map(|r| r.expires_at.checked_sub(r.time_left))
+        .max()
+        .unwrap_or_else(SystemTime::now);
+    let made = db_now
+        .checked_sub(since.saturating_add(MADE_MARGIN))
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    now.iter()
+        .filter(|(_, r)| r.acquired_at < made)
+        .map(|(k, r)| (k.clone(), r.clone()))
+        .collect()
+}
+
+/// How much earlier than the watch's making a hold may begin and still be reported by the
+/// first read (the database's timestamps are rounded to the millisecond on SQLite).
+const MADE_MARGIN: Duration = Duration::from_millis(20);
 
 /// The consumer's end of the channel, and what it missed.
 struct Out {
@@ -264,7 +295,7 @@ struct Reader {
 
 /// The watch's task: a read every `every`, the differences to `out`, until the consumer is
 /// gone or the locker shut down.
-async fn run(reader: Reader, every: Duration, mut out: Out) {
+async fn run(reader: Reader, every: Duration, mut out: Out, made: std::time::Instant) {
     let mut last: Option<BTreeMap<String, LockInfo>> = None;
     loop {
         if out.tx.is_closed() {
@@ -279,20 +310,19 @@ async fn run(reader: Reader, every: Duration, mut out: Out) {
                 }
             }
             Ok(mut now) => {
-                if let Some(before) = &last {
-                    match reader.changes(before, &mut now).await {
-                        Ok(events) => {
-                            for e in events {
-                                if !out.send(Ok(e)) {
-                                    return;
-                                }
-                            }
-                        }
-                        Err(LockError::ShutDown) => return,
-                        Err(e) => {
-                            if !out.send(Err(e)) {
+                let before = last.unwrap_or_else(|| as_made(&now, made.elapsed()));
+                match reader.changes(&before, &mut now).await {
+                    Ok(events) => {
+                        for e in events {
+                            if !out.send(Ok(e)) {
                                 return;
                             }
+                        }
+                    }
+                    Err(LockError::ShutDown) => return,
+                    Err(e) => {
+                        if !out.send(Err(e)) {
+                            return;
                         }
                     }
                 }

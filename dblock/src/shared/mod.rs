@@ -202,6 +202,21 @@ impl Shared {
             .map(|h| h.fencing_token)
     }
 
+    /// The holds of `key` that this process tracks in this locker's table (any of its lockers):
+    /// taken before an operator frees the key's row ([`Locker::force_release`],
+    /// [`Locker::steal`]), so that they learn at once that they lost it.
+    ///
+    /// [`Locker::force_release`]: crate::Locker::force_release
+    /// [`Locker::steal`]: crate::Locker::steal
+    pub(crate) fn holds_of(&self, key: &str) -> Vec<Arc<Hold>> {
+        self.live()
+            .values()
+            .filter(|(_, of)| of.upgrade().is_some_and(|of| of.space == self.space))
+            .filter_map(|(h, _)| h.upgrade())
+            .filter(|h| h.key == key && !h.is_lost())
+            .collect()
+    }
+
     /// The guard of `hold` is giving it back (or dropped).
     pub(crate) fn untrack(&self, hold: &Arc<Hold>) {
         self.live().remove(&(Arc::as_ptr(hold) as usize));

@@ -5,12 +5,6 @@ async fn zero() -> Result<(), LockError> {
     Ok(())
 }
 
-// The first lease (30 s) would already outlive the cap.
-#[distributed_lock(key = "b", ttl = "30s", max_hold = "10s")]
-async fn shorter_than_ttl() -> Result<(), LockError> {
-    Ok(())
-}
-
 #[distributed_lock(key = "c", ttl = "1s", min_hold = "1m", max_hold = "30s")]
 async fn shorter_than_min_hold() -> Result<(), LockError> {
     Ok(())

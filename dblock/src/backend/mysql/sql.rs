@@ -508,9 +508,12 @@ WHERE lock_key = ? AND NOT (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6))
                 ),
                 // In batches (admin::PURGE_BATCH), so a big purge never holds many row locks. A
                 // `once` key whose last hold succeeded is kept (`reset` forgets it on purpose).
+                // A row is deleted only once a new row of its key would start above its fencing
+                // token (a new row's token is the insert's time in µs): tokens never go back.
                 purge: sql(
                     "DELETE FROM {table} WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-  AND NOT (once_key AND last_outcome <=> 1 AND NOT {ran_out}) LIMIT 1000",
+  AND NOT (once_key AND last_outcome <=> 1 AND NOT {ran_out})
+  AND fencing_token < {us_now} LIMIT 1000",
                     &t,
                 ),
             },

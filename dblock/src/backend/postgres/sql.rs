@@ -413,11 +413,15 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > statement_timest
             // Deletes free rows (expires_at = when freed) and expired ones, older than $1 µs.
             // A held row has expires_at in the future, so it never matches. A `once` key whose
             // last hold succeeded is kept: deleting it would run the work again (`reset` forgets
-            // it on purpose).
+            // it on purpose). A row is deleted only once a new row of its key would start above
+            // its fencing token (a new row's token is the insert's time in µs): tokens never go
+            // back, even for a row taken over many times within its microseconds, or after the
+            // server's clock stepped back.
             purge: stmt(
                 &"DELETE FROM {table}
 WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'
-  AND NOT (once_key AND last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})"
+  AND NOT (once_key AND last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})
+  AND fencing_token < (extract(epoch FROM statement_timestamp()) * 1000000)::int8"
                     .replace("{ran_out}", &ran_out("")),
                 &t,
             ),

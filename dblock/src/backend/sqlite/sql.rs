@@ -198,10 +198,14 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
                     &t,
                 ),
                 // $1 is in µs; times here are in ms. A `once` key whose last hold succeeded is
-                // kept (`reset` forgets it on purpose).
+                // kept (`reset` forgets it on purpose). A row is deleted only once a new row of
+                // its key would start above its fencing token (a new row's token is the insert's
+                // millisecond × 1000): tokens never go back, even when the row was released and
+                // purged within one millisecond, or taken over many times within its own.
                 purge: sql(
                     "DELETE FROM {table} WHERE expires_at <= {now} - $1 / 1000
-  AND NOT (once_key AND last_outcome IS 1 AND NOT {ran_out})",
+  AND NOT (once_key AND last_outcome IS 1 AND NOT {ran_out})
+  AND fencing_token < {now} * 1000",
                     &t,
                 ),
             },
