@@ -1026,6 +1026,78 @@ async fn outside_a_tokio_runtime_calls_are_a_typed_error() {
     }
 }
 
+/// Every other public call made outside a tokio runtime (a guard's `lost()`, a leadership's,
+/// the streams, the kinds of lock, the operator's calls, `shutdown`): a typed `NoRuntime`
+/// error or a documented effect, never a panic, never a future that hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_a_tokio_runtime_nothing_panics_or_hangs() {
+    use futures_core::Stream;
+    use std::pin::Pin;
+    async fn next<S: Stream + Unpin>(s: &mut S) -> Option<S::Item> {
+        std::future::poll_fn(|cx| Pin::new(&mut *s).poll_next(cx)).await
+    }
+    let (dbs, _dir) = common::all("noruntime2").await;
+    for db in dbs {
+        let name = db.name;
+        // A locker of its own: its shutdown below must not end the others'.
+        let l = common::connect(&db).await.table(db.locker.table_name());
+        let key = format!("outside2-{name}");
+        let guard = l.lock(&key).ttl(Duration::from_secs(30)).await.unwrap();
+        let leadership = l.leader(format!("{key}-lead")).campaign().await.unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let k = key.clone();
+        std::thread::spawn(move || {
+            let errors = futures_executor::block_on(async {
+                let mut observe = l.leader(format!("{k}-lead")).observe();
+                let mut watch = l.watch(&k);
+                let leader_lost = leadership.lost().await;
+                let out = vec![
+                    ("guard.lost", Err(guard.lost().await)),
+                    ("leadership.lost", Err(leader_lost)),
+                    ("extend", guard.extend(Duration::from_secs(30)).await),
+                    ("lock_all", l.lock_all([format!("{k}a"), format!("{k}b")]).await.map(drop)),
+                    ("read", l.read(format!("{k}r")).await.map(drop)),
+                    ("semaphore", l.semaphore(format!("{k}s"), 2).await.map(drop)),
+                    ("permits", l.permits(format!("{k}s")).await.map(drop)),
+                    ("campaign", l.leader(format!("{k}c")).campaign().await.map(drop)),
+                    ("current", l.leader(format!("{k}c")).current().await.map(drop)),
+                    ("steal", l.steal(&k).await.map(drop)),
+                    ("force_release", l.force_release(&k).await.map(drop)),
+                    ("held", l.held().await.map(drop)),
+                    ("purge", l.purge(Duration::from_secs(3600)).await.map(drop)),
+                    ("reset", l.reset(format!("{k}x")).await.map(drop)),
+                    ("observe", next(&mut observe).await.expect("an item").map(drop)),
+                    ("watch", next(&mut watch).await.expect("an item").map(drop)),
+                ];
+                // Each stream is over after its error.
+                assert!(next(&mut observe).await.is_none(), "observe goes on");
+                assert!(next(&mut watch).await.is_none(), "watch goes on");
+                l.shutdown().await;
+                let after = l.inspect(&k).await.map(drop);
+                drop(leadership);
+                drop(guard);
+                (out, after)
+            });
+            let _ = tx.send(errors);
+        });
+        let (errors, after) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{name}: a call outside a runtime panicked or hung: {e}"));
+        for (call, result) in errors {
+            let e = result.expect_err(call);
+            assert!(matches!(e, LockError::NoRuntime), "{name}: {call}: {e:?}");
+        }
+        assert!(
+            matches!(after, Err(LockError::NoRuntime | LockError::ShutDown)),
+            "{name}: {after:?}"
+        );
+        // The holds were left to their leases: the key is still held (nothing was sent).
+        let row = db.locker.inspect(&key).await.unwrap().expect("a row");
+        assert!(row.held, "{name}");
+        db.locker.force_release(&key).await.unwrap();
+    }
+}
+
 /// One owner holding the same key name in two tables holds two locks: releasing a hold of one
 /// never changes the other's count. And two lockers of one table (a `table()` copy, a second
 /// connection) share one owner's re-entry.

@@ -156,7 +156,9 @@ impl LockGuard {
     /// Resolves with [`LockError::Lost`] when the lock is lost: when renewal (see
     /// [`auto_renew`](Self::auto_renew)) finds it gone, or, without renewal, when the ttl runs
     /// out, or when [`Locker::shutdown`](crate::Locker::shutdown) takes it away. Use it to stop
-    /// work that must not continue unprotected.
+    /// work that must not continue unprotected. Polled outside a tokio runtime, it cannot
+    /// watch the clock: it resolves at once, with `Lost` if the lock is lost, else with
+    /// [`LockError::NoRuntime`].
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -166,7 +168,13 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn lost(&self) -> LockError {
-        self.hold.lost().await;
+        if let Err(e) = LockError::require_runtime() {
+            if !self.hold.is_lost() {
+                return e;
+            }
+        } else {
+            self.hold.lost().await;
+        }
         LockError::Lost {
             key: self.hold.name().to_owned(),
         }

@@ -245,7 +245,8 @@ impl LeaderRequest {
     /// instance elected again) or `None` when nobody leads. It reads the key's row every
     /// ttl/10 (at least every second, at most every 50 ms), so a change is seen within that
     /// long; a failed read is yielded as an error and the stream goes on. It ends when the
-    /// locker shuts down. With `futures` or `tokio-stream`, `StreamExt::next` reads it; the
+    /// locker shuts down, and after a [`LockError::NoRuntime`] when polled outside a tokio
+    /// runtime. With `futures` or `tokio-stream`, `StreamExt::next` reads it; the
     /// example below needs only `futures-core`.
     ///
     /// ```
@@ -270,6 +271,7 @@ impl LeaderRequest {
             last: None,
             first: true,
             pending: None,
+            ended: false,
         }
     }
 }
@@ -428,7 +430,8 @@ impl Leadership {
     /// failed until the lease might end, the leadership was resigned or dropped, or the locker
     /// shut down. It resolves before the lease can end on the database clock, so before another
     /// instance can lead. The future owns what it needs: it outlives the `Leadership` (a task
-    /// that watches it sees a resignation too).
+    /// that watches it sees a resignation too). Polled outside a tokio runtime it resolves at
+    /// once: `Lost` if leadership has ended, else [`LockError::NoRuntime`].
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -443,7 +446,13 @@ impl Leadership {
         let hold = self.hold.clone();
         let margin = self.margin;
         async move {
-            hold.ending(margin).await;
+            if let Err(e) = LockError::require_runtime() {
+                if !hold.is_lost() && !hold.ends_within(margin) {
+                    return e;
+                }
+            } else {
+                hold.ending(margin).await;
+            }
             LockError::Lost {
                 key: hold.key.clone(),
             }
@@ -494,6 +503,8 @@ pub struct Observe {
     last: Option<Option<(Option<String>, u64)>>,
     first: bool,
     pending: Option<Read>,
+    /// Polled outside a tokio runtime: the error was yielded, the stream is over.
+    ended: bool,
 }
 
 /// One read of the leader, with the pause before it.
@@ -513,6 +524,9 @@ impl futures_core::Stream for Observe {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
         loop {
             let pending = this.pending.get_or_insert_with(|| {
                 let (shared, key) = (this.shared.clone(), this.key.clone());
@@ -522,6 +536,7 @@ impl futures_core::Stream for Observe {
                     this.every
                 };
                 Box::pin(async move {
+                    LockError::require_runtime()?;
                     tokio::time::sleep(pause).await;
                     current(&shared, &key).await
                 })
@@ -538,7 +553,10 @@ impl futures_core::Stream for Observe {
                     }
                 }
                 Err(LockError::ShutDown) => return Poll::Ready(None),
-                Err(e) => return Poll::Ready(Some(Err(e))),
+                Err(e) => {
+                    this.ended = matches!(e, LockError::NoRuntime);
+                    return Poll::Ready(Some(Err(e)));
+                }
             }
         }
     }

@@ -198,6 +198,10 @@ impl Locker {
     /// was made from): they share its connections, and a deploy that shuts one down means all
     /// of them. A locker connected separately is shut down on its own.
     ///
+    /// Outside a tokio runtime (polled by another executor) no statement can be sent: the
+    /// locker is shut down all the same, but its holds are left to their leases, which run out
+    /// on the database (one warning each).
+    ///
     /// Wire it to the signal that ends the process:
     ///
     /// ```no_run
@@ -210,8 +214,6 @@ impl Locker {
     /// # }
     /// ```
     pub async fn shutdown(&self) {
-        if LockError::require_runtime().is_ok() {
-            self.shared.shutdown().await;
-        }
+        self.shared.shutdown().await;
     }
 }

@@ -97,7 +97,8 @@ pub enum LockEvent {
 /// Memory stays bounded: at most `capacity` (1,024 by default) events wait for the consumer;
 /// beyond that they are dropped and counted, and the next item is [`LockEvent::Lagged`]. A
 /// database failure is an `Err` item, and the stream goes on; it ends after
-/// [`Locker::shutdown`]. Semaphore permits (their own table) are not watched.
+/// [`Locker::shutdown`], and after a [`LockError::NoRuntime`] item when first polled outside a
+/// tokio runtime. Semaphore permits (their own table) are not watched.
 #[must_use = "streams do nothing unless polled"]
 pub struct Watch {
     shared: Arc<Shared>,
@@ -192,6 +193,8 @@ impl futures_core::Stream for Watch {
         if this.events.is_none() {
             // Started on the first poll, in the polling task's runtime.
             if let Err(e) = LockError::require_runtime() {
+                // Yielded once; the stream is then over (a receiver with no sender).
+                this.events = Some(mpsc::channel(1).1);
                 return Poll::Ready(Some(Err(e)));
             }
             let (tx, rx) = mpsc::channel(this.capacity);

@@ -249,6 +249,15 @@ impl Shared {
         // Every hold is revoked before any release starts, so a body that hears one of its
         // holds settled finds all the others revoked too (and waits for them).
         let revoked: Vec<_> = holds.into_iter().filter(|(h, _)| h.revoke()).collect();
+        if LockError::require_runtime().is_err() {
+            // No runtime to send the releases on: each hold is over here and its lease left to
+            // run out on the database (the renewal is stopped above).
+            for (h, _) in revoked {
+                tracing::warn!(key = %crate::Escaped(&h.key), "shutdown outside a tokio runtime: the hold is left to expire");
+                h.settle();
+            }
+            return;
+        }
         let mut releases = tokio::task::JoinSet::new();
         for (h, shared) in revoked {
             releases.spawn(async move {
