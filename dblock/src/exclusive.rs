@@ -454,20 +454,9 @@ pub(crate) async fn steal(
         Err(e) if e.is_busy() => e,
         done => return done,
     };
-    let backend = shared.backend()?.clone();
     for _ in 0..STEAL_ROUNDS {
         // The lock's row only (`Locker::force_release` also frees a semaphore of the same key).
-        let (backend, key) = (&backend, request.key.as_str());
-        // This process's holds of the key, known before the row is freed, learn it at once.
-        let holds = shared.holds_of(key);
-        let freed = shared
-            .run_bounded("steal", |limit| async move {
-                backend.run(&crate::backend::ForceRelease(key), limit).await
-            })
-            .await?;
-        if freed {
-            holds.iter().for_each(|h| h.taken_away());
-        }
+        let freed = shared.free("steal", &request.key).await?;
         tracing::info!(key = %crate::Escaped(&request.key), freed, "steal: holder's lease ended");
         match request.clone().acquire(shared.clone()).await {
             Err(e) if e.is_busy() => last = e,

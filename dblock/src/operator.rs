@@ -141,15 +141,7 @@ impl Locker {
         let key = key.as_ref();
         self.usable()?;
         validate::key(key)?;
-        // The holds this process has of the key, known before the row is freed: they are the
-        // ones freed (a hold taken after the statement is a new tenure).
-        let holds = self.shared().holds_of(key);
-        let freed = self
-            .operate("force_release", crate::backend::ForceRelease(key))
-            .await?;
-        if freed {
-            holds.iter().for_each(|h| h.taken_away());
-        }
+        let freed = self.shared().free("force_release", key).await?;
         let permits = crate::semaphore::force_release(self.shared(), key).await?;
         tracing::info!(key, freed, permits, "force_release");
         Ok(freed || permits > 0)

@@ -248,19 +248,9 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
         return Ok(0);
     };
     let permits = shared.permits();
-    let backend = permits.backend()?;
     let mut freed = 0;
     for row in &rows {
-        let holds = permits.holds_of(&row.key);
-        if permits
-            .run_bounded("force_release", |limit| async move {
-                backend
-                    .run(&crate::backend::ForceRelease(&row.key), limit)
-                    .await
-            })
-            .await?
-        {
-            holds.iter().for_each(|h| h.taken_away());
+        if permits.free("force_release", &row.key).await? {
             freed += 1;
         }
     }

@@ -217,6 +217,22 @@ impl Shared {
             .collect()
     }
 
+    /// Frees `key`'s row of this table now, whoever holds it (an operator's force-release, a
+    /// steal; `what` names it in errors): whether a row was freed. The holds this process has
+    /// of the key, known before the statement, learn at once that they are lost (a hold taken
+    /// after it is a new tenure).
+    pub(crate) async fn free(&self, what: &str, key: &str) -> Result<bool, LockError> {
+        let holds = self.holds_of(key);
+        let (backend, statement) = (self.backend()?, crate::backend::ForceRelease(key));
+        let freed = self
+            .run_bounded(what, |limit| backend.run(&statement, limit))
+            .await?;
+        if freed {
+            holds.iter().for_each(|h| h.taken_away());
+        }
+        Ok(freed)
+    }
+
     /// The guard of `hold` is giving it back (or dropped).
     pub(crate) fn untrack(&self, hold: &Arc<Hold>) {
         self.live().remove(&(Arc::as_ptr(hold) as usize));
