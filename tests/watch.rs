@@ -350,3 +350,35 @@ async fn holds_taken_before_the_first_poll_are_reported() {
         assert_eq!(held_event, held.fencing_token(), "{name}");
     }
 }
+
+/// A stream first polled long after `watch()` made it (more than its usual window of two reads
+/// and a margin) still reports a hold taken and given back in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_first_poll_still_reports_what_came_since_watch() {
+    let (dbs, _dir) = common::all("watch_late").await;
+    for db in &dbs {
+        let name = db.name;
+        let l = common::own_table(db, "watch_late").await;
+        let mut events = l.watch("late:").every(EVERY);
+        l.lock("late:gone").await.unwrap().release().await.unwrap();
+        // Well past `2 × every + 500 ms`, the window of a read.
+        tokio::time::sleep(EVERY * 2 + Duration::from_millis(1500)).await;
+        let mut seen = Vec::new();
+        let both = tokio::time::timeout(LIMIT, async {
+            loop {
+                seen.push(next(&mut events, name).await);
+                let acquired = seen
+                    .iter()
+                    .any(|e| matches!(e, LockEvent::Acquired(e) if e.key == "late:gone"));
+                let released = seen.iter().any(|e| {
+                    matches!(e, LockEvent::Released { event, outcome: Some(Outcome::Succeeded) } if event.key == "late:gone")
+                });
+                if acquired && released {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(both.is_ok(), "{name}: {seen:?}");
+    }
+}

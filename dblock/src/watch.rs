@@ -305,7 +305,15 @@ async fn run(reader: Reader, every: Duration, mut out: Out, made: std::time::Ins
             return;
         }
         out.flush();
-        match reader.rows(window(every)).await {
+        // The first read looks back to when `watch()` made the stream, however late it is
+        // polled: a hold taken and given back since is reported.
+        let span = match last {
+            Some(_) => window(every),
+            None => window(every)
+                .max(made.elapsed().saturating_add(LATE_MARGIN))
+                .min(MAX_TTL),
+        };
+        match reader.rows(span).await {
             Err(LockError::ShutDown) => return,
             Err(e) => {
                 if !out.send(Err(e)) {
