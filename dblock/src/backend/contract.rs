@@ -141,6 +141,18 @@ pub(crate) struct RenewItem<'a> {
     pub max_hold_us: i64,
 }
 
+impl<'a> RenewItem<'a> {
+    /// The hold it extends.
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    fn hold(&self) -> HoldRef<'a> {
+        HoldRef {
+            key: self.key,
+            owner: self.owner,
+            fencing_token: self.fencing_token,
+        }
+    }
+}
+
 /// The `max_hold` of a hold without one: a thousand years, never reached.
 pub(crate) const NO_CAP_US: i64 = 1000 * 365 * 24 * 3600 * 1_000_000;
 
@@ -495,6 +507,21 @@ pub(crate) struct ExtendMany<'a>(pub &'a [RenewItem<'a>]);
 
 impl Statement for ExtendMany<'_> {
     type Output = Extended;
+}
+
+impl<'a> ExtendMany<'a> {
+    /// Its values where every row of the list is five placeholders (MySQL and SQLite): key,
+    /// owner, fencing token, ttl µs, `max_hold` µs, row after row.
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    pub(crate) fn args(&self) -> Vec<Arg<'a>> {
+        self.0
+            .iter()
+            .flat_map(|i| {
+                let [key, owner, token] = i.hold().args();
+                [key, owner, token, Arg::Int8(i.ttl_us), Arg::Int8(i.max_hold_us)]
+            })
+            .collect()
+    }
 }
 
 /// The row's last writer id (attempt or release id), fencing token, and last release.

@@ -134,15 +134,7 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)",
             rows = rows.join(" UNION ALL "),
             renewed = super::sql::renewed("l."),
         );
-        let mut q = sqlx::query(AssertSqlSafe(text));
-        for i in items {
-            q = q
-                .bind(i.key)
-                .bind(i.owner)
-                .bind(i.fencing_token as i64)
-                .bind(i.ttl_us)
-                .bind(i.max_hold_us);
-        }
+        let q = bound::<MySql>(AssertSqlSafe(text).into_sql_str(), &self.args())?;
         let matched = q.execute(&mut *conn).await?.rows_affected();
         let all = || {
             items

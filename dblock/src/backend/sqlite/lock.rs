@@ -124,16 +124,10 @@ RETURNING lock_key, owner, fencing_token",
             now = NOW,
             renewed = crate::backend::migrations::RENEWED,
         );
-        let mut q = sqlx::query_as::<_, (String, String, i64)>(AssertSqlSafe(text));
-        for i in items {
-            q = q
-                .bind(i.key)
-                .bind(i.owner)
-                .bind(i.fencing_token as i64)
-                .bind(i.ttl_us)
-                .bind(i.max_hold_us);
-        }
+        let q = bound::<Sqlite>(AssertSqlSafe(text).into_sql_str(), &self.args())?;
         let rows = q.fetch_all(&mut *conn).await?;
-        Ok(rows.into_iter().map(|(k, o, t)| (k, o, t as u64)).collect())
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get::<i64, _>(2)? as u64)))
+            .collect()
     }
 }
