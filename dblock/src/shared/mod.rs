@@ -192,19 +192,16 @@ impl Shared {
     /// The tenure in which `owner` holds `key` as a member of its row (a live read hold of this
     /// locker's table that this process tracks): a new read of the owner is then a re-entry.
     pub(crate) fn member_tenure(&self, key: &str, owner: &Owner) -> Option<u64> {
-        self.live()
-            .values()
-            .filter(|(_, of)| of.upgrade().is_some_and(|of| of.space == self.space))
-            .filter_map(|(h, _)| h.upgrade())
-            .find(|h| {
-                !h.is_lost() && h.key == key && h.member().is_some_and(|m| m.owner() == owner)
-            })
+        self.holds_of(key)
+            .into_iter()
+            .find(|h| h.member().is_some_and(|m| m.owner() == owner))
             .map(|h| h.fencing_token)
     }
 
-    /// The holds of `key` that this process tracks in this locker's table (any of its lockers):
-    /// taken before an operator frees the key's row ([`Locker::force_release`],
-    /// [`Locker::steal`]), so that they learn at once that they lost it.
+    /// The live holds of `key` that this process tracks in this locker's table (any of its
+    /// lockers): a read's re-entry looks among them, and an operator freeing the key's row
+    /// ([`Locker::force_release`], [`Locker::steal`]) takes them first, so that they learn at
+    /// once that they lost it.
     ///
     /// [`Locker::force_release`]: crate::Locker::force_release
     /// [`Locker::steal`]: crate::Locker::steal
