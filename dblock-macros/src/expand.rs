@@ -332,9 +332,15 @@ fn duration_tokens(d: &Dur) -> TokenStream {
 }
 
 fn contains_impl_trait(ty: &Type) -> bool {
-    ty.to_token_stream()
-        .into_iter()
-        .any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
+    fn any_impl(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|t| match t {
+            proc_macro2::TokenTree::Ident(i) => i == "impl",
+            // Inside parentheses, brackets and braces too: `Result<(impl Display, u8), E>`.
+            proc_macro2::TokenTree::Group(g) => any_impl(g.stream()),
+            _ => false,
+        })
+    }
+    any_impl(ty.to_token_stream())
 }
 
 fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {

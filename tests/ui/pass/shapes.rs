@@ -99,6 +99,16 @@ async fn impl_trait(name: impl Display + Send, values: impl IntoIterator<Item = 
     Ok(values.into_iter().sum())
 }
 
+#[distributed_lock(key = "impl-out")]
+async fn impl_in_return() -> Result<impl Display, LockError> {
+    Ok(1u8)
+}
+
+#[distributed_lock(key = "impl-nested")]
+async fn impl_nested_in_return() -> Result<(impl Display, Vec<(u8, impl Display)>), LockError> {
+    Ok(("a", vec![(1, 2u16)]))
+}
+
 pub struct Point {
     pub x: i64,
     pub y: i64,
@@ -161,6 +171,8 @@ fn main() {
     let _ = boxed_error();
     let _ = generic("a", 1, 2.5);
     let _ = impl_trait("n", vec![1, 2]);
+    let _ = impl_in_return();
+    let _ = impl_nested_in_return();
     let _ = patterns(Point { x: 1, y: 2 }, (3, 4), 5);
     let _ = expressions();
     let _ = tuple_fields((1, "a"));
