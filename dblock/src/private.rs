@@ -166,6 +166,9 @@ pub trait LockResult: Sized {
     fn succeeded(&self) -> bool;
 }
 
+// Not recommended: a `Result` whose error lacks `From<LockError>` is then reported with the
+// rule above (at the return type), not as rustc's bare "`E: From<LockError>` is not satisfied".
+#[diagnostic::do_not_recommend]
 impl<T, E: From<LockError>> LockResult for Result<T, E> {
     fn from_lock_error(error: LockError) -> Self {
         Err(E::from(error))
