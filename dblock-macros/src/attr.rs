@@ -6,12 +6,30 @@ use std::time::Duration;
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
-use syn::parse::{Parse, ParseStream, Parser};
-use syn::punctuated::Punctuated;
+use syn::parse::{ParseStream, Parser};
 use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
 
 use crate::duration;
 use crate::errors::Errors;
+
+/// The argument names ([`VALID`] lists them for messages).
+const NAMES: [&str; 15] = [
+    "key",
+    "ttl",
+    "wait",
+    "locker",
+    "renew",
+    "min_hold",
+    "max_hold",
+    "lock_delay",
+    "once",
+    "fair",
+    "permits",
+    "shared",
+    "tx",
+    "proof",
+    "crate",
+];
 
 const VALID: &str =
     "`key`, `ttl`, `wait`, `locker`, `renew`, `min_hold`, `max_hold`, `lock_delay`, `once`, `fair`, `permits`, `shared`, `tx`, `proof`, `crate`";
@@ -117,18 +135,17 @@ struct Pair {
     marker: Option<Path>,
 }
 
-impl Parse for Pair {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Pair> {
-        pair(input)
-    }
-}
-
 fn pair(input: ParseStream<'_>) -> syn::Result<Pair> {
     let name = input.call(Ident::parse_any)?;
     if !input.peek(Token![=]) {
+        let label = name.unraw().to_string();
         return Err(syn::Error::new(
             name.span(),
-            format!("expected `{name} = ...`; arguments are written `name = value` (valid names: {VALID})"),
+            if NAMES.contains(&label.as_str()) {
+                format!("expected `{name} = ...`; arguments are written `name = value` (valid names: {VALID})")
+            } else {
+                format!("unknown argument `{label}`; expected one of {VALID}, each written `name = value`")
+            },
         ));
     }
     input.parse::<Token![=]>()?;
@@ -146,20 +163,62 @@ fn pair(input: ParseStream<'_>) -> syn::Result<Pair> {
     })
 }
 
+/// The `name = value` pairs, each parsed on its own: one that does not parse is reported and
+/// skipped to the next top-level comma, and the others are still read (so their errors are
+/// reported in the same build). `true` when one did not parse.
+fn pairs(input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<(Vec<Pair>, bool)> {
+    let (mut pairs, mut unparsed) = (Vec::new(), false);
+    while !input.is_empty() {
+        match pair(input) {
+            Ok(p) if input.is_empty() || input.peek(Token![,]) => pairs.push(p),
+            Ok(p) => {
+                pairs.push(p);
+                errors.push(input.error("expected `,` between arguments"));
+                unparsed = true;
+                skip_to_comma(input)?;
+            }
+            Err(e) => {
+                errors.push(e);
+                unparsed = true;
+                skip_to_comma(input)?;
+            }
+        }
+        if !input.is_empty() {
+            input.parse::<Token![,]>()?;
+        }
+    }
+    Ok((pairs, unparsed))
+}
+
+/// Skips the rest of an argument that did not parse, up to the comma after it (or the end).
+fn skip_to_comma(input: ParseStream<'_>) -> syn::Result<()> {
+    input.step(|cursor| {
+        let mut rest = *cursor;
+        while let Some((tt, next)) = rest.token_tree() {
+            if matches!(&tt, proc_macro2::TokenTree::Punct(p) if p.as_char() == ',') {
+                return Ok(((), rest));
+            }
+            rest = next;
+        }
+        Ok(((), rest))
+    })
+}
+
 /// Parses every argument, recording every problem in `errors` (all are reported together).
 pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Args {
     let mut args = Args::default();
     // `permits = N` and `shared = ..`, before they decide the kind.
     let (mut permits, mut shared): (Option<Expr>, Option<Expr>) = (None, None);
     let mut tx: Option<Ident> = None;
-    let pairs = match Punctuated::<Pair, Token![,]>::parse_terminated.parse2(tokens) {
+    let (pairs, unparsed) = match (|input: ParseStream<'_>| pairs(input, errors)).parse2(tokens) {
         Ok(p) => p,
         Err(e) => {
             errors.push(e);
-            args.unparsed = true;
-            return args;
+            (Vec::new(), true)
         }
     };
+    args.unparsed = unparsed;
+    let mut seen: Vec<String> = Vec::new();
     for Pair {
         name,
         value,
@@ -167,6 +226,17 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
     } in pairs
     {
         let label = name.unraw().to_string();
+        // A second copy is reported even when the first was refused (its value invalid).
+        if NAMES.contains(&label.as_str()) {
+            if seen.contains(&label) {
+                errors.push(syn::Error::new(
+                    name.span(),
+                    format!("duplicate argument `{name}`"),
+                ));
+                continue;
+            }
+            seen.push(label.clone());
+        }
         match label.as_str() {
             "key" => set(&mut args.key, key(value), &name, errors),
             "ttl" => {
@@ -460,5 +530,16 @@ fn crate_path(value: Expr, errors: &mut Errors) -> Option<Path> {
             ));
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_lists_every_name() {
+        let listed: Vec<String> = NAMES.iter().map(|n| format!("`{n}`")).collect();
+        assert_eq!(VALID, listed.join(", "));
     }
 }
