@@ -1055,18 +1055,32 @@ async fn outside_a_tokio_runtime_nothing_panics_or_hangs() {
                     ("guard.lost", Err(guard.lost().await)),
                     ("leadership.lost", Err(leader_lost)),
                     ("extend", guard.extend(Duration::from_secs(30)).await),
-                    ("lock_all", l.lock_all([format!("{k}a"), format!("{k}b")]).await.map(drop)),
+                    (
+                        "lock_all",
+                        l.lock_all([format!("{k}a"), format!("{k}b")])
+                            .await
+                            .map(drop),
+                    ),
                     ("read", l.read(format!("{k}r")).await.map(drop)),
                     ("semaphore", l.semaphore(format!("{k}s"), 2).await.map(drop)),
                     ("permits", l.permits(format!("{k}s")).await.map(drop)),
-                    ("campaign", l.leader(format!("{k}c")).campaign().await.map(drop)),
-                    ("current", l.leader(format!("{k}c")).current().await.map(drop)),
+                    (
+                        "campaign",
+                        l.leader(format!("{k}c")).campaign().await.map(drop),
+                    ),
+                    (
+                        "current",
+                        l.leader(format!("{k}c")).current().await.map(drop),
+                    ),
                     ("steal", l.steal(&k).await.map(drop)),
                     ("force_release", l.force_release(&k).await.map(drop)),
                     ("held", l.held().await.map(drop)),
                     ("purge", l.purge(Duration::from_secs(3600)).await.map(drop)),
                     ("reset", l.reset(format!("{k}x")).await.map(drop)),
-                    ("observe", next(&mut observe).await.expect("an item").map(drop)),
+                    (
+                        "observe",
+                        next(&mut observe).await.expect("an item").map(drop),
+                    ),
                     ("watch", next(&mut watch).await.expect("an item").map(drop)),
                 ];
                 // Each stream is over after its error.

@@ -518,7 +518,13 @@ impl<'a> ExtendMany<'a> {
             .iter()
             .flat_map(|i| {
                 let [key, owner, token] = i.hold().args();
-                [key, owner, token, Arg::Int8(i.ttl_us), Arg::Int8(i.max_hold_us)]
+                [
+                    key,
+                    owner,
+                    token,
+                    Arg::Int8(i.ttl_us),
+                    Arg::Int8(i.max_hold_us),
+                ]
             })
             .collect()
     }
