@@ -365,8 +365,9 @@ pub use sqlx;
 /// The function must be `async` (not `const`, not `extern`) and return `Result<T, E>` with
 /// `E: From<LockError>` (aliases such as `anyhow::Result<T>` work). Every mistake is reported in
 /// one build, spanned at the offending token, and the function is still emitted so the IDE keeps
-/// working. The generated future is `Send` exactly when the body's is, and allocates nothing
-/// beyond the key string.
+/// working. The generated future is `Send` exactly when the body's is and the return value is
+/// `Send` (it is kept while the release runs: `Box<dyn Error>` is not, `Box<dyn Error + Send +
+/// Sync>` and `anyhow::Error` are), and allocates nothing beyond the key string.
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use dblock_macros::distributed_lock;
