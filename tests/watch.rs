@@ -382,3 +382,46 @@ async fn a_late_first_poll_still_reports_what_came_since_watch() {
         assert!(both.is_ok(), "{name}: {seen:?}");
     }
 }
+
+/// After `shutdown` the streams say why they end: one `ShutDown` item, then the end — for a
+/// watch and an election's `observe` made afterwards (as any later call fails) and for a watch
+/// that was running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_shutdown_the_streams_yield_shut_down_and_end() {
+    let (dbs, _dir) = common::all("watch_shut").await;
+    for db in &dbs {
+        let name = db.name;
+        let l = common::own_table(db, "watch_shut").await;
+        let mut running = l.watch("s:").every(EVERY);
+        let _ = l.lock("s:k").await.unwrap();
+        next(&mut running, name).await; // it reads
+        l.shutdown().await;
+        for (which, mut stream) in [
+            ("running watch", running),
+            ("new watch", l.watch("s:").every(EVERY)),
+        ] {
+            let items = tokio::time::timeout(LIMIT, async {
+                let mut errors = Vec::new();
+                while let Some(item) = stream.next().await {
+                    if let Err(e) = item {
+                        errors.push(e);
+                    }
+                }
+                errors
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the {which} did not end"));
+            assert!(
+                matches!(items.as_slice(), [LockError::ShutDown]),
+                "{name}: {which}: {items:?}"
+            );
+        }
+        let mut observe = l.leader("s:lead").observe();
+        let first = tokio::time::timeout(LIMIT, observe.next()).await.unwrap();
+        assert!(
+            matches!(first, Some(Err(LockError::ShutDown))),
+            "{name}: {first:?}"
+        );
+        assert!(observe.next().await.is_none(), "{name}: observe goes on");
+    }
+}

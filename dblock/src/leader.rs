@@ -244,9 +244,9 @@ impl LeaderRequest {
     /// as it is now, then each time it changes — a new term (another leader, or the same
     /// instance elected again) or `None` when nobody leads. It reads the key's row every
     /// ttl/10 (at least every second, at most every 50 ms), so a change is seen within that
-    /// long; a failed read is yielded as an error and the stream goes on. It ends when the
-    /// locker shuts down, and after a [`LockError::NoRuntime`] when polled outside a tokio
-    /// runtime. With `futures` or `tokio-stream`, `StreamExt::next` reads it; the
+    /// long; a failed read is yielded as an error and the stream goes on. It ends after one
+    /// [`LockError::ShutDown`] once the locker shuts down, and after one
+    /// [`LockError::NoRuntime`] when polled outside a tokio runtime. With `futures` or `tokio-stream`, `StreamExt::next` reads it; the
     /// example below needs only `futures-core`.
     ///
     /// ```
@@ -503,7 +503,7 @@ pub struct Observe {
     last: Option<Option<(Option<String>, u64)>>,
     first: bool,
     pending: Option<Read>,
-    /// Polled outside a tokio runtime: the error was yielded, the stream is over.
+    /// Shut down, or polled outside a tokio runtime: the error was yielded, the stream is over.
     ended: bool,
 }
 
@@ -552,9 +552,8 @@ impl futures_core::Stream for Observe {
                         return Poll::Ready(Some(Ok(leader)));
                     }
                 }
-                Err(LockError::ShutDown) => return Poll::Ready(None),
                 Err(e) => {
-                    this.ended = matches!(e, LockError::NoRuntime);
+                    this.ended = matches!(e, LockError::NoRuntime | LockError::ShutDown);
                     return Poll::Ready(Some(Err(e)));
                 }
             }

@@ -96,9 +96,10 @@ pub enum LockEvent {
 /// rows held or taken in the last two intervals.
 /// Memory stays bounded: at most `capacity` (1,024 by default) events wait for the consumer;
 /// beyond that they are dropped and counted, and the next item is [`LockEvent::Lagged`]. A
-/// database failure is an `Err` item, and the stream goes on; it ends after
-/// [`Locker::shutdown`], and after a [`LockError::NoRuntime`] item when first polled outside a
-/// tokio runtime. Semaphore permits (their own table) are not watched.
+/// database failure is an `Err` item, and the stream goes on. It ends after one
+/// [`LockError::ShutDown`] item once the locker is [shut down](Locker::shutdown) (at once for a
+/// stream made after that), and after a [`LockError::NoRuntime`] item when first polled outside
+/// a tokio runtime. Semaphore permits (their own table) are not watched.
 #[must_use = "streams do nothing unless polled"]
 pub struct Watch {
     shared: Arc<Shared>,
@@ -270,6 +271,19 @@ impl Out {
         sent
     }
 
+    /// The last item, after a shutdown: what was missed, then why the stream ends, each given
+    /// up to a second for room (a consumer that lags still learns why).
+    async fn finish(mut self, e: LockError) {
+        let room = Duration::from_secs(1);
+        if self.skipped > 0 {
+            let lagged = LockEvent::Lagged {
+                skipped: std::mem::take(&mut self.skipped),
+            };
+            let _ = tokio::time::timeout(room, self.tx.send(Ok(lagged))).await;
+        }
+        let _ = tokio::time::timeout(room, self.tx.send(Err(e))).await;
+    }
+
     /// Hands an item over, or counts it dropped; `false` once the consumer is gone.
     fn send(&mut self, item: Result<LockEvent, LockError>) -> bool {
         if !self.flush() {
@@ -314,7 +328,7 @@ async fn run(reader: Reader, every: Duration, mut out: Out, made: std::time::Ins
                 .min(MAX_TTL),
         };
         match reader.rows(span).await {
-            Err(LockError::ShutDown) => return,
+            Err(e @ LockError::ShutDown) => return out.finish(e).await,
             Err(e) => {
                 if !out.send(Err(e)) {
                     return;
@@ -330,7 +344,7 @@ async fn run(reader: Reader, every: Duration, mut out: Out, made: std::time::Ins
                             }
                         }
                     }
-                    Err(LockError::ShutDown) => return,
+                    Err(e @ LockError::ShutDown) => return out.finish(e).await,
                     Err(e) => {
                         if !out.send(Err(e)) {
                             return;
