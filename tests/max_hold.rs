@@ -39,107 +39,110 @@ async fn short_capped_body(locker: &Locker) -> Result<(), LockError> {
     Ok(())
 }
 
+/// Every backend at once (each on a table of its own): the test is mostly waiting for caps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_hold_caps_renewal_on_the_database_clock() {
     let (dbs, _dir) = common::all("max_hold").await;
-    for db in &dbs {
-        let name = db.name;
-        let l = common::own_table(db, "max_hold").await;
+    futures::future::join_all(dbs.iter().map(capped_on)).await;
+}
 
-        // The handle API: renewed past its ttl, then left to end at the cap.
-        let started = Instant::now();
-        let guard = l
-            .lock("capped")
-            .ttl(TTL)
-            .max_hold(MAX_HOLD)
-            .await
-            .unwrap()
-            .auto_renew();
-        tokio::time::sleep(TTL * 8 / 5).await; // past the ttl, before the cap
-        let info = l.inspect("capped").await.unwrap().unwrap();
-        assert!(
-            info.held && info.fencing_token == guard.fencing_token(),
-            "{name}: renewal did not keep the lease past its ttl: {info:?}"
-        );
-        assert_capped(&l, "capped", name).await;
-        let lost = tokio::time::timeout(LIMIT, guard.lost())
-            .await
-            .unwrap_or_else(|_| panic!("{name}: still held {LIMIT:?} after max_hold"));
-        assert!(
-            started.elapsed() >= MAX_HOLD - Duration::from_millis(100),
-            "{name}: lost after {:?}, before max_hold: {lost:?}",
-            started.elapsed()
-        );
-        assert_capped(&l, "capped", name).await;
-        // Someone else can have the key now, and extend refuses to go past the cap.
-        let other = l.lock("capped").wait(LIMIT).await.unwrap();
-        assert!(other.fencing_token() > guard.fencing_token(), "{name}");
-        let e = guard.extend(TTL).await.unwrap_err();
-        assert!(
-            e.is_lost() || matches!(e, LockError::NotHeld { .. }),
-            "{name}: {e:?}"
-        );
-        drop(guard);
-        other.release().await.unwrap();
+async fn capped_on(db: &common::Db) {
+    let name = db.name;
+    let l = common::own_table(db, "max_hold").await;
 
-        // The attribute: a hung body ends with Lost at the cap, and records a failure.
-        let started = Instant::now();
-        let e = hangs(&l).await.unwrap_err();
-        assert!(e.is_lost(), "{name}: {e:?}");
-        assert!(started.elapsed() < LIMIT, "{name}");
-        assert_capped(&l, "capped-body", name).await;
-        let info = l.inspect("capped-body").await.unwrap().unwrap();
-        assert_eq!(info.last_outcome, Some(Outcome::Failed), "{name}: {info:?}");
+    // The handle API: renewed past its ttl, then left to end at the cap.
+    let started = Instant::now();
+    let guard = l
+        .lock("capped")
+        .ttl(TTL)
+        .max_hold(MAX_HOLD)
+        .await
+        .unwrap()
+        .auto_renew();
+    tokio::time::sleep(TTL * 8 / 5).await; // past the ttl, before the cap
+    let info = l.inspect("capped").await.unwrap().unwrap();
+    assert!(
+        info.held && info.fencing_token == guard.fencing_token(),
+        "{name}: renewal did not keep the lease past its ttl: {info:?}"
+    );
+    assert_capped(&l, "capped", name).await;
+    let lost = tokio::time::timeout(LIMIT, guard.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: still held {LIMIT:?} after max_hold"));
+    assert!(
+        started.elapsed() >= MAX_HOLD - Duration::from_millis(100),
+        "{name}: lost after {:?}, before max_hold: {lost:?}",
+        started.elapsed()
+    );
+    assert_capped(&l, "capped", name).await;
+    // Someone else can have the key now, and extend refuses to go past the cap.
+    let other = l.lock("capped").wait(LIMIT).await.unwrap();
+    assert!(other.fencing_token() > guard.fencing_token(), "{name}");
+    let e = guard.extend(TTL).await.unwrap_err();
+    assert!(
+        e.is_lost() || matches!(e, LockError::NotHeld { .. }),
+        "{name}: {e:?}"
+    );
+    drop(guard);
+    other.release().await.unwrap();
 
-        // Reads and permits are capped the same way.
-        let read = l
-            .read("r")
-            .ttl(TTL)
-            .max_hold(MAX_HOLD)
-            .await
-            .unwrap()
-            .auto_renew();
-        tokio::time::timeout(LIMIT, read.lost())
-            .await
-            .unwrap_or_else(|_| panic!("{name}: read still held after max_hold"));
-        drop(read);
-        let permit = l
-            .semaphore("s", 2)
-            .ttl(TTL)
-            .max_hold(MAX_HOLD)
-            .await
-            .unwrap()
-            .auto_renew();
-        tokio::time::timeout(LIMIT, permit.lost())
-            .await
-            .unwrap_or_else(|_| panic!("{name}: permit still held after max_hold"));
-        drop(permit);
+    // The attribute: a hung body ends with Lost at the cap, and records a failure.
+    let started = Instant::now();
+    let e = hangs(&l).await.unwrap_err();
+    assert!(e.is_lost(), "{name}: {e:?}");
+    assert!(started.elapsed() < LIMIT, "{name}");
+    assert_capped(&l, "capped-body", name).await;
+    let info = l.inspect("capped-body").await.unwrap().unwrap();
+    assert_eq!(info.last_outcome, Some(Outcome::Failed), "{name}: {info:?}");
 
-        // A cap shorter than the ttl is the first lease: the hold ends at the cap. With the
-        // default ttl (30 s), as an attribute would write it.
-        let short = Duration::from_millis(1200);
-        let guard = l.lock("short-cap").max_hold(short).await.unwrap();
-        let info = l.inspect("short-cap").await.unwrap().unwrap();
-        let span = info
-            .expires_at
-            .duration_since(info.acquired_at)
-            .unwrap_or_default();
-        assert!(span <= short, "{name}: first lease {span:?} past the cap");
-        tokio::time::timeout(LIMIT, guard.lost())
-            .await
-            .unwrap_or_else(|_| panic!("{name}: a 30 s lease outlived max_hold {short:?}"));
-        let e = short_capped_body(&l).await.unwrap_err();
-        assert!(e.is_lost(), "{name}: {e:?}");
-        // A zero cap, or one shorter than min_hold, is refused up front.
-        let e = l.lock("k").max_hold(Duration::ZERO).await.unwrap_err();
-        assert!(matches!(e, LockError::Config(_)), "{name}: {e:?}");
-        let e = l
-            .lock("k")
-            .ttl(TTL)
-            .min_hold(MAX_HOLD * 2)
-            .max_hold(MAX_HOLD)
-            .await
-            .unwrap_err();
-        assert!(matches!(e, LockError::Config(_)), "{name}: {e:?}");
-    }
+    // Reads and permits are capped the same way.
+    let read = l
+        .read("r")
+        .ttl(TTL)
+        .max_hold(MAX_HOLD)
+        .await
+        .unwrap()
+        .auto_renew();
+    tokio::time::timeout(LIMIT, read.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: read still held after max_hold"));
+    drop(read);
+    let permit = l
+        .semaphore("s", 2)
+        .ttl(TTL)
+        .max_hold(MAX_HOLD)
+        .await
+        .unwrap()
+        .auto_renew();
+    tokio::time::timeout(LIMIT, permit.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: permit still held after max_hold"));
+    drop(permit);
+
+    // A cap shorter than the ttl is the first lease: the hold ends at the cap. With the
+    // default ttl (30 s), as an attribute would write it.
+    let short = Duration::from_millis(1200);
+    let guard = l.lock("short-cap").max_hold(short).await.unwrap();
+    let info = l.inspect("short-cap").await.unwrap().unwrap();
+    let span = info
+        .expires_at
+        .duration_since(info.acquired_at)
+        .unwrap_or_default();
+    assert!(span <= short, "{name}: first lease {span:?} past the cap");
+    tokio::time::timeout(LIMIT, guard.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: a 30 s lease outlived max_hold {short:?}"));
+    let e = short_capped_body(&l).await.unwrap_err();
+    assert!(e.is_lost(), "{name}: {e:?}");
+    // A zero cap, or one shorter than min_hold, is refused up front.
+    let e = l.lock("k").max_hold(Duration::ZERO).await.unwrap_err();
+    assert!(matches!(e, LockError::Config(_)), "{name}: {e:?}");
+    let e = l
+        .lock("k")
+        .ttl(TTL)
+        .min_hold(MAX_HOLD * 2)
+        .max_hold(MAX_HOLD)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LockError::Config(_)), "{name}: {e:?}");
 }
