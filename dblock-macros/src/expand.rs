@@ -103,7 +103,37 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
 
     match (errors.into_compile_errors(), key) {
         (None, Some(key)) => rewrite(func, &args, key),
-        (errors, _) => quote! { #errors #item },
+        (errors, _) => {
+            let as_written = as_written(func, &args);
+            quote! { #errors #as_written }
+        }
+    }
+}
+
+/// The function as written (the IDE keeps working) when the attribute has errors, with its
+/// return type checked against the rule all the same, so that error comes in the same build.
+fn as_written(func: LockedFn, args: &Args) -> TokenStream {
+    let LockedFn {
+        attrs,
+        vis,
+        sig,
+        inner_attrs,
+        body,
+    } = func;
+    let check = match &sig.output {
+        ReturnType::Type(_, ty) if !contains_impl_trait(ty) => {
+            let krate = krate(args);
+            quote_spanned! {ty.span()=> let _ = #krate::__private::must_return_result::<#ty>(); }
+        }
+        _ => TokenStream::new(),
+    };
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #(#inner_attrs)*
+            #check
+            #body
+        }
     }
 }
 
