@@ -8,12 +8,13 @@
 //! just read the queue, so a release is followed by one attempt, not a herd. Once at the head it
 //! stays there (tickets only rise) and attempts as an unfair waiter would, woken the same way.
 //!
-//! Each ticket is a short lease on the database clock ([`WAITER_LEASE`](crate::timing::WAITER_LEASE)), renewed while its
-//! caller waits: a waiter that dies, or stops, stops holding the queue up within that lease. A
-//! caller that gets the key, gives up, fails or is dropped leaves the queue (a dropped one from a
-//! task of its own). The queue only orders attempts: who holds the key is decided by the acquire
-//! statement alone, so nothing here can let two owners hold it. What it can cost is time: a
-//! waiter that died at the head keeps the key idle for at most [`WAITER_LEASE`](crate::timing::WAITER_LEASE).
+//! Each ticket is a short lease on the database clock
+//! ([`WAITER_LEASE`](crate::timing::WAITER_LEASE)), renewed while its caller waits: a waiter that
+//! dies, or stops, stops holding the queue up within that lease. A caller that gets the key, gives
+//! up, fails or is dropped leaves the queue (a dropped one from a task of its own). The queue only
+//! orders attempts: who holds the key is decided by the acquire statement alone, so nothing here
+//! can let two owners hold it. What it can cost is time: a waiter that died at the head keeps the
+//! key idle for at most [`WAITER_LEASE`](crate::timing::WAITER_LEASE).
 //!
 //! Owners that already hold the key (re-entry) never queue: they would wait behind waiters that
 //! wait for them. Callers without `fair()` do not look at the queue and may take a free key

@@ -155,7 +155,8 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
         self
     }
 
-    /// A label stored with the hold (`host/pid/label`), as for [`LockRequest::holder`](crate::LockRequest::holder).
+    /// A label stored with the hold (`host/pid/label`), as for
+    /// [`LockRequest::holder`](crate::LockRequest::holder).
     pub fn holder(mut self, label: impl Into<String>) -> Self {
         self.options.label = Some(label.into());
         self

@@ -182,7 +182,8 @@ impl LeaderRequest {
     /// a newer deployment supersedes), as [`Locker::steal`](crate::Locker::steal) does for a
     /// lock: the old leader's lease ends at once, this instance leads with the next fencing
     /// token, and the old leader's [`lost`](Leadership::lost) resolves (at once in this process,
-    /// at its next renewal in another; its `fence` and `succeed_in` fail with `Lost` at once). Then as [`campaign`](Self::campaign).
+    /// at its next renewal in another; its `fence` and `succeed_in` fail with `Lost` at once). Then
+    /// as [`campaign`](Self::campaign).
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -246,8 +247,8 @@ impl LeaderRequest {
     /// ttl/10 (at least every second, at most every 50 ms), so a change is seen within that
     /// long; a failed read is yielded as an error and the stream goes on. It ends after one
     /// [`LockError::ShutDown`] once the locker shuts down, and after one
-    /// [`LockError::NoRuntime`] when polled outside a tokio runtime. With `futures` or `tokio-stream`, `StreamExt::next` reads it; the
-    /// example below needs only `futures-core`.
+    /// [`LockError::NoRuntime`] when polled outside a tokio runtime. With `futures` or
+    /// `tokio-stream`, `StreamExt::next` reads it; the example below needs only `futures-core`.
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {

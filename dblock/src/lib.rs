@@ -201,8 +201,8 @@ pub use sqlx;
 /// The key is built on entry, the lock taken, the body run, and the lock released on every
 /// exit: return, `return`, `?`, a panic (which then continues) and the future being dropped
 /// half-way (`tokio::time::timeout`, `select!`), the last two in the background at once. A lock
-/// that stays busy for the whole `wait` makes the call return `Err(E::from(LockError::Busy { .. }))`
-/// without running the body.
+/// that stays busy for the whole `wait` makes the call return
+/// `Err(E::from(LockError::Busy { .. }))` without running the body.
 ///
 /// # Arguments
 ///

@@ -10,9 +10,9 @@
 //!
 //! A caller joins after its first attempt found the key busy, or before its first attempt if
 //! waiters of the process are already in line (a newcomer does not go ahead of them); a lone
-//! caller, and a re-entry (the owner holds the key), never wait in a line. Across processes the database decides
-//! who asks first unless the callers use `LockRequest::fair` (`fair.rs`), which skip this line and
-//! keep to the order of their tickets in the database.
+//! caller, and a re-entry (the owner holds the key), never wait in a line. Across processes the
+//! database decides who asks first unless the callers use `LockRequest::fair` (`fair.rs`), which
+//! skip this line and keep to the order of their tickets in the database.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};

@@ -116,8 +116,9 @@ impl Owner {
         self.id.clone()
     }
 
-    /// Runs `fut` (a future, or a [`LockRequest`](crate::LockRequest)) as this owner: locks taken inside it (also by `#[distributed_lock]` functions)
-    /// belong to this owner, so taking a key this owner already holds is reentrant.
+    /// Runs `fut` (a future, or a [`LockRequest`](crate::LockRequest)) as this owner: locks taken
+    /// inside it (also by `#[distributed_lock]` functions) belong to this owner, so taking a key
+    /// this owner already holds is reentrant.
     ///
     /// Use it to hand an owner to a spawned task:
     ///
@@ -322,10 +323,10 @@ pub async fn succeed_in<C: FenceConnection>(conn: &mut C) -> Result<(), crate::L
 /// transaction rolls back, so do the releases: the holds stay the body's and are given back
 /// when it ends (recording `Dropped`). Make it the body's last act with its keys: from it on
 /// they are not renewed and their loss no longer ends the body, so a body that goes on after
-/// such a rollback is covered only until its leases' ttl runs out — return the error instead. A lock taken in the transaction itself
-/// (`tx = ...`, [`Locker::lock_in`](crate::Locker::lock_in)) is freed by the commit anyway:
-/// for it this records the success only. `Err(Lost)` if a lease is not ours and live any more:
-/// roll back. Outside a locked body it is an error
+/// such a rollback is covered only until its leases' ttl runs out — return the error instead. A
+/// lock taken in the transaction itself (`tx = ...`, [`Locker::lock_in`](crate::Locker::lock_in))
+/// is freed by the commit anyway: for it this records the success only. `Err(Lost)` if a lease is
+/// not ours and live any more: roll back. Outside a locked body it is an error
 /// ([`LockError::Config`](crate::LockError::Config)); for a guard use
 /// [`LockGuard::release_in`](crate::LockGuard::release_in).
 ///

@@ -47,11 +47,11 @@ const METRIC: crate::meter::Kind = crate::meter::Kind::named("permit");
 /// This kind's entry point.
 impl crate::Locker {
     /// A counting semaphore on `key` with `permits` permits: at most that many holders at once,
-    /// across processes. `.await` the request for a permit (a [`LockGuard`](crate::LockGuard)); each permit is a
-    /// lease of its own (owner, ttl, renewal, its own fencing token). Every call on one key must
-    /// ask for the same number of permits ([`LockError::PermitsMismatch`] otherwise). Semaphore
-    /// keys live apart from lock keys (`lock("k")` and `semaphore("k", 3)` are unrelated) and
-    /// are at most 233 bytes. See [`SemaphoreRequest`].
+    /// across processes. `.await` the request for a permit (a [`LockGuard`](crate::LockGuard));
+    /// each permit is a lease of its own (owner, ttl, renewal, its own fencing token). Every call
+    /// on one key must ask for the same number of permits ([`LockError::PermitsMismatch`]
+    /// otherwise). Semaphore keys live apart from lock keys (`lock("k")` and `semaphore("k", 3)`
+    /// are unrelated) and are at most 233 bytes. See [`SemaphoreRequest`].
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {

@@ -25,7 +25,8 @@ const DEFAULT_EVERY: Duration = Duration::from_millis(250);
 const LATE_MARGIN: Duration = Duration::from_millis(500);
 /// How many events a [`Watch`] keeps for a consumer that has not read them yet.
 const DEFAULT_CAPACITY: usize = 1024;
-/// The most events a watch keeps for its consumer (tokio's channel takes at most `usize::MAX >> 3`).
+/// The most events a watch keeps for its consumer (tokio's channel takes at most
+/// `usize::MAX >> 3`).
 const MAX_CAPACITY: usize = 1 << 24;
 
 /// A key's hold as an event names it.
@@ -81,13 +82,13 @@ pub enum LockEvent {
 /// It is advisory: every interval (`every`, 250 ms by default) it reads the keys that are held
 /// or were taken since the last read, and reports the differences. It starts on its first
 /// poll, from the keys as they were when [`Locker::watch`] made it: a hold taken after that,
-/// even before the first poll, is reported (one taken up to 20 ms before may be too). A hold that began and ended
-/// between two reads is reported (acquired, then how it ended), but when a key changes hands
-/// several times between two reads only the first and the last of those tenures are seen (the
-/// first as [`Released`](LockEvent::Released) with outcome `None` when the row no longer says
-/// how it ended), and events come in the order of the reads (by key within one read), not of
-/// the database's commits. Its owner is `None` when the hold had already ended. Never use it to decide who
-/// holds a lock: take the lock.
+/// even before the first poll, is reported (one taken up to 20 ms before may be too). A hold that
+/// began and ended between two reads is reported (acquired, then how it ended), but when a key
+/// changes hands several times between two reads only the first and the last of those tenures are
+/// seen (the first as [`Released`](LockEvent::Released) with outcome `None` when the row no longer
+/// says how it ended), and events come in the order of the reads (by key within one read), not of
+/// the database's commits. Its owner is `None` when the hold had already ended. Never use it to
+/// decide who holds a lock: take the lock.
 ///
 /// It polls on every backend, PostgreSQL included: a NOTIFY from every lock statement would
 /// make every commit that sends one queue on PostgreSQL's one notification lock, whoever

@@ -87,8 +87,8 @@ where
     })
 }
 
-/// Runs one of the operator's reads (`sql`, with `texts` then `ints` bound in order) and decodes every row
-/// it returns.
+/// Runs one of the operator's reads (`sql`, with `texts` then `ints` bound in order) and decodes
+/// every row it returns.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn infos<DB>(
     conn: &mut DB::Connection,

@@ -1,7 +1,7 @@
 //! What a backend owes: its connection concerns ([`Dialect`]) and, for each statement value of
-//! the contract, how it sends it (its own trait, gathered in `runs.rs` as [`Runs`](super::Runs)); and the one path
-//! every statement takes to its connection ([`run`]). It names no backend: `backend/mod.rs`
-//! gathers theirs.
+//! the contract, how it sends it (its own trait, gathered in `runs.rs` as [`Runs`](super::Runs));
+//! and the one path every statement takes to its connection ([`run`]). It names no backend:
+//! `backend/mod.rs` gathers theirs.
 
 use std::future::Future;
 

@@ -31,7 +31,7 @@ pub(crate) trait OnSqlite {}
 #[cfg(not(feature = "sqlite"))]
 impl<T: ?Sized> OnSqlite for T {}
 
-/// A statement every backend of this build can send: what [`Backend::run`](super::Backend::run) runs (each backend
-/// declares its trait with `backend_trait!`).
+/// A statement every backend of this build can send: what [`Backend::run`](super::Backend::run)
+/// runs (each backend declares its trait with `backend_trait!`).
 pub(crate) trait Runs: Statement + OnPostgres + OnMySql + OnSqlite {}
 impl<T: Statement + OnPostgres + OnMySql + OnSqlite> Runs for T {}

@@ -55,7 +55,8 @@ impl Statement {
         })
     }
 
-    /// Whether the statement's reply is to be lost (see [`lose_next_replies`](super::lose_next_replies)).
+    /// Whether the statement's reply is to be lost (see
+    /// [`lose_next_replies`](super::lose_next_replies)).
     pub(crate) fn reply_lost(&self) -> bool {
         self.reply_lost
     }

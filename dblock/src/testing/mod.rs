@@ -121,7 +121,8 @@ pub async fn expire(locker: &Locker, key: &str) -> Result<u64, LockError> {
 
 /// Stops renewing the holds of `key` that this locker renews (the renewer of a process that
 /// hangs): their leases run out at their ttl unless the holder extends them, and the holder
-/// learns it at its next `extend` or release (`NotHeld`) or `fence` (refused). Returns how many holds it stopped.
+/// learns it at its next `extend` or release (`NotHeld`) or `fence` (refused). Returns how many
+/// holds it stopped.
 ///
 /// ```
 /// # async fn demo() -> Result<(), dblock::LockError> {

@@ -14,8 +14,8 @@
 //!   ([`GATHER_YIELDS`], no timer), carrying the calls that were woken with it.
 //! - **Group commit, no timer**: a call that finds every slot taken queues its row (an owned
 //!   copy) and waits. When a statement ends, what queued meanwhile goes out together as the
-//!   next one (at most [`MAX_ROWS`](policy::MAX_ROWS) rows, one row per key), sent by a task of its own so that
-//!   no caller's cancellation can strand the others' rows.
+//!   next one (at most [`MAX_ROWS`](policy::MAX_ROWS) rows, one row per key), sent by a task of
+//!   its own so that no caller's cancellation can strand the others' rows.
 //! - **Stragglers wait for the next calls**: while batches are large, a few rows left queued
 //!   when a statement ends (the calls that just missed it) go with the calls that arrive next,
 //!   or when the locker's other statement in flight ends, rather than in a statement of their

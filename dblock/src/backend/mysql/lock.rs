@@ -1,5 +1,5 @@
-//! The lock's own statements on MySQL and MariaDB: acquire (one key, several keys), release, extend, and
-//! renewal's extension of many leases.
+//! The lock's own statements on MySQL and MariaDB: acquire (one key, several keys), release,
+//! extend, and renewal's extension of many leases.
 
 use super::sql::*;
 #[allow(unused_imports)]

@@ -20,8 +20,8 @@ impl OnMySql for Migrate {
         sqlx::raw_sql(schema.create.clone())
             .execute(&mut *conn)
             .await?;
-        // Migrations 0002, 0003, 0006 and 0007 (MySQL 8 has no ADD COLUMN IF NOT EXISTS; each ALTER adds
-        // all its columns or none): a column already there, added before or by a racing
+        // Migrations 0002, 0003, 0006 and 0007 (MySQL 8 has no ADD COLUMN IF NOT EXISTS; each ALTER
+        // adds all its columns or none): a column already there, added before or by a racing
         // process, is fine (1060, duplicate column).
         for add in &schema.columns {
             match sqlx::raw_sql(add.clone()).execute(&mut *conn).await {

@@ -270,9 +270,9 @@ pub(crate) fn one_command(acquires: &[Acquire<'_>], releases: &[ReleaseRow]) -> 
 /// write lock, and the statements are the batch's own rows. The batch's callers do not wait
 /// for it past their own deadlines ([`coalesce`](crate::backend::coalesce): "outcome unknown",
 /// settled by attempt or release id, as for any batch), and the process's turn at the database
-/// ([`Dialect::one_at_a_time`](crate::backend::Dialect::one_at_a_time)) is given up at the batch's deadline, as
-/// when a statement was cut there. A command that fails half-way (the write lock not had
-/// within the busy timeout, a disk error) is rolled back before the connection goes back to
+/// ([`Dialect::one_at_a_time`](crate::backend::Dialect::one_at_a_time)) is given up at the batch's
+/// deadline, as when a statement was cut there. A command that fails half-way (the write lock not
+/// had within the busy timeout, a disk error) is rolled back before the connection goes back to
 /// the pool; one whose state cannot be put right is closed.
 pub(crate) async fn write_whole(
     lite: &Lite,

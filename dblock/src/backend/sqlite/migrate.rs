@@ -11,8 +11,8 @@ impl OnSqlite for Migrate {
         sqlx::raw_sql(schema.create.clone())
             .execute(&mut *conn)
             .await?;
-        // Migrations 0002, 0003, 0006 and 0007, each unless its columns are there: checked again and
-        // applied under the database's write lock (BEGIN IMMEDIATE), so racing processes add
+        // Migrations 0002, 0003, 0006 and 0007, each unless its columns are there: checked again
+        // and applied under the database's write lock (BEGIN IMMEDIATE), so racing processes add
         // them once.
         for (has, add) in lite.sql.has_columns.iter().zip(&schema.columns) {
             if sqlx::query(has.clone()).execute(&mut *conn).await.is_ok() {

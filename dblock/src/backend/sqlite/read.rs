@@ -29,10 +29,10 @@ const SEEN: &str = "(instr(coalesce(l.readers, ''), ',' || $4 || ',') > 0)";
 const INTENT: &str = "coalesce(l.intent_until > {now} AND l.intent_token = l.fencing_token, 0)";
 
 /// A reader's acquire: `$1` key, `$2` holder, `$3` ttl µs (rounded up to the table's ms), `$4`
-/// the hold's id, `$5` the read tenure the owner already reads in (or NULL). Inserts the row, or on conflict joins the live
-/// read phase (unless a writer's intent holds new readers back) or starts a new one on a row
-/// whose lease ended; `WHERE` false (busy) returns no row. All `SET` expressions read the old
-/// row.
+/// the hold's id, `$5` the read tenure the owner already reads in (or NULL). Inserts the row, or on
+/// conflict joins the live read phase (unless a writer's intent holds new readers back) or starts a
+/// new one on a row whose lease ended; `WHERE` false (busy) returns no row. All `SET` expressions
+/// read the old row.
 const ACQUIRE: &str = "INSERT INTO {table} AS l
     (lock_key, owner, hold_count, fencing_token, expires_at, acquired_at, holder, attempt_id,
      readers)
