@@ -96,6 +96,9 @@ pub enum LockError {
     /// Called outside a tokio runtime. dblock runs its statements, releases and renewals on
     /// tokio (through sqlx): call it from `#[tokio::main]`, a `#[tokio::test]` or
     /// `Runtime::block_on`, with the runtime's I/O and time drivers enabled (`enable_all()`).
+    /// Outside one, a call on the locker returns it (nothing is sent); `lost()` resolves with it at
+    /// once (it cannot watch the clock), the streams yield it and end, and `shutdown` ends the
+    /// holds without sending their releases (their leases run out).
     #[error("dblock must be called inside a tokio runtime (sqlx and the background release run on tokio): use #[tokio::main] or Runtime::block_on")]
     NoRuntime,
 
