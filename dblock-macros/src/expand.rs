@@ -19,7 +19,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, LitStr, Pat, ReturnType, Type};
+use syn::{FnArg, Ident, LitStr, Pat, ReturnType, Signature, Type};
 
 use crate::attr::{self, Args, Dur, Key, Kind};
 use crate::errors::Errors;
@@ -120,13 +120,7 @@ fn as_written(func: LockedFn, args: &Args) -> TokenStream {
         inner_attrs,
         body,
     } = func;
-    let check = match &sig.output {
-        ReturnType::Type(_, ty) if !contains_impl_trait(ty) => {
-            let krate = krate(args);
-            quote_spanned! {ty.span()=> let _ = #krate::__private::must_return_result::<#ty>(); }
-        }
-        _ => TokenStream::new(),
-    };
+    let check = named_return(&sig, &krate(args)).map(|(_, check)| quote! { let _ = #check; });
     quote! {
         #(#attrs)*
         #vis #sig {
@@ -361,6 +355,20 @@ fn duration_tokens(d: &Dur) -> TokenStream {
     }
 }
 
+/// The declared return type, when the rule `Result<T, E: From<LockError>>` can be checked
+/// against it by name, and that check: `must_return_result::<R>()`, spanned at the type so the
+/// error points there. `None` without a type, or with `impl Trait` in it (a turbofish cannot
+/// name one; the rule is then checked on the type the body infers).
+fn named_return<'s>(sig: &'s Signature, krate: &TokenStream) -> Option<(&'s Type, TokenStream)> {
+    match &sig.output {
+        ReturnType::Type(_, ty) if !contains_impl_trait(ty) => Some((
+            ty,
+            quote_spanned! {ty.span()=> #krate::__private::must_return_result::<#ty>() },
+        )),
+        _ => None,
+    }
+}
+
 fn contains_impl_trait(ty: &Type) -> bool {
     fn any_impl(tokens: TokenStream) -> bool {
         tokens.into_iter().any(|t| match t {
@@ -436,9 +444,9 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
     // The declared return type, tied to the body (a "fake return edge") and checked against the
     // rule `Result<T, E: From<LockError>>` with the error spanned at the return type.
     let on_error = Ident::new("__dblock_on_error", Span::mixed_site());
-    let (return_check, return_edge) = match &sig.output {
-        ReturnType::Type(_, ty) if !contains_impl_trait(ty) => (
-            quote_spanned! {ty.span()=> let #on_error = #krate::__private::must_return_result::<#ty>(); },
+    let (return_check, return_edge) = match named_return(&sig, &krate) {
+        Some((ty, check)) => (
+            quote! { let #on_error = #check; },
             quote! {
                 #[allow(unreachable_code, clippy::diverging_sub_expression)]
                 if false {
