@@ -665,6 +665,25 @@ fn the_readme_is_a_short_guide_with_the_blocks_ci_runs() {
         lines <= 300,
         "README.md has {lines} lines; the guide keeps to 300, the depth goes to docs/"
     );
+    // SPEC §7: the links into docs/ it names, and the benchmark's one command.
+    for chapter in [
+        "guarantees",
+        "production",
+        "coalescing",
+        "benchmarks",
+        "testing",
+        "cli",
+    ] {
+        let link = format!("](docs/{chapter}.md)");
+        assert!(
+            readme.contains(&link),
+            "README.md links no docs/{chapter}.md"
+        );
+    }
+    assert!(
+        readme.contains("`cargo bench -p dblock-bench`"),
+        "README.md names no benchmark command"
+    );
 
     // CI runs the first `sh` block under "## Try it", line by line (comments stripped): the
     // example first, then the tests.
