@@ -392,9 +392,10 @@ impl Hold {
         self.lost_signal.notify_waiters();
     }
 
-    /// Whether the lease may end within `margin` (by the local deadline).
-    pub(crate) fn ends_within(&self, margin: Duration) -> bool {
-        Instant::now() + margin >= self.deadline()
+    /// Whether the hold is marked lost or its lease may end within `margin` (by the local
+    /// deadline): a leadership's end (`leader.rs`), which must come before the key can be free.
+    pub(crate) fn lost_within(&self, margin: Duration) -> bool {
+        self.lost.load(Ordering::SeqCst) || Instant::now() + margin >= self.deadline()
     }
 
     /// The end of a leadership (`leader.rs`): resolves as soon as the hold is marked lost
@@ -404,7 +405,7 @@ impl Hold {
     pub(crate) async fn ending(&self, margin: Duration) {
         loop {
             let signal = self.lost_signal.notified();
-            if self.lost.load(Ordering::SeqCst) || self.ends_within(margin) {
+            if self.lost_within(margin) {
                 return;
             }
             let until = self

@@ -423,7 +423,7 @@ impl Leadership {
     /// # Ok(()) }
     /// ```
     pub fn is_lost(&self) -> bool {
-        self.hold.is_lost() || self.hold.ends_within(self.margin)
+        self.hold.lost_within(self.margin)
     }
 
     /// Resolves with [`LockError::Lost`] when leadership ends, for any reason: the key was
@@ -448,7 +448,7 @@ impl Leadership {
         let margin = self.margin;
         async move {
             if let Err(e) = LockError::require_runtime() {
-                if !hold.is_lost() && !hold.ends_within(margin) {
+                if !hold.lost_within(margin) {
                     return e;
                 }
             } else {

@@ -45,17 +45,11 @@ impl OnMySql for Acquire<'_> {
                 }
                 return Ok(Attempt::Busy { retry_after: None });
             }
-            // This path cannot read the server's lease end; the client's send time plus the
-            // lease is reported instead: an estimate on the client's clock. Nothing decides
-            // expiry by it; the guard's local deadline is an `Instant` taken at send time.
-            let local_us = sent_at
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros() as i64);
-            Ok(Attempt::Acquired(Grant {
-                hold_count: (packed >> COUNT_SHIFT) as u32,
-                fencing_token: packed & ((1u64 << COUNT_SHIFT) - 1),
-                expires_at_us: local_us.saturating_add(p.ttl_us.max(p.min_hold_us)),
-            }))
+            Ok(Attempt::Acquired(packed_grant(
+                packed,
+                sent_at,
+                p.ttl_us.max(p.min_hold_us),
+            )))
         }
     }
 }

@@ -60,9 +60,25 @@ mod code {
 /// How long `Locker::connect`'s pool waits for a connection before failing.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// `hold_count` travels in the bits above this in `LAST_INSERT_ID` on the MySQL 8 path (fencing
-/// tokens are seeded from the clock in µs and stay below 2^52 until the year 2112).
+/// `hold_count` travels in the bits above this in `LAST_INSERT_ID` on the MySQL 8 path and in
+/// the read acquire (fencing tokens are seeded from the clock in µs and stay below 2^52 until
+/// the year 2112; the statements write the shift as `4503599627370496`).
 const COUNT_SHIFT: u32 = 52;
+
+/// A grant from a `LAST_INSERT_ID` answer (`hold_count << 52 | fencing_token`, not zero). Those
+/// statements cannot read the server's lease end back: the send time plus the lease, on the
+/// client's clock, is reported instead, for display only. Nothing decides expiry by it (the
+/// database does; the hold's local deadline is an `Instant` taken at the send).
+fn packed_grant(packed: u64, sent_at: std::time::SystemTime, lease_us: i64) -> super::Grant {
+    let local_us = sent_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    super::Grant {
+        hold_count: (packed >> COUNT_SHIFT) as u32,
+        fencing_token: packed & ((1u64 << COUNT_SHIFT) - 1),
+        expires_at_us: local_us.saturating_add(lease_us),
+    }
+}
 
 const US_NOW: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))";
 

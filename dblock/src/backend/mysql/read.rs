@@ -7,12 +7,11 @@
 use sqlx::mysql::MySqlConnection;
 
 use super::sql::Numbered;
-use super::{My, US_NOW};
+use super::{packed_grant, My, US_NOW};
 use crate::backend::kind_sql::KindSql;
 use crate::backend::read::{
     Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
 };
-use crate::backend::Grant;
 
 /// The statements of one table, numbered as the statement values list their binds
 /// ([`ReadAcquire::args`] and the others; `$n` is the n-th).
@@ -127,9 +126,6 @@ impl KindSql for Sql {
     }
 }
 
-/// `hold_count` travels above these bits (see the lock's MySQL 8 path).
-const COUNT_SHIFT: u32 = 52;
-
 async fn acquire(
     my: &My,
     conn: &mut MySqlConnection,
@@ -142,16 +138,9 @@ async fn acquire(
     if packed == 0 {
         return Ok(ReadAttempt::Busy { retry_after: None });
     }
-    // The lease end is not read back: the send time plus the ttl, on the client's clock, for
-    // display only (expiry is the database's; the hold's local deadline is taken at the send).
-    let local_us = sent_at
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64);
-    Ok(ReadAttempt::Granted(Grant {
-        hold_count: (packed >> COUNT_SHIFT) as u32,
-        fencing_token: packed & ((1u64 << COUNT_SHIFT) - 1),
-        expires_at_us: local_us.saturating_add(a.ttl_us),
-    }))
+    Ok(ReadAttempt::Granted(packed_grant(
+        packed, sent_at, a.ttl_us,
+    )))
 }
 
 async fn release(
