@@ -202,6 +202,16 @@ async fn fencing_tokens_strictly_increase_across_owners_and_purges() {
                 assert!(l.inspect("f").await.unwrap().is_none());
             }
         }
+        // Freed and purged at once (on SQLite, likely within the clock's millisecond).
+        let g = l.lock("f").await.unwrap();
+        assert!(g.fencing_token() > last, "{}", db.name);
+        last = g.fencing_token();
+        g.release().await.unwrap();
+        assert_eq!(l.purge(Duration::ZERO).await.unwrap(), 1, "{}", db.name);
+        let g = l.lock("f").await.unwrap();
+        assert!(g.fencing_token() > last, "{}: a token back", db.name);
+        last = g.fencing_token();
+        g.release().await.unwrap();
         // Seeded from the database clock in µs: comparable to wall-clock µs.
         let now_us = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)

@@ -176,9 +176,11 @@ impl Locker {
     /// `Duration::MAX`) is read as 100 years. Returns how many were deleted.
     /// Fencing tokens of purged keys still never go backwards: a new row's token is seeded from
     /// the database clock (in microseconds; on SQLite, its millisecond × 1000), and a row is
-    /// kept until that seed is above its token — a key freed and purged within one millisecond
-    /// on SQLite, or whose token went past the clock (taken over many times at once, a server
-    /// clock stepped back), stays a little longer.
+    /// deleted only once that seed is above its token. A row freed within the clock's current
+    /// tick (a key released and purged within one millisecond on SQLite) is deleted after the
+    /// tick: `purge` waits for it, up to a second, and deletes it then. A row whose token went
+    /// further past the clock (a key taken over faster than the clock moves, a server clock
+    /// stepped back) stays until a later purge.
     ///
     /// The record of a [`once`](crate::LockRequest::once) key whose last hold succeeded is never
     /// deleted, whatever its age: without it the work would run again. An operator forgets one
@@ -195,11 +197,27 @@ impl Locker {
         // Nothing is older than 100 years (the longest lease): a longer age, up to
         // `Duration::MAX`, deletes what that one does.
         let us = older_than.min(crate::validate::MAX_TTL).as_micros() as i64;
-        let purge = crate::backend::Purge { older_than_us: us };
-        let n = self.operate("purge", purge).await?
-            + crate::semaphore::purge(self.shared(), us).await?;
-        tracing::info!(deleted = n, ?older_than, "purge");
-        Ok(n)
+        let mut deleted = 0;
+        // A row freed within the clock's current tick is kept for its fencing token (above);
+        // a second round after that tick deletes it, so `Duration::ZERO` deletes every row not
+        // held. The third round is for a tick that had not quite turned.
+        for round in 1..=3 {
+            let locks = self
+                .operate("purge", crate::backend::Purge { older_than_us: us })
+                .await?;
+            let permits = crate::semaphore::purge(self.shared(), us).await?;
+            deleted += locks.deleted + permits.deleted;
+            let wait = locks.held_back_us.max(permits.held_back_us);
+            match wait.map(|us| Duration::from_micros(us.max(1) as u64)) {
+                Some(wait) if round < 3 && wait <= crate::timing::PURGE_HELD_BACK => {
+                    tracing::debug!(?wait, "purge: rows freed within the clock's tick");
+                    tokio::time::sleep(wait).await;
+                }
+                _ => break,
+            }
+        }
+        tracing::info!(deleted, ?older_than, "purge");
+        Ok(deleted)
     }
 
     /// Which migrations of the lock table's schema (`migrations/<backend>/`, 0001 to 0007) this

@@ -259,7 +259,10 @@ pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, L
 
 /// Purges the permits' table as [`Locker::purge`](crate::Locker::purge) does the lock table;
 /// 0 where it was never made.
-pub(crate) async fn purge(shared: &Shared, older_than_us: i64) -> Result<u64, LockError> {
+pub(crate) async fn purge(
+    shared: &Shared,
+    older_than_us: i64,
+) -> Result<crate::backend::Purged, LockError> {
     let permits = shared.permits();
     let backend = permits.backend()?;
     match permits
@@ -270,7 +273,7 @@ pub(crate) async fn purge(shared: &Shared, older_than_us: i64) -> Result<u64, Lo
         })
         .await
     {
-        Err(e) if e.is_not_migrated() => Ok(0),
+        Err(e) if e.is_not_migrated() => Ok(Default::default()),
         other => other,
     }
 }

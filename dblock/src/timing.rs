@@ -36,11 +36,17 @@ pub(crate) const WAITER_LEASE: Duration = Duration::from_secs(5);
 /// queue come at most the longest backoff (250 ms) apart, well inside the lease.
 pub(crate) const TOUCH_AFTER: Duration = Duration::from_secs(1);
 
-/// First and largest pause between attempts while waiting for a busy key.
 /// How long a leader's campaign pauses after a failed attempt (the database unreachable, say)
 /// before it asks again.
 pub(crate) const CAMPAIGN_RETRY: Duration = Duration::from_millis(500);
 
+/// The longest `Locker::purge` waits for rows it kept for their fencing token alone (freed
+/// within the database clock's current tick, on SQLite a millisecond): it purges again once a
+/// new row of their key would start above their token. Rows held back longer (a key taken over
+/// faster than the clock moves, a clock stepped back) wait for a later purge.
+pub(crate) const PURGE_HELD_BACK: Duration = Duration::from_secs(1);
+
+/// First and largest pause between attempts while waiting for a busy key.
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
 

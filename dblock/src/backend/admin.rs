@@ -28,6 +28,9 @@ pub(crate) struct AdminSql {
     pub(crate) force_release: SqlStr,
     /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
     pub(crate) purge: SqlStr,
+    /// `$1`/`?` = age in µs; how long until the rows `purge` keeps for their fencing token
+    /// alone could go (µs, NULL: none).
+    pub(crate) held_back: SqlStr,
     /// `$1`/`?` = key; a key not held: outcome forgotten, min_hold wait ended.
     pub(crate) reset: SqlStr,
     /// `$1`/`?` = key; the row's last writer id (attempt or release id) and tenure: after a
@@ -142,6 +145,41 @@ where
     Ok(done.rows())
 }
 
+/// A purge: in batches of at most [`PURGE_BATCH`] rows until a batch comes back short, then
+/// how long the rows kept for their fencing token alone are held back.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn purge<DB>(
+    conn: &mut DB::Connection,
+    sql: &AdminSql,
+    older_than_us: i64,
+) -> sqlx::Result<super::Purged>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    DB::QueryResult: RowsAffected,
+    usize: ColumnIndex<DB::Row>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
+{
+    let mut deleted = 0;
+    loop {
+        let n = affected::<DB, i64>(conn, &sql.purge, older_than_us).await?;
+        deleted += n;
+        if n < PURGE_BATCH {
+            break;
+        }
+    }
+    let row = sqlx::query(sql.held_back.clone())
+        .bind(older_than_us)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(super::Purged {
+        deleted,
+        held_back_us: row.try_get(0)?,
+    })
+}
+
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn last_write<DB>(
     conn: &mut DB::Connection,
@@ -226,16 +264,8 @@ macro_rules! shared_admin {
         }
 
         impl $trait for $crate::backend::Purge {
-            /// In batches of at most [`PURGE_BATCH`] rows, until a batch comes back short.
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<u64> {
-                let mut total = 0;
-                loop {
-                    let n = $crate::backend::admin::affected::<$db, i64>(conn, &b.$($field).+.purge, self.older_than_us).await?;
-                    total += n;
-                    if n < $crate::backend::admin::PURGE_BATCH {
-                        return Ok(total);
-                    }
-                }
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<$crate::backend::Purged> {
+                $crate::backend::admin::purge::<$db>(conn, &b.$($field).+, self.older_than_us).await
             }
         }
     };

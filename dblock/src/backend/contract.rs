@@ -578,13 +578,22 @@ impl Statement for Reset<'_> {
     type Output = bool;
 }
 
-/// Deletes rows free or expired for longer than `older_than_us`; how many.
+/// Deletes rows free or expired for longer than `older_than_us`.
 pub(crate) struct Purge {
     pub older_than_us: i64,
 }
 
+/// What a [`Purge`] did: the rows it deleted, and how long until those it kept for their
+/// fencing token alone could go (a new row of their key would start at or below it until then).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Purged {
+    pub deleted: u64,
+    /// µs; `None` when it kept none.
+    pub held_back_us: Option<i64>,
+}
+
 impl Statement for Purge {
-    type Output = u64;
+    type Output = Purged;
 }
 
 /// One step of a fair waiter in its key's queue: one statement. On the release pool: a

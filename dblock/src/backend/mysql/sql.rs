@@ -18,6 +18,11 @@ pub(super) struct Statements {
     pub(super) admin: AdminSql,
 }
 
+/// The rows a purge deletes, but for their fencing token: free or expired for longer than `?`
+/// µs, and not the record of a `once` key whose last hold succeeded.
+const PURGEABLE: &str = "expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+  AND NOT (once_key AND last_outcome <=> 1 AND NOT {ran_out})";
+
 /// The acquire statement, positional, with the order of its parameters.
 pub(super) fn acquire_sql(template: &str, table: &str) -> (SqlStr, Vec<Param>) {
     let text = sql(template, table);
@@ -511,9 +516,16 @@ WHERE lock_key = ? AND NOT (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6))
                 // A row is deleted only once a new row of its key would start above its fencing
                 // token (a new row's token is the insert's time in µs): tokens never go back.
                 purge: sql(
-                    "DELETE FROM {table} WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-  AND NOT (once_key AND last_outcome <=> 1 AND NOT {ran_out})
-  AND fencing_token < {us_now} LIMIT 1000",
+                    &format!(
+                        "DELETE FROM {{table}} WHERE {PURGEABLE} AND fencing_token < {{us_now}} LIMIT 1000"
+                    ),
+                    &t,
+                ),
+                held_back: sql(
+                    &format!(
+                        "SELECT CAST(MAX(fencing_token) - {{us_now}} + 1 AS SIGNED) FROM {{table}}
+WHERE {PURGEABLE} AND fencing_token >= {{us_now}}"
+                    ),
                     &t,
                 ),
             },

@@ -55,18 +55,27 @@ async fn reset(pg: &Pg, c: &mut PgConnection, s: &Reset<'_>) -> sqlx::Result<boo
     Ok(pg.execute(c, &pg.sql.reset, &[Arg::Text(s.0)]).await? > 0)
 }
 
-/// In batches of at most [`PURGE_BATCH`] rows, until a batch comes back short.
-async fn purge(pg: &Pg, c: &mut PgConnection, s: &Purge) -> sqlx::Result<u64> {
-    let mut total = 0;
+/// In batches of at most [`PURGE_BATCH`] rows, until a batch comes back short; then how long
+/// the rows kept for their fencing token alone are held back.
+async fn purge(pg: &Pg, c: &mut PgConnection, s: &Purge) -> sqlx::Result<Purged> {
+    let age = [Arg::Int8(s.older_than_us)];
+    let mut deleted = 0;
     loop {
-        let n = pg
-            .execute(c, &pg.sql.purge, &[Arg::Int8(s.older_than_us)])
-            .await?;
-        total += n;
+        let n = pg.execute(c, &pg.sql.purge, &age).await?;
+        deleted += n;
         if n < PURGE_BATCH {
-            return Ok(total);
+            break;
         }
     }
+    let row = pg.fetch_optional(c, &pg.sql.held_back, &age).await?;
+    let held_back_us = match row {
+        Some(row) => row.try_get(0)?,
+        None => None,
+    };
+    Ok(Purged {
+        deleted,
+        held_back_us,
+    })
 }
 
 crate::backend::runs! {

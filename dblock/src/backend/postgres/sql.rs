@@ -36,8 +36,17 @@ pub(super) struct Statements {
     pub(super) force_release: Stmt,
     pub(super) reset: Stmt,
     pub(super) purge: Stmt,
+    pub(super) held_back: Stmt,
     pub(super) queue_steps: QueueSql<Stmt>,
 }
+
+/// The rows a purge deletes, but for their fencing token: free or expired for longer than `$1`
+/// µs, and not the record of a `once` key whose last hold succeeded.
+const PURGEABLE: &str = "expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'
+  AND NOT (once_key AND last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})";
+
+/// A new row's first fencing token: the statement's time in µs.
+const SEED: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::int8";
 
 /// The acquire statement's "a live hold of ours in the tenure this process holds ($6), or one
 /// written by this very attempt ($5)"; never NULL.
@@ -418,11 +427,19 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > statement_timest
             // back, even for a row taken over many times within its microseconds, or after the
             // server's clock stepped back.
             purge: stmt(
-                &"DELETE FROM {table}
-WHERE expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'
-  AND NOT (once_key AND last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})
-  AND fencing_token < (extract(epoch FROM statement_timestamp()) * 1000000)::int8"
+                &format!("DELETE FROM {{table}} WHERE {PURGEABLE} AND fencing_token < {SEED}")
                     .replace("{ran_out}", &ran_out("")),
+                &t,
+            ),
+            // The rows `purge` keeps for their fencing token alone: how many µs until a new row
+            // of each would start above its token (NULL: none). `Locker::purge` waits that long,
+            // when it is short, and purges again.
+            held_back: stmt(
+                &format!(
+                    "SELECT max(fencing_token) - {SEED} + 1 FROM {{table}}
+WHERE {PURGEABLE} AND fencing_token >= {SEED}"
+                )
+                .replace("{ran_out}", &ran_out("")),
                 &t,
             ),
 

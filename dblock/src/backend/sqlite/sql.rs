@@ -19,6 +19,11 @@ pub(super) struct Statements {
     pub(super) admin: AdminSql,
 }
 
+/// The rows a purge deletes, but for their fencing token: free or expired for longer than `$1`
+/// µs (times here are in ms), and not the record of a `once` key whose last hold succeeded.
+const PURGEABLE: &str = "expires_at <= {now} - $1 / 1000
+  AND NOT (once_key AND last_outcome IS 1 AND NOT {ran_out})";
+
 /// The acquire statement's "a live hold of ours in the tenure this process holds ({tenure}), or
 /// one written by this very attempt"; never NULL.
 pub(super) const SAME: &str = "coalesce(l.owner = excluded.owner AND l.expires_at > {now}
@@ -203,9 +208,15 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
                 // millisecond × 1000): tokens never go back, even when the row was released and
                 // purged within one millisecond, or taken over many times within its own.
                 purge: sql(
-                    "DELETE FROM {table} WHERE expires_at <= {now} - $1 / 1000
-  AND NOT (once_key AND last_outcome IS 1 AND NOT {ran_out})
-  AND fencing_token < {now} * 1000",
+                    &format!("DELETE FROM {{table}} WHERE {PURGEABLE} AND fencing_token < {{now}} * 1000"),
+                    &t,
+                ),
+                // In µs, whole milliseconds: the next millisecond after the newest such token's.
+                held_back: sql(
+                    &format!(
+                        "SELECT (MAX(fencing_token) / 1000 + 1 - {{now}}) * 1000 FROM {{table}}
+WHERE {PURGEABLE} AND fencing_token >= {{now}} * 1000"
+                    ),
                     &t,
                 ),
             },
