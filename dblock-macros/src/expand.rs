@@ -244,7 +244,10 @@ fn parameters(params: &[String]) -> String {
     }
     let list = params
         .iter()
-        .map(|p| format!("`{p}`"))
+        .map(|p| match crate::template::is_keyword(p) && p != "self" {
+            true => format!("`r#{p}`"),
+            false => format!("`{p}`"),
+        })
         .collect::<Vec<_>>()
         .join(", ");
     format!("parameters are: {list}")

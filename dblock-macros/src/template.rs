@@ -57,13 +57,13 @@ pub(crate) fn parse(template: &str) -> Result<Vec<Piece>, String> {
                     ));
                 }
                 let path: Vec<String> = inner.split('.').map(|s| s.trim().to_owned()).collect();
-                if let Some(bad) = path
+                if let Some((bad, why)) = path
                     .iter()
                     .enumerate()
-                    .find_map(|(i, seg)| (!valid_segment(seg, i == 0)).then_some(seg))
+                    .find_map(|(i, seg)| segment_error(seg, i == 0).map(|why| (seg, why)))
                 {
                     return Err(format!(
-                        "`{{{inner}}}` in the key template is not a parameter name or field path (at `{bad}`)"
+                        "`{{{inner}}}` in the key template is not a parameter name or field path (at `{bad}`{why})"
                     ));
                 }
                 if !text.is_empty() {
@@ -80,16 +80,55 @@ pub(crate) fn parse(template: &str) -> Result<Vec<Piece>, String> {
     Ok(pieces)
 }
 
-/// An identifier (raw `r#type` too), or (after the first segment) a tuple index such as `0`.
-fn valid_segment(seg: &str, first: bool) -> bool {
-    let seg = seg.strip_prefix("r#").unwrap_or(seg);
-    let mut chars = seg.chars();
-    match chars.next() {
-        Some(c) if c.is_alphabetic() || c == '_' => {
-            chars.all(|c| c.is_alphanumeric() || c == '_') && seg != "_"
+/// Rust's keywords (strict and reserved since the 2018 edition; not the weak ones such as
+/// `union`, nor 2024's `gen`, a name in older editions): a segment spelled as one does not make
+/// an identifier unless written raw (`r#type`); `self` is the receiver, as a first segment.
+const KEYWORDS: [&str; 51] = [
+    "abstract", "as", "async", "await", "become", "box", "break", "const", "continue", "crate",
+    "do", "dyn", "else", "enum", "extern", "false", "final", "fn", "for", "if", "impl", "in",
+    "let", "loop", "macro", "match", "mod", "move", "mut", "override", "priv", "pub", "ref",
+    "return", "self", "Self", "static", "struct", "super", "trait", "true", "try", "type",
+    "typeof", "unsafe", "unsized", "use", "virtual", "where", "while", "yield",
+];
+
+/// Whether `word` is one of [`KEYWORDS`] (a name that is written raw, as `r#type`).
+pub(crate) fn is_keyword(word: &str) -> bool {
+    KEYWORDS.contains(&word)
+}
+
+/// `None` when `seg` is an identifier (raw `r#type` too) or, after the first segment, a tuple
+/// index such as `0`; else what is wrong with it (`""` when its shape says it all). Whatever
+/// passes here makes a valid `Ident` or `Index`: the expansion builds them without a check.
+fn segment_error(seg: &str, first: bool) -> Option<&'static str> {
+    if seg.starts_with(|c: char| c.is_ascii_digit()) {
+        return if first || !seg.chars().all(|c| c.is_ascii_digit()) {
+            Some("")
+        } else if (seg.len() > 1 && seg.starts_with('0')) || seg.parse::<u32>().is_err() {
+            Some(": not a tuple index")
+        } else {
+            None
+        };
+    }
+    let (word, raw) = match seg.strip_prefix("r#") {
+        Some(word) => (word, true),
+        None => (seg, false),
+    };
+    let mut chars = word.chars();
+    let ident = match chars.next() {
+        Some(c) => {
+            (unicode_ident::is_xid_start(c) || c == '_')
+                && chars.all(unicode_ident::is_xid_continue)
         }
-        Some(c) if c.is_ascii_digit() && !first => seg.chars().all(|c| c.is_ascii_digit()),
-        _ => false,
+        None => false,
+    };
+    if !ident || word == "_" {
+        Some("")
+    } else if raw && matches!(word, "self" | "Self" | "super" | "crate") {
+        Some(": not a raw identifier")
+    } else if !raw && is_keyword(word) && !(first && word == "self") {
+        Some(": a keyword; write it raw, `r#` before it")
+    } else {
+        None
     }
 }
 
@@ -144,6 +183,14 @@ mod tests {
             ("{a-b}", "not a parameter"),
             ("{a.}", "not a parameter"),
             ("{_}", "not a parameter"),
+            ("{p.4294967296}", "not a tuple index"),
+            ("{p.01}", "not a tuple index"),
+            ("{p.1a}", "not a parameter"),
+            ("{x.r#self}", "not a raw identifier"),
+            ("{r#crate}", "not a raw identifier"),
+            ("{type}", "a keyword"),
+            ("{x.self}", "a keyword"),
+            ("{r#}", "not a parameter"),
         ] {
             let e = parse(bad).expect_err(bad);
             assert!(e.contains(why), "{bad:?}: {e}");
@@ -159,6 +206,24 @@ mod tests {
         #[test]
         fn never_panics_on_brace_soup(s in "[{}a-z._0-9: ]{0,24}") {
             let _ = parse(&s);
+        }
+
+        /// What `parse` accepts, the expansion makes into identifiers and tuple indexes with no
+        /// further check (`Ident::new` panics on anything else).
+        #[test]
+        fn accepted_segments_make_identifiers(s in "[{}a-zA-Z_0-9#r. ]{0,24}|\\{[a-z]{1,8}\\}") {
+            for piece in parse(&s).unwrap_or_default() {
+                let Piece::Path(path) = piece else { continue };
+                for seg in &path {
+                    let span = proc_macro2::Span::call_site();
+                    if seg.parse::<u32>().is_err() {
+                        match seg.strip_prefix("r#") {
+                            Some(raw) => drop(proc_macro2::Ident::new_raw(raw, span)),
+                            None => drop(proc_macro2::Ident::new(seg, span)),
+                        }
+                    }
+                }
+            }
         }
 
         #[test]
