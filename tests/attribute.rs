@@ -511,6 +511,37 @@ async fn min_hold_keeps_the_key_after_a_quick_body() {
     }
 }
 
+async fn ttl_from_config() -> Duration {
+    tokio::task::yield_now().await;
+    Duration::from_secs(42)
+}
+
+fn millis(text: &str) -> Result<Duration, AppError> {
+    let ms = text.parse().map_err(|_| AppError::App("not a number"))?;
+    Ok(Duration::from_millis(ms))
+}
+
+/// Option values that `.await` and use `?`, worked out on entry (after the key).
+#[distributed_lock(key = "configured", locker = locker, ttl = ttl_from_config().await, wait = millis(wait)?, renew = false)]
+async fn configured(locker: &Locker, wait: &str) -> Result<dblock::LockInfo, AppError> {
+    Ok(locker.inspect("configured").await?.expect("its row"))
+}
+
+#[tokio::test]
+async fn option_values_may_await_and_use_the_question_mark() {
+    let (dbs, _dir) = common::all("attr_configured").await;
+    for db in &dbs {
+        let l = common::own_table(db, "attr_configured").await;
+        let row = configured(&l, "100").await.unwrap();
+        let lease = row.expires_at.duration_since(row.acquired_at).unwrap();
+        assert_eq!(lease, Duration::from_secs(42), "{}", db.name);
+        // `?` in a value returns the function's error before any lock is taken.
+        let err = configured(&l, "soon").await.unwrap_err();
+        assert!(matches!(err, AppError::App("not a number")), "{}", db.name);
+        assert!(!l.inspect("configured").await.unwrap().unwrap().held);
+    }
+}
+
 #[distributed_lock(key = "plain:{{x}}", locker = locker)]
 async fn braces_only(locker: &Locker) -> Result<String, AppError> {
     Ok(dblock::current().expect("inside a locked body").key)

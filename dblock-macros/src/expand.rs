@@ -400,33 +400,34 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
 
     let builder = Ident::new("__dblock_builder", Span::mixed_site());
     // Options the builder only gets when the attribute names them: otherwise the runtime's own
-    // defaults hold (`dblock::DEFAULT_TTL`, no wait), never a copy of them here.
-    let duration_option = |d: Option<&Dur>, setter: &str| {
-        let setter = Ident::new(setter, Span::call_site());
-        d.map(|d| {
-            let d = duration_tokens(d);
-            quote! { let #builder = #builder.#setter(#d); }
+    // defaults hold (`dblock::DEFAULT_TTL`, no wait), never a copy of them here. Each value is
+    // worked out in the function itself (`values`), where an expression may `.await` or use
+    // `?`, in the order written here; the builder's closure only passes them on.
+    let mut values = TokenStream::new();
+    let mut option = |value: Option<TokenStream>, name: &str, switch: bool| {
+        let value = value?;
+        let var = Ident::new(&format!("__dblock_{name}"), Span::mixed_site());
+        let setter = Ident::new(name, Span::call_site());
+        values.extend(quote! { let #var = #value; });
+        Some(match switch {
+            true => quote! { let #builder = if #var { #builder.#setter() } else { #builder }; },
+            false => quote! { let #builder = #builder.#setter(#var); },
         })
     };
-    let ttl = duration_option(args.ttl.as_ref(), "ttl");
-    let wait = duration_option(args.wait.as_ref(), "wait");
-    let min_hold = duration_option(args.min_hold.as_ref(), "min_hold");
-    let max_hold = duration_option(args.max_hold.as_ref(), "max_hold");
-    let lock_delay = duration_option(args.lock_delay.as_ref(), "lock_delay");
-    let once = args.once.as_ref().map(|e| {
-        let o = Ident::new("__dblock_once", Span::mixed_site());
-        quote_spanned! {e.span()=>
-            let #o: bool = #e;
-            let #builder = if #o { #builder.once() } else { #builder };
-        }
-    });
-    let fair = args.fair.as_ref().map(|e| {
-        let f = Ident::new("__dblock_fair", Span::mixed_site());
-        quote_spanned! {e.span()=>
-            let #f: bool = #e;
-            let #builder = if #f { #builder.fair() } else { #builder };
-        }
-    });
+    let duration = |d: &Option<Dur>| d.as_ref().map(duration_tokens);
+    let flag = |e: &Option<syn::Expr>| {
+        e.as_ref().map(|e| {
+            let f = Ident::new("__dblock_flag", Span::mixed_site());
+            quote_spanned! {e.span()=> { let #f: bool = #e; #f } }
+        })
+    };
+    let ttl = option(duration(&args.ttl), "ttl", false);
+    let wait = option(duration(&args.wait), "wait", false);
+    let min_hold = option(duration(&args.min_hold), "min_hold", false);
+    let max_hold = option(duration(&args.max_hold), "max_hold", false);
+    let lock_delay = option(duration(&args.lock_delay), "lock_delay", false);
+    let once = option(flag(&args.once), "once", true);
+    let fair = option(flag(&args.fair), "fair", true);
     let renew = match &args.renew {
         None => quote!(true),
         Some(e) => {
@@ -523,6 +524,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 #proof_scope
                 let #key_var: ::std::vec::Vec<::std::string::String> = #key;
                 let #locker_var = #locker;
+                #values
                 let #request_var = #krate::__private::request_in(
                     #locker_var,
                     #key_var,
@@ -555,6 +557,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
             #proof_scope
             let #key_var: ::std::vec::Vec<::std::string::String> = #key;
             let #locker_var = #locker;
+            #values
             let #request_var = #take(
                 #locker_var,
                 #key_var,

@@ -126,6 +126,25 @@ async fn expressions() -> Result<(), LockError> {
     Ok(())
 }
 
+/// Option values may `.await` and use `?`: they are worked out in the function, as the key is.
+async fn configured_ttl() -> Duration {
+    Duration::from_secs(20)
+}
+
+fn parsed(text: &str) -> Result<Duration, AppError> {
+    text.parse().map(Duration::from_millis).map_err(|_| AppError)
+}
+
+#[distributed_lock(key = "configured", ttl = configured_ttl().await, wait = parsed("250")?, max_hold = parsed("60000")?, once = configured_ttl().await > Duration::ZERO, fair = parsed("1")? > Duration::ZERO, renew = configured_ttl().await.as_secs() > 1)]
+async fn awaited_options() -> Result<(), AppError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "exports", permits = u32::try_from(configured_ttl().await.as_secs()).map_err(|_| AppError)?, lock_delay = parsed("5")?)]
+async fn awaited_permits() -> Result<(), AppError> {
+    Ok(())
+}
+
 #[distributed_lock(key = "pair:{pair.0}:{pair.1}")]
 async fn tuple_fields(pair: (u8, &'static str)) -> Result<(), LockError> {
     let _ = pair;
