@@ -39,6 +39,13 @@ async fn short_capped_body(locker: &Locker) -> Result<(), LockError> {
     Ok(())
 }
 
+/// Without renewal the cap still ends the body: `max_hold` is a hard cap either way.
+#[distributed_lock(key = "unrenewed-capped-body", locker = locker, ttl = "60s", max_hold = "800ms", renew = false)]
+async fn unrenewed_capped_body(locker: &Locker) -> Result<(), LockError> {
+    tokio::time::sleep(LIMIT).await; // a hung body
+    Ok(())
+}
+
 /// Every backend at once (each on a table of its own): the test is mostly waiting for caps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_hold_caps_renewal_on_the_database_clock() {
@@ -134,6 +141,14 @@ async fn capped_on(db: &common::Db) {
         .unwrap_or_else(|_| panic!("{name}: a 30 s lease outlived max_hold {short:?}"));
     let e = short_capped_body(&l).await.unwrap_err();
     assert!(e.is_lost(), "{name}: {e:?}");
+    let started = Instant::now();
+    let e = unrenewed_capped_body(&l).await.unwrap_err();
+    assert!(e.is_lost(), "{name}: {e:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(700) && started.elapsed() < LIMIT,
+        "{name}: ended after {:?}",
+        started.elapsed()
+    );
     // A zero cap, or one shorter than min_hold, is refused up front.
     let e = l.lock("k").max_hold(Duration::ZERO).await.unwrap_err();
     assert!(matches!(e, LockError::Config(_)), "{name}: {e:?}");

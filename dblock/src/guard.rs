@@ -145,9 +145,13 @@ impl LockGuard {
         self.hold.is_lost()
     }
 
-    /// Resolves when `Locker::shutdown` takes the lock away (never otherwise).
-    pub(crate) async fn revoked(&self) -> LockError {
-        self.hold.revoked().await;
+    /// Resolves when `Locker::shutdown` takes the lock away or the hold reaches its `max_hold`
+    /// cap (never otherwise): what ends a locked body that does not renew.
+    pub(crate) async fn revoked_or_capped(&self) -> LockError {
+        tokio::select! {
+            () = self.hold.revoked() => {}
+            () = self.hold.cap_reached() => {}
+        }
         LockError::Lost {
             key: self.hold.name().to_owned(),
         }

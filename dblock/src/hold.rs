@@ -360,6 +360,16 @@ impl Hold {
         }
     }
 
+    /// Resolves at the hold's `max_hold` cap (the local instant above); never for a hold
+    /// without one.
+    pub(crate) async fn cap_reached(&self) {
+        let cap = self.lease().cap;
+        match cap {
+            Some((_, at)) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// The shutdown's release of this (revoked) hold is over: done, or failed and logged.
     pub(crate) fn settle(&self) {
         self.settled.store(true, Ordering::SeqCst);

@@ -88,7 +88,7 @@ impl Take for SemaphoreRequest {
 }
 
 /// Resolves when any of `guards` is lost (with renewal: found gone, its lease over, or a
-/// shutdown) or, without renewal, taken away by a shutdown.
+/// shutdown) or, without renewal, taken away by a shutdown or at its `max_hold` cap.
 async fn any_lost(guards: &[LockGuard], renew: bool) -> LockError {
     let mut watches: Vec<Pin<Box<dyn Future<Output = LockError> + Send + '_>>> = guards
         .iter()
@@ -98,7 +98,7 @@ async fn any_lost(guards: &[LockGuard], renew: bool) -> LockError {
                     let lost = if renew {
                         g.lost().await
                     } else {
-                        g.revoked().await
+                        g.revoked_or_capped().await
                     };
                     if g.released_in() {
                         // Released in the caller's transaction (`dblock::release_in`): its
@@ -269,7 +269,7 @@ where
     let body = context.scope(body);
     // Renewal found a lock gone, its lease ran out (with renewal), or the locker shut down: the
     // body is dropped here, at its current `.await`. Without renewal the lease simply ends at
-    // its ttl and only a shutdown stops the body.
+    // its ttl, and only a shutdown or the `max_hold` cap stops the body.
     let out = tokio::select! {
         biased;
         lost = any_lost(&guards, renew) => {
