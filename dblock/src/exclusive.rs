@@ -466,7 +466,8 @@ pub(crate) async fn steal(
     Err(last)
 }
 
-#[cfg(test)]
+/// On SQLite files: built with the `sqlite` feature only.
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
     use crate::request::LockRequest;
