@@ -212,6 +212,26 @@ async fn a_locked_function_ends_with_lost_when_its_lease_is_taken() -> Result<()
     Ok(())
 }
 
+/// `testing::steal`: another owner takes the key from a running locked function, which ends
+/// with `Lost`; the thief holds it with a larger token.
+#[tokio::test(start_paused = true)]
+async fn a_locked_function_ends_with_lost_when_its_key_is_stolen() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let running = tokio::spawn({
+        let locker = locker.clone();
+        async move { settle(&locker, 9, Duration::from_secs(600)).await }
+    });
+    tokio::time::sleep(SECOND).await;
+    let before = testing::assert_held(&locker, "order:9").await;
+    let thief = testing::steal(&locker, "order:9").await?;
+    assert!(thief.fencing_token() > before.fencing_token);
+    let ended = running.await.expect("no panic");
+    assert!(matches!(ended, Err(LockError::Lost { .. })), "{ended:?}");
+    let now = testing::assert_held(&locker, "order:9").await;
+    assert_eq!(now.fencing_token, thief.fencing_token());
+    Ok(())
+}
+
 /// Fencing tokens never go back after a purge, even when the key is freed, purged and taken
 /// again within one millisecond of the database's clock (here, a paused one), and
 /// `purge(Duration::ZERO)` still deletes every row not held: it waits for the clock's next

@@ -18,7 +18,7 @@
 //! | hook | what the code under test sees |
 //! |---|---|
 //! | [`expire`] | the key's lease ran out now, without a release: the holder's next renewal, `extend` or `fence` says `Lost`, and others may take the key |
-//! | [`Locker::steal`] | another owner took the key, with a new fencing token |
+//! | [`steal`] ([`Locker::steal`] as another owner) | another owner took the key, with a new fencing token |
 //! | [`stop_renewal`] | the renewer hung: the lease runs out at its ttl unless the holder extends it |
 //! | [`fail_next`] | the next statements fail before they are sent, as on a dropped connection |
 //! | [`lose_next_replies`] | the next statements are sent and take effect, but their replies never come: "outcome unknown" |
@@ -117,6 +117,25 @@ pub async fn expire(locker: &Locker, key: &str) -> Result<u64, LockError> {
     let mut ended = lite.expire(&shared.table, key, false).await?;
     ended += lite.expire(&permits.table, key, true).await?;
     Ok(ended)
+}
+
+/// Another owner (a fresh one, whatever scope the caller runs in) takes the exclusive lock on
+/// `key` now, from whoever holds it, with a new fencing token: [`Locker::steal`]. The holder's
+/// next renewal, `extend`, `fence` or `succeed_in` says `Lost`, and its `lost()` resolves. The
+/// thief's guard is returned: drop or release it to free the key. Works on any `Locker`.
+///
+/// ```
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// let locker = dblock::testing::locker().await?;
+/// let guard = locker.lock("k").await?;
+/// let thief = dblock::testing::steal(&locker, "k").await?;
+/// assert!(thief.fencing_token() > guard.fencing_token());
+/// assert!(guard.extend(std::time::Duration::from_secs(30)).await.unwrap_err().is_lost());
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+pub async fn steal(locker: &Locker, key: &str) -> Result<crate::LockGuard, LockError> {
+    locker.steal(key).owner(&crate::Owner::new()).await
 }
 
 /// Stops renewing the holds of `key` that this locker renews (the renewer of a process that
