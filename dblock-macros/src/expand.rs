@@ -459,10 +459,17 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 }
             },
         ),
-        _ => (
-            quote! { let #on_error = #krate::__private::must_return_result(); },
-            TokenStream::new(),
-        ),
+        // Checked on the type the body infers: spanned at the declared type when there is one
+        // (`impl Trait` in it), so the error still points there.
+        _ => {
+            let check = match &sig.output {
+                ReturnType::Type(_, ty) => {
+                    quote_spanned! {ty.span()=> #krate::__private::must_return_result::<_>() }
+                }
+                ReturnType::Default => quote! { #krate::__private::must_return_result() },
+            };
+            (quote! { let #on_error = #check; }, TokenStream::new())
+        }
     };
 
     // The lock (one key or a list), or a permit of a semaphore (`permits = N`).
