@@ -22,7 +22,12 @@ use crate::escape::{escape_message, quoted};
 /// The database comes from DATABASE_URL (or --database-url). Exit status: 0 success, 1 error
 /// (database, configuration), 2 bad command line, 3 nothing to do or not found.
 #[derive(Parser)]
-#[command(name = "dblock", version, max_term_width = 100)]
+#[command(
+    name = "dblock",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
 struct Cli {
     /// The database: postgres://…, mysql://…, sqlite://path?mode=rw. Read from DATABASE_URL if not
     /// given; prefer that: a password on the command line is visible to other users in `ps` and
@@ -338,7 +343,7 @@ async fn command(command: &Command, locker: &Locker) -> Result<(), Failure> {
                 "stole {}: fencing token {}, held for {}\n",
                 quoted(key),
                 guard.fencing_token(),
-                time::span(*ttl),
+                time::given(*ttl),
             ));
             // The lease outlives this process: no release on the way out.
             std::mem::forget(guard);
@@ -370,7 +375,7 @@ async fn command(command: &Command, locker: &Locker) -> Result<(), Failure> {
             emit(&format!(
                 "purged {n} {} free for longer than {}\n",
                 if n == 1 { "row" } else { "rows" },
-                time::span(*older_than)
+                time::given(*older_than)
             ));
         }
         Command::Migrate {

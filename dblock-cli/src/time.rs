@@ -73,6 +73,16 @@ pub fn short(t: SystemTime, now: SystemTime) -> String {
     }
 }
 
+/// A length the operator gave (an interval, a ttl, an age), said back: in milliseconds when it
+/// is under a minute and not whole seconds (`500ms`, `1500ms`), else as [`span`].
+pub fn given(d: Duration) -> String {
+    if d < Duration::from_secs(60) && d.subsec_nanos() != 0 {
+        format!("{}ms", d.as_millis())
+    } else {
+        span(d)
+    }
+}
+
 /// A length of time in at most two units, rounded down: `0s`, `12s`, `3m`, `3m12s`, `2h5m`,
 /// `4d3h`.
 pub fn span(d: Duration) -> String {
@@ -203,6 +213,16 @@ mod tests {
         assert_eq!(relative(at(1_000_000 + 7500, 0), now), "in 2h5m");
         assert_eq!(relative(at(1_000_000 - 4 * 86_400, 0), now), "4d ago");
         assert_eq!(relative(now, now), "now");
+    }
+
+    #[test]
+    fn given_lengths_are_said_back_as_given() {
+        assert_eq!(given(Duration::from_millis(500)), "500ms");
+        assert_eq!(given(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(given(Duration::from_secs(5)), "5s");
+        assert_eq!(given(Duration::ZERO), "0s");
+        assert_eq!(given(Duration::from_secs(90)), "1m30s");
+        assert_eq!(given(Duration::from_secs(86_400)), "1d");
     }
 
     #[test]

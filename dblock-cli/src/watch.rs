@@ -47,12 +47,22 @@ pub async fn run(
                 .into(),
         ));
     }
-    // A first read before anything else: a wrong table or database fails here, with its
-    // explanation and exit status 1, instead of on a screen.
-    let first = read(locker, prefix).await?;
     if json {
-        stream(locker, prefix, interval, first).await
+        // Ctrl-C is ours from here on (exit 0): tokio installs its handler at the future's first
+        // poll, so it is polled once now, before the first read and the first line. Until then
+        // an interrupt would kill the process with its default action.
+        let mut interrupted = Box::pin(tokio::signal::ctrl_c());
+        tokio::select! {
+            biased;
+            _ = &mut interrupted => return Ok(()),
+            () = std::future::ready(()) => {}
+        }
+        let first = read(locker, prefix).await?;
+        stream(locker, prefix, interval, first, interrupted).await
     } else {
+        // A first read before anything else: a wrong table or database fails here, with its
+        // explanation and exit status 1, instead of on a screen.
+        let first = read(locker, prefix).await?;
         live(locker, prefix, interval, first).await
     }
 }
@@ -63,12 +73,11 @@ async fn stream(
     prefix: &str,
     interval: Duration,
     first: Snapshot,
+    // One Ctrl-C future for the whole stream, already polled once (its handler installed), so
+    // that an interrupt that comes while a refresh is read or a line written is not missed.
+    mut interrupted: std::pin::Pin<Box<impl std::future::Future<Output = std::io::Result<()>>>>,
 ) -> Result<(), Failure> {
     let table = locker.table_name().to_owned();
-    // One Ctrl-C future for the whole stream, so that an interrupt that comes while a refresh
-    // is read is not missed.
-    let interrupted = tokio::signal::ctrl_c();
-    tokio::pin!(interrupted);
     let mut next: Result<Snapshot, dblock::LockError> = Ok(first);
     loop {
         match next {
@@ -248,7 +257,7 @@ fn view(
         format!(
             "dblock watch: table {}{filter}, every {} (q or Ctrl-C quits)   {}",
             quoted(table),
-            span_or_ms(interval),
+            crate::time::given(interval),
             short(s.at, s.at)
         ),
         format!(
@@ -324,13 +333,4 @@ fn view(
         ));
     }
     lines
-}
-
-/// `1s`, `5m`, or `500ms` for less than a second.
-fn span_or_ms(d: Duration) -> String {
-    if d < Duration::from_secs(1) {
-        format!("{}ms", d.as_millis())
-    } else {
-        span(d)
-    }
 }

@@ -426,6 +426,9 @@ async fn purge_deletes_free_rows_only() {
         // Nothing left to purge is no failure: purge runs from cron.
         let out = expect(db, &["purge", "--older-than", "0s"], 0);
         assert!(out.contains("purged 0 rows"), "{}: {out}", db.name);
+        // An age under a second is said back as given.
+        let out = expect(db, &["purge", "--older-than", "500ms"], 0);
+        assert!(out.contains("longer than 500ms"), "{}: {out}", db.name);
         g.release().await.unwrap();
     }
 }
@@ -683,12 +686,22 @@ fn bad_command_lines_exit_2_and_help_exits_0() {
         assert_eq!(out.status.code(), Some(0), "{args:?}");
         assert!(stdout(&out).contains("Usage: dblock"), "{args:?}");
     }
-    let out = common::cmd().arg("--version").output().unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    assert_eq!(
-        stdout(&out).trim(),
-        format!("dblock {}", env!("CARGO_PKG_VERSION"))
-    );
+    // Global options go before or after the command (docs/cli.md): --version too.
+    for args in [
+        &["--version"][..],
+        &["-V"],
+        &["list", "--version"],
+        &["watch", "-V"],
+    ] {
+        let out = common::cmd().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        // `dblock 0.1.0`; after a command clap names it: `dblock-list 0.1.0`.
+        let version = stdout(&out);
+        assert!(
+            version.starts_with("dblock") && version.trim().ends_with(env!("CARGO_PKG_VERSION")),
+            "{args:?}: {version}"
+        );
+    }
 }
 
 #[test]
