@@ -466,8 +466,9 @@ pub(crate) async fn steal(
     Err(last)
 }
 
-/// On SQLite files: built with the `sqlite` feature only.
-#[cfg(all(test, feature = "sqlite"))]
+// On SQLite files: built with the `sqlite` feature only.
+#[cfg(feature = "sqlite")]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::request::LockRequest;

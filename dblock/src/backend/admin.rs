@@ -1,4 +1,5 @@
-//! The operator queries (inspect, held, force_release, purge), the last-writer read, and the row
+//! The operator's statements (inspect, live rows, rows in a range, force_release, reset,
+//! purge) as values, their runner for MySQL and SQLite, the last-writer read, and the row
 //! decoder, written once. MySQL and SQLite supply only their SQL text (`AdminSql`) and run them
 //! through here (`shared_admin!`); PostgreSQL runs its own text through its own runner (which
 //! knows the form a transaction pooler needs) and shares the decoder. Every dialect's text
@@ -8,9 +9,8 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use sqlx::{Database, Encode, Executor, IntoArguments, SqlStr};
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-use crate::info::LockInfo;
-use crate::info::LockRow;
+use super::contract::{LastWrite, Statement};
+use crate::info::{LockInfo, LockRow};
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// One dialect's operator statements.
@@ -36,6 +36,68 @@ pub(crate) struct AdminSql {
     /// `$1`/`?` = key; the row's last writer id (attempt or release id) and tenure: after a
     /// release whose reply was lost, tells "my release took effect" from "not mine".
     pub(crate) last_write: SqlStr,
+}
+
+// The operator's statements, as values (each backend's runner: the macro below for MySQL and
+// SQLite, `postgres/admin.rs`).
+
+/// The row of a key.
+pub(crate) struct Inspect<'a>(pub &'a str);
+
+impl Statement for Inspect<'_> {
+    type Output = Option<LockInfo>;
+}
+
+/// Every row with a live lease, ordered by key.
+pub(crate) struct LiveRows;
+
+impl Statement for LiveRows {
+    type Output = Vec<LockInfo>;
+}
+
+/// The rows whose key is in `from..to` (bytes) that have a live lease, or were taken in the last
+/// `taken_within_us` on the database clock (the watch: a hold that may have begun and ended
+/// since its last read; 0: only the live ones), ordered by key.
+pub(crate) struct RowsIn<'a> {
+    pub from: &'a str,
+    pub to: &'a str,
+    pub taken_within_us: i64,
+}
+
+impl Statement for RowsIn<'_> {
+    type Output = Vec<LockInfo>;
+}
+
+/// Frees a live lease whoever holds it; whether there was one.
+pub(crate) struct ForceRelease<'a>(pub &'a str);
+
+impl Statement for ForceRelease<'_> {
+    type Output = bool;
+}
+
+/// A key not held: outcome forgotten, min_hold wait ended; whether a row changed.
+pub(crate) struct Reset<'a>(pub &'a str);
+
+impl Statement for Reset<'_> {
+    type Output = bool;
+}
+
+/// Deletes rows free or expired for longer than `older_than_us`.
+pub(crate) struct Purge {
+    pub older_than_us: i64,
+}
+
+/// What a [`Purge`] did: the rows it deleted, and how long until those it kept for their
+/// fencing token alone could go (a new row of their key would start at or below it until then).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Purged {
+    pub deleted: u64,
+    /// µs; `None` when it kept none.
+    pub held_back_us: Option<i64>,
+}
+
+impl Statement for Purge {
+    type Output = Purged;
 }
 
 /// Rows one purge statement deletes at most where the dialect can bound it (MySQL), so a large
@@ -152,7 +214,7 @@ pub(crate) async fn purge<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
     older_than_us: i64,
-) -> sqlx::Result<super::Purged>
+) -> sqlx::Result<Purged>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -174,7 +236,7 @@ where
         .bind(older_than_us)
         .fetch_one(&mut *conn)
         .await?;
-    Ok(super::Purged {
+    Ok(Purged {
         deleted,
         held_back_us: row.try_get(0)?,
     })
@@ -185,7 +247,7 @@ pub(crate) async fn last_write<DB>(
     conn: &mut DB::Connection,
     sql: &AdminSql,
     key: &str,
-) -> sqlx::Result<Option<super::LastWrite>>
+) -> sqlx::Result<Option<LastWrite>>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -204,14 +266,14 @@ where
 
 /// Decodes the last-writer read's columns (writer, fencing token, release id and token),
 /// whatever the backend.
-pub(crate) fn decode_last_write<'r, R>(r: &'r R) -> sqlx::Result<super::LastWrite>
+pub(crate) fn decode_last_write<'r, R>(r: &'r R) -> sqlx::Result<LastWrite>
 where
     R: Row,
     usize: ColumnIndex<R>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
     Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
 {
-    Ok(super::LastWrite {
+    Ok(LastWrite {
         writer: r.try_get(0)?,
         fencing_token: r.try_get(1)?,
         release_id: r.try_get(2)?,
@@ -226,45 +288,45 @@ where
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! shared_admin {
     ($trait:ident, $method:ident, $ty:ty, $db:ty, $($field:ident).+) => {
-        impl $trait for $crate::backend::LastWriteOf<'_> {
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Option<$crate::backend::LastWrite>> {
+        impl $trait for $crate::backend::contract::LastWriteOf<'_> {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Option<$crate::backend::contract::LastWrite>> {
                 $crate::backend::admin::last_write::<$db>(conn, &b.$($field).+, self.0).await
             }
         }
 
-        impl $trait for $crate::backend::Inspect<'_> {
+        impl $trait for $crate::backend::admin::Inspect<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Option<$crate::info::LockInfo>> {
                 let rows = $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.inspect, &[self.0], &[]).await?;
                 Ok(rows.into_iter().next())
             }
         }
 
-        impl $trait for $crate::backend::LiveRows {
+        impl $trait for $crate::backend::admin::LiveRows {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Vec<$crate::info::LockInfo>> {
                 $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held, &[], &[]).await
             }
         }
 
-        impl $trait for $crate::backend::RowsIn<'_> {
+        impl $trait for $crate::backend::admin::RowsIn<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Vec<$crate::info::LockInfo>> {
                 $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.rows_in, &[self.from, self.to], &[self.taken_within_us]).await
             }
         }
 
-        impl $trait for $crate::backend::ForceRelease<'_> {
+        impl $trait for $crate::backend::admin::ForceRelease<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<bool> {
                 Ok($crate::backend::admin::affected::<$db, String>(conn, &b.$($field).+.force_release, self.0.to_owned()).await? > 0)
             }
         }
 
-        impl $trait for $crate::backend::Reset<'_> {
+        impl $trait for $crate::backend::admin::Reset<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<bool> {
                 Ok($crate::backend::admin::affected::<$db, String>(conn, &b.$($field).+.reset, self.0.to_owned()).await? > 0)
             }
         }
 
-        impl $trait for $crate::backend::Purge {
-            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<$crate::backend::Purged> {
+        impl $trait for $crate::backend::admin::Purge {
+            async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<$crate::backend::admin::Purged> {
                 $crate::backend::admin::purge::<$db>(conn, &b.$($field).+, self.older_than_us).await
             }
         }

@@ -537,65 +537,6 @@ impl Statement for LastWriteOf<'_> {
     type Output = Option<LastWrite>;
 }
 
-/// The row of a key.
-pub(crate) struct Inspect<'a>(pub &'a str);
-
-impl Statement for Inspect<'_> {
-    type Output = Option<crate::info::LockInfo>;
-}
-
-/// Every row with a live lease, ordered by key.
-pub(crate) struct LiveRows;
-
-impl Statement for LiveRows {
-    type Output = Vec<crate::info::LockInfo>;
-}
-
-/// The rows whose key is in `from..to` (bytes) that have a live lease, or were taken in the last
-/// `taken_within_us` on the database clock (the watch: a hold that may have begun and ended
-/// since its last read; 0: only the live ones), ordered by key.
-pub(crate) struct RowsIn<'a> {
-    pub from: &'a str,
-    pub to: &'a str,
-    pub taken_within_us: i64,
-}
-
-impl Statement for RowsIn<'_> {
-    type Output = Vec<crate::info::LockInfo>;
-}
-
-/// Frees a live lease whoever holds it; whether there was one.
-pub(crate) struct ForceRelease<'a>(pub &'a str);
-
-impl Statement for ForceRelease<'_> {
-    type Output = bool;
-}
-
-/// A key not held: outcome forgotten, min_hold wait ended; whether a row changed.
-pub(crate) struct Reset<'a>(pub &'a str);
-
-impl Statement for Reset<'_> {
-    type Output = bool;
-}
-
-/// Deletes rows free or expired for longer than `older_than_us`.
-pub(crate) struct Purge {
-    pub older_than_us: i64,
-}
-
-/// What a [`Purge`] did: the rows it deleted, and how long until those it kept for their
-/// fencing token alone could go (a new row of their key would start at or below it until then).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Purged {
-    pub deleted: u64,
-    /// µs; `None` when it kept none.
-    pub held_back_us: Option<i64>,
-}
-
-impl Statement for Purge {
-    type Output = Purged;
-}
-
 /// One step of a fair waiter in its key's queue: one statement. On the release pool: a
 /// ticket needs no more durability than a lazily durable release (a lost one only costs its
 /// place).

@@ -6,6 +6,7 @@
 //! Every lock operation is ONE statement sent in ONE round trip on an autocommit connection. The
 //! comment above each statement says why it is atomic on its own.
 
+pub(crate) use admin::{ForceRelease, Inspect, LiveRows, Purge, Purged, Reset, RowsIn};
 pub(crate) use conns::Conns;
 use tokio::time::Instant;
 
