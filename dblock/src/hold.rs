@@ -360,12 +360,15 @@ impl Hold {
         }
     }
 
-    /// Resolves at the hold's `max_hold` cap (the local instant above); never for a hold
-    /// without one.
+    /// Resolves at the hold's `max_hold` cap (the local instant above), counted as renewal
+    /// counts it ([`capped_out`](Self::capped_out)); never for a hold without one.
     pub(crate) async fn cap_reached(&self) {
         let cap = self.lease().cap;
         match cap {
-            Some((_, at)) => tokio::time::sleep_until(at).await,
+            Some((_, at)) => {
+                tokio::time::sleep_until(at).await;
+                meter::max_hold_reached(&self.meter);
+            }
             None => std::future::pending().await,
         }
     }

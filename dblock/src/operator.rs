@@ -178,9 +178,10 @@ impl Locker {
     /// the database clock (in microseconds; on SQLite, its millisecond × 1000), and a row is
     /// deleted only once that seed is above its token. A row freed within the clock's current
     /// tick (a key released and purged within one millisecond on SQLite) is deleted after the
-    /// tick: `purge` waits for it, up to a second, and deletes it then. A row whose token went
-    /// further past the clock (a key taken over faster than the clock moves, a server clock
-    /// stepped back) stays until a later purge.
+    /// tick: `purge` waits for it and deletes it then (it waits only for tokens at most a second
+    /// ahead of the clock, twice at most). A row whose token went further past the clock (a key
+    /// taken over faster than the clock moves, a server clock stepped back) stays until a later
+    /// purge.
     ///
     /// The record of a [`once`](crate::LockRequest::once) key whose last hold succeeded is never
     /// deleted, whatever its age: without it the work would run again. An operator forgets one
@@ -200,7 +201,8 @@ impl Locker {
         let mut deleted = 0;
         // A row freed within the clock's current tick is kept for its fencing token (above);
         // a second round after that tick deletes it, so `Duration::ZERO` deletes every row not
-        // held. The third round is for a tick that had not quite turned.
+        // held (whose token is not further ahead of the clock). The third round is for a tick
+        // that had not quite turned, or rows freed meanwhile.
         for round in 1..=3 {
             let locks = self
                 .operate("purge", crate::backend::Purge { older_than_us: us })

@@ -29,7 +29,7 @@ pub(crate) struct AdminSql {
     /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
     pub(crate) purge: SqlStr,
     /// `$1`/`?` = age in µs; how long until the rows `purge` keeps for their fencing token
-    /// alone could go (µs, NULL: none).
+    /// alone, and could delete within `timing::PURGE_HELD_BACK`, could go (µs, NULL: none).
     pub(crate) held_back: SqlStr,
     /// `$1`/`?` = key; a key not held: outcome forgotten, min_hold wait ended.
     pub(crate) reset: SqlStr,

@@ -45,6 +45,9 @@ pub(super) struct Statements {
 const PURGEABLE: &str = "expires_at <= statement_timestamp() - $1::int8 * interval '1 microsecond'
   AND NOT (once_key AND last_outcome IS NOT DISTINCT FROM 1 AND NOT {ran_out})";
 
+/// How far ahead of the clock a held-back row's token may be for `purge` to wait for it, µs.
+const HELD_BACK_US: u128 = crate::timing::PURGE_HELD_BACK.as_micros();
+
 /// A new row's first fencing token: the statement's time in µs.
 const SEED: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::int8";
 
@@ -431,13 +434,13 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > statement_timest
                     .replace("{ran_out}", &ran_out("")),
                 &t,
             ),
-            // The rows `purge` keeps for their fencing token alone: how many µs until a new row
-            // of each would start above its token (NULL: none). `Locker::purge` waits that long,
-            // when it is short, and purges again.
+            // The rows `purge` keeps for their fencing token alone, those a new row of their
+            // key would start above within `PURGE_HELD_BACK`: how many µs until it would for
+            // every one of them (NULL: none). `Locker::purge` waits that long and purges again.
             held_back: stmt(
                 &format!(
                     "SELECT max(fencing_token) - {SEED} + 1 FROM {{table}}
-WHERE {PURGEABLE} AND fencing_token >= {SEED}"
+WHERE {PURGEABLE} AND fencing_token >= {SEED} AND fencing_token < {SEED} + {HELD_BACK_US}"
                 )
                 .replace("{ran_out}", &ran_out("")),
                 &t,

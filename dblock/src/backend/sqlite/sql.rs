@@ -215,7 +215,9 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
                 held_back: sql(
                     &format!(
                         "SELECT (MAX(fencing_token) / 1000 + 1 - {{now}}) * 1000 FROM {{table}}
-WHERE {PURGEABLE} AND fencing_token >= {{now}} * 1000"
+WHERE {PURGEABLE} AND fencing_token >= {{now}} * 1000
+  AND fencing_token < {{now}} * 1000 + {}",
+                        crate::timing::PURGE_HELD_BACK.as_micros()
                     ),
                     &t,
                 ),
