@@ -29,6 +29,14 @@ mod measured {
         Ok(())
     }
 
+    /// Not renewed, capped: the cap ends the body, and counts as renewal's cap does.
+    #[distributed_lock(key = "unrenewed:{id}", locker = locker, ttl = "10s", max_hold = "300ms", renew = false)]
+    async fn unrenewed(locker: &Locker, id: u64) -> Result<(), LockError> {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let _ = id;
+        Ok(())
+    }
+
     #[distributed_lock(key = ["acct:{a}", "acct:{b}"], locker = locker)]
     async fn transfer(locker: &Locker, a: u64, b: u64) -> Result<(), LockError> {
         Ok(())
@@ -149,6 +157,8 @@ mod measured {
             .await
             .expect("lost at the cap");
         drop(capped);
+        let ended = unrenewed(locker, 1).await;
+        assert!(matches!(ended, Err(LockError::Lost { .. })), "{ended:?}");
 
         // A semaphore's permit: labelled `kind = permit`.
         let permit = locker
@@ -192,6 +202,11 @@ mod measured {
         assert_eq!(samples(&seen, "dblock_lost_total", "job:{n}", ""), 1);
         assert_eq!(
             samples(&seen, "dblock_max_hold_reached_total", "capped:{n}", ""),
+            1,
+            "{seen:#?}"
+        );
+        assert_eq!(
+            samples(&seen, "dblock_max_hold_reached_total", "unrenewed:{id}", ""),
             1,
             "{seen:#?}"
         );
