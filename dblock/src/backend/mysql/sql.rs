@@ -521,10 +521,11 @@ WHERE lock_key = ? AND NOT (owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6))
                     ),
                     &t,
                 ),
+                // As PostgreSQL's: rows the DELETE would take now count too (0 or less).
                 held_back: sql(
                     &format!(
                         "SELECT CAST(MAX(fencing_token) - {{us_now}} + 1 AS SIGNED) FROM {{table}}
-WHERE {PURGEABLE} AND fencing_token >= {{us_now}} AND fencing_token < {{us_now}} + {}",
+WHERE {PURGEABLE} AND fencing_token < {{us_now}} + {}",
                         crate::timing::PURGE_HELD_BACK.as_micros()
                     ),
                     &t,

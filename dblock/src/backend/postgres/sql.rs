@@ -437,10 +437,12 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > statement_timest
             // The rows `purge` keeps for their fencing token alone, those a new row of their
             // key would start above within `PURGE_HELD_BACK`: how many µs until it would for
             // every one of them (NULL: none). `Locker::purge` waits that long and purges again.
+            // Rows the DELETE would take now count too (0 or less: at once), as the clock may
+            // have moved between the DELETE and this read.
             held_back: stmt(
                 &format!(
                     "SELECT max(fencing_token) - {SEED} + 1 FROM {{table}}
-WHERE {PURGEABLE} AND fencing_token >= {SEED} AND fencing_token < {SEED} + {HELD_BACK_US}"
+WHERE {PURGEABLE} AND fencing_token < {SEED} + {HELD_BACK_US}"
                 )
                 .replace("{ran_out}", &ran_out("")),
                 &t,

@@ -212,11 +212,12 @@ WHERE lock_key = $1 AND NOT (owner IS NOT NULL AND expires_at > {now})",
                     &t,
                 ),
                 // In µs, whole milliseconds: the next millisecond after the newest such token's.
+                // Rows the DELETE would take now count too (0 or less: at once): the clock
+                // may have turned between the DELETE and this read.
                 held_back: sql(
                     &format!(
                         "SELECT (MAX(fencing_token) / 1000 + 1 - {{now}}) * 1000 FROM {{table}}
-WHERE {PURGEABLE} AND fencing_token >= {{now}} * 1000
-  AND fencing_token < {{now}} * 1000 + {}",
+WHERE {PURGEABLE} AND fencing_token < {{now}} * 1000 + {}",
                         crate::timing::PURGE_HELD_BACK.as_micros()
                     ),
                     &t,
