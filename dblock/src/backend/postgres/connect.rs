@@ -266,8 +266,8 @@ enum Startup {
     Pooler,
 }
 
-/// READ COMMITTED, the statement and lock time-outs, server keepalives, and no sequential
-/// scans: what a lock session runs with on the direct path.
+/// READ COMMITTED, the statement and lock time-outs, server keepalives, no sequential scans
+/// and no JIT compilation: what a lock session runs with on the direct path.
 ///
 /// `enable_seqscan = off`: every statement of the hot path reads the lock table by key, but the
 /// plan PostgreSQL caches for a prepared statement (its generic plan, after five executions)
@@ -282,6 +282,13 @@ enum Startup {
 /// 35 ms). A pool the application passes in (`Locker::postgres`) keeps its own settings.
 /// Behind a transaction pooler statements are not prepared: each is planned for the table as
 /// it is.
+///
+/// `jit = off`: the price `enable_seqscan = off` puts on a scan (10¹⁰) is far above
+/// `jit_above_cost`, so every statement that scans (`purge` and its held-back read, on a table
+/// of a few rows) was compiled by LLVM before it ran: 60–80 ms each, a one-row purge 200 ms
+/// instead of 2 ms (server log, `log_min_duration_statement`). No statement of the lock table
+/// reads enough rows for compiled expressions to pay. (PostgreSQL 11 and later have the
+/// setting.)
 fn session_settings(opts: &ConnectOptions) -> Vec<(&'static str, String)> {
     let ms = opts.statement_timeout.as_millis().to_string();
     let mut settings = vec![
@@ -294,6 +301,7 @@ fn session_settings(opts: &ConnectOptions) -> Vec<(&'static str, String)> {
                 .to_string(),
         ),
         ("enable_seqscan", "off".to_owned()),
+        ("jit", "off".to_owned()),
     ];
     settings.extend(keepalives().map(|(name, value)| (name, value.to_owned())));
     settings

@@ -652,23 +652,69 @@ mod tests {
     /// while the table is small, and a server that never analyzes it (autovacuum off) keeps
     /// that plan: without `enable_seqscan = off` in the session it scanned the whole table
     /// for every batch (measured: 4.8 ms instead of 0.9 ms for 64 rows of 4,096).
-    #[tokio::test]
-    async fn coalesced_statements_made_on_a_small_table_read_a_grown_one_by_key() {
+    /// A migrated backend on a table of its own (`t_{name}_…`) with one connection, on the
+    /// direct path; `None` (the test skipped) when PostgreSQL is not there and not required.
+    async fn direct_backend(name: &str) -> Option<(crate::backend::Backend, String)> {
         let url = std::env::var("DBLOCK_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let table = format!("t_grow_{}_{}", std::process::id(), fastrand::u32(..));
-        // One connection: the statements' executions all build up its plan cache.
+        let table = format!("t_{name}_{}_{}", std::process::id(), fastrand::u32(..));
         let opts = ConnectOptions::new().max_connections(1);
         let b = match crate::backend::Backend::connect(&url, &table, &opts).await {
             Ok(b) => b,
             Err(e) => {
                 let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
                 assert!(!require, "PostgreSQL unreachable: {e}");
-                return;
+                return None;
             }
         };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        b.run(&crate::backend::Migrate, deadline).await.unwrap();
+        Some((b, table))
+    }
+
+    /// A lock session never has the server compile a statement (`jit = off`): with
+    /// `enable_seqscan = off` a statement that scans, as `purge` does, is priced far above
+    /// `jit_above_cost`, and was compiled before it ran (60–80 ms for a table of a few rows).
+    #[tokio::test]
+    async fn lock_sessions_scan_without_compiling_the_statement() {
+        let Some((b, table)) = direct_backend("jit").await else {
+            return;
+        };
+        #[allow(irrefutable_let_patterns)] // with no other backend built
+        let crate::backend::Backend::Postgres(pg) = &b
+        else {
+            unreachable!("a PostgreSQL URL")
+        };
+        let mut conn = pg.pool().acquire().await.unwrap();
+        let (jit, seqscan): (String, String) =
+            sqlx::query_as("SELECT current_setting('jit'), current_setting('enable_seqscan')")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+        assert_eq!((jit.as_str(), seqscan.as_str()), ("off", "off"));
+        let plan: Vec<(String,)> = sqlx::query_as(AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, COSTS false, TIMING false) SELECT max(fencing_token) FROM {table}
+             WHERE expires_at <= statement_timestamp()"
+        )))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        let plan: Vec<String> = plan.into_iter().map(|r| r.0).collect();
+        assert!(plan.iter().any(|l| l.contains("Seq Scan")), "{plan:?}");
+        assert!(!plan.iter().any(|l| l.contains("JIT")), "{plan:?}");
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {table}")))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn coalesced_statements_made_on_a_small_table_read_a_grown_one_by_key() {
+        // One connection: the statements' executions all build up its plan cache.
+        let Some((b, table)) = direct_backend("grow").await else {
+            return;
+        };
         let deadline = || Instant::now() + Duration::from_secs(10);
-        b.run(&crate::backend::Migrate, deadline()).await.unwrap();
         for i in 0..8 {
             let keys = [format!("small:{i}:a"), format!("small:{i}:b")];
             let rows = keys
