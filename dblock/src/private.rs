@@ -250,17 +250,8 @@ where
     };
     // From here a guard dropped with this future means the body was cancelled (or panicked).
     guards.iter_mut().for_each(LockGuard::fail_on_drop);
-    if let Some(proof) = proof {
-        let _ = proof
-            .locks
-            .set(guards.iter().map(LockGuard::held_lock).collect());
-    }
-    let mut held = outer.map(|c| c.held.to_vec()).unwrap_or_default();
-    held.extend(guards.iter().map(LockGuard::held_lock));
-    let context = Context {
-        owner,
-        held: held.into(),
-    };
+    let taken = guards.iter().map(LockGuard::held_lock).collect();
+    let context = body_context(outer, owner, taken, proof);
     let guards: Vec<LockGuard> = if renew {
         guards.into_iter().map(LockGuard::auto_renew).collect()
     } else {
@@ -444,16 +435,27 @@ where
         Ok(taken) => taken,
         Err(e) => return (returns.on_error)(e),
     };
-    let taken_now: Vec<HeldLock> = taken.locks.iter().map(crate::TxLock::held_lock).collect();
+    let taken_now = taken.locks.iter().map(crate::TxLock::held_lock).collect();
+    body_context(Context::get(), taken.owner, taken_now, proof)
+        .scope(body)
+        .await
+}
+
+/// The context a locked body runs in: `owner`, holding the enclosing bodies' locks (`outer`'s)
+/// and the ones it `took`; its proof, if any, holds those it took.
+fn body_context(
+    outer: Option<Context>,
+    owner: Owner,
+    took: Vec<HeldLock>,
+    proof: Option<ProofScope>,
+) -> Context {
     if let Some(proof) = proof {
-        let _ = proof.locks.set(taken_now.clone().into());
+        let _ = proof.locks.set(took.clone().into());
     }
-    let mut held = Context::get().map(|c| c.held.to_vec()).unwrap_or_default();
-    held.extend(taken_now);
+    let mut held = outer.map(|c| c.held.to_vec()).unwrap_or_default();
+    held.extend(took);
     Context {
-        owner: taken.owner,
+        owner,
         held: held.into(),
     }
-    .scope(body)
-    .await
 }

@@ -1,13 +1,13 @@
 //! The operator's statements (inspect, live rows, rows in a range, force_release, reset,
-//! purge) as values, their runner for MySQL and SQLite, the last-writer read, and the row
-//! decoder, written once. MySQL and SQLite supply only their SQL text (`AdminSql`) and run them
-//! through here (`shared_admin!`); PostgreSQL runs its own text through its own runner (which
+//! purge) as values, their runner for MySQL and SQLite (`shared_admin!`: the same code for each
+//! one's concrete sqlx types, which they give their SQL text, `AdminSql`), the last-writer read,
+//! and the row decoder, written once. PostgreSQL runs its own text through its own runner (which
 //! knows the form a transaction pooler needs) and shares the decoder. Every dialect's text
 //! returns the columns of [`LockRow`] with the same types.
 
-use sqlx::{ColumnIndex, Decode, Row, Type};
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-use sqlx::{Database, Encode, Executor, IntoArguments, SqlStr};
+use sqlx::SqlStr;
+use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use super::contract::{LastWrite, Statement};
 use crate::info::{LockInfo, LockRow};
@@ -29,7 +29,8 @@ pub(crate) struct AdminSql {
     /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
     pub(crate) purge: SqlStr,
     /// `$1`/`?` = age in µs; how long until the rows `purge` keeps for their fencing token
-    /// alone, and could delete within `timing::PURGE_HELD_BACK`, could go (µs, NULL: none).
+    /// alone, and could delete within `timing::PURGE_HELD_BACK`, could go (µs, NULL: none; 0
+    /// or less: rows `purge` would delete by now).
     pub(crate) held_back: SqlStr,
     /// `$1`/`?` = key; a key not held: outcome forgotten, min_hold wait ended.
     pub(crate) reset: SqlStr,
@@ -92,7 +93,8 @@ pub(crate) struct Purge {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Purged {
     pub deleted: u64,
-    /// µs; `None` when it kept none.
+    /// µs (0 or less: a row the delete would take by now, the clock having moved since);
+    /// `None` when it kept none.
     pub held_back_us: Option<i64>,
 }
 
@@ -103,26 +105,6 @@ impl Statement for Purge {
 /// Rows one purge statement deletes at most where the dialect can bound it (MySQL), so a large
 /// purge never holds many row locks at once.
 pub(crate) const PURGE_BATCH: u64 = 1000;
-
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-/// `rows_affected`, which sqlx has on each backend's query result but in no trait.
-pub(crate) trait RowsAffected {
-    fn rows(&self) -> u64;
-}
-
-#[cfg(feature = "mysql")]
-impl RowsAffected for sqlx::mysql::MySqlQueryResult {
-    fn rows(&self) -> u64 {
-        self.rows_affected()
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
-    fn rows(&self) -> u64 {
-        self.rows_affected()
-    }
-}
 
 /// Decodes [`LockRow`]'s columns, whatever the backend.
 pub(crate) fn decode<'r, R>(r: &'r R) -> sqlx::Result<LockRow>
@@ -152,118 +134,6 @@ where
     })
 }
 
-/// Runs one of the operator's reads (`sql`, with `texts` then `ints` bound in order) and decodes
-/// every row it returns.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn infos<DB>(
-    conn: &mut DB::Connection,
-    sql: &SqlStr,
-    texts: &[&str],
-    ints: &[i64],
-) -> sqlx::Result<Vec<LockInfo>>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-    for<'q> i64: Encode<'q, DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
-    for<'r> bool: Decode<'r, DB> + Type<DB>,
-{
-    let mut query = sqlx::query(sql.clone());
-    for text in texts {
-        query = query.bind((*text).to_owned());
-    }
-    for int in ints {
-        query = query.bind(*int);
-    }
-    let rows = query.fetch_all(&mut *conn).await?;
-    rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
-}
-
-/// Runs one of the operator's writes (`sql`, with `value` bound) and says how many rows it
-/// changed.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn affected<DB, T>(
-    conn: &mut DB::Connection,
-    sql: &SqlStr,
-    value: T,
-) -> sqlx::Result<u64>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    DB::QueryResult: RowsAffected,
-    T: for<'q> Encode<'q, DB> + Type<DB> + Send + 'static,
-{
-    let done = sqlx::query(sql.clone())
-        .bind(value)
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows())
-}
-
-/// A purge: in batches of at most [`PURGE_BATCH`] rows until a batch comes back short, then
-/// how long the rows kept for their fencing token alone are held back.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn purge<DB>(
-    conn: &mut DB::Connection,
-    sql: &AdminSql,
-    older_than_us: i64,
-) -> sqlx::Result<Purged>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    DB::QueryResult: RowsAffected,
-    usize: ColumnIndex<DB::Row>,
-    for<'q> i64: Encode<'q, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
-{
-    let mut deleted = 0;
-    loop {
-        let n = affected::<DB, i64>(conn, &sql.purge, older_than_us).await?;
-        deleted += n;
-        if n < PURGE_BATCH {
-            break;
-        }
-    }
-    let row = sqlx::query(sql.held_back.clone())
-        .bind(older_than_us)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(Purged {
-        deleted,
-        held_back_us: row.try_get(0)?,
-    })
-}
-
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) async fn last_write<DB>(
-    conn: &mut DB::Connection,
-    sql: &AdminSql,
-    key: &str,
-) -> sqlx::Result<Option<LastWrite>>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-{
-    let row = sqlx::query(sql.last_write.clone())
-        .bind(key.to_owned())
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.as_ref().map(decode_last_write).transpose()
-}
-
 /// Decodes the last-writer read's columns (writer, fencing token, release id and token),
 /// whatever the backend.
 pub(crate) fn decode_last_write<'r, R>(r: &'r R) -> sqlx::Result<LastWrite>
@@ -281,53 +151,100 @@ where
     })
 }
 
-/// The operator's statements and the last-writer read through the shared code above, for a
-/// backend (`$trait`, its method `$method`, its type `$ty` and sqlx database `$db`) whose
-/// [`AdminSql`] is at `<backend>.<path>`: `shared_admin!(OnMySql, mysql, My, sqlx::MySql,
-/// sql.admin)` in its folder.
+/// The operator's statements and the last-writer read for a backend that runs the text of its
+/// [`AdminSql`] as it is (`$trait`, its method `$method`, its type `$ty` and sqlx database
+/// `$db`; the [`AdminSql`] at `<backend>.<path>`): `shared_admin!(OnMySql, mysql, My,
+/// sqlx::MySql, sql.admin)` in its folder. Reads bind their text values first, then their
+/// integers, in order; a purge deletes in batches of at most [`PURGE_BATCH`] rows until one
+/// comes back short, then reads how long the rows kept for their fencing token alone are held
+/// back.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! shared_admin {
     ($trait:ident, $method:ident, $ty:ty, $db:ty, $($field:ident).+) => {
+        mod shared_admin {
+            use $crate::backend::admin::{decode, decode_last_write, AdminSql, Purged, PURGE_BATCH};
+            use $crate::backend::contract::LastWrite;
+            use $crate::info::LockInfo;
+            use sqlx::{Row, SqlStr};
+
+            type Conn = <$db as sqlx::Database>::Connection;
+
+            pub(super) async fn infos(conn: &mut Conn, sql: &SqlStr, texts: &[&str], ints: &[i64]) -> sqlx::Result<Vec<LockInfo>> {
+                let mut query = sqlx::query(sql.clone());
+                for text in texts {
+                    query = query.bind((*text).to_owned());
+                }
+                for int in ints {
+                    query = query.bind(*int);
+                }
+                let rows = query.fetch_all(&mut *conn).await?;
+                rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
+            }
+
+            pub(super) async fn changes(conn: &mut Conn, sql: &SqlStr, key: &str) -> sqlx::Result<bool> {
+                let done = sqlx::query(sql.clone()).bind(key.to_owned()).execute(&mut *conn).await?;
+                Ok(done.rows_affected() > 0)
+            }
+
+            pub(super) async fn purge(conn: &mut Conn, sql: &AdminSql, older_than_us: i64) -> sqlx::Result<Purged> {
+                let mut deleted = 0;
+                loop {
+                    let done = sqlx::query(sql.purge.clone()).bind(older_than_us).execute(&mut *conn).await?;
+                    deleted += done.rows_affected();
+                    if done.rows_affected() < PURGE_BATCH {
+                        break;
+                    }
+                }
+                let row = sqlx::query(sql.held_back.clone()).bind(older_than_us).fetch_one(&mut *conn).await?;
+                Ok(Purged { deleted, held_back_us: row.try_get(0)? })
+            }
+
+            pub(super) async fn last_write(conn: &mut Conn, sql: &AdminSql, key: &str) -> sqlx::Result<Option<LastWrite>> {
+                let row = sqlx::query(sql.last_write.clone()).bind(key.to_owned()).fetch_optional(&mut *conn).await?;
+                row.as_ref().map(decode_last_write).transpose()
+            }
+        }
+
         impl $trait for $crate::backend::contract::LastWriteOf<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Option<$crate::backend::contract::LastWrite>> {
-                $crate::backend::admin::last_write::<$db>(conn, &b.$($field).+, self.0).await
+                shared_admin::last_write(conn, &b.$($field).+, self.0).await
             }
         }
 
         impl $trait for $crate::backend::admin::Inspect<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Option<$crate::info::LockInfo>> {
-                let rows = $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.inspect, &[self.0], &[]).await?;
+                let rows = shared_admin::infos(conn, &b.$($field).+.inspect, &[self.0], &[]).await?;
                 Ok(rows.into_iter().next())
             }
         }
 
         impl $trait for $crate::backend::admin::LiveRows {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Vec<$crate::info::LockInfo>> {
-                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.held, &[], &[]).await
+                shared_admin::infos(conn, &b.$($field).+.held, &[], &[]).await
             }
         }
 
         impl $trait for $crate::backend::admin::RowsIn<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<Vec<$crate::info::LockInfo>> {
-                $crate::backend::admin::infos::<$db>(conn, &b.$($field).+.rows_in, &[self.from, self.to], &[self.taken_within_us]).await
+                shared_admin::infos(conn, &b.$($field).+.rows_in, &[self.from, self.to], &[self.taken_within_us]).await
             }
         }
 
         impl $trait for $crate::backend::admin::ForceRelease<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<bool> {
-                Ok($crate::backend::admin::affected::<$db, String>(conn, &b.$($field).+.force_release, self.0.to_owned()).await? > 0)
+                shared_admin::changes(conn, &b.$($field).+.force_release, self.0).await
             }
         }
 
         impl $trait for $crate::backend::admin::Reset<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<bool> {
-                Ok($crate::backend::admin::affected::<$db, String>(conn, &b.$($field).+.reset, self.0.to_owned()).await? > 0)
+                shared_admin::changes(conn, &b.$($field).+.reset, self.0).await
             }
         }
 
         impl $trait for $crate::backend::admin::Purge {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<$crate::backend::admin::Purged> {
-                $crate::backend::admin::purge::<$db>(conn, &b.$($field).+, self.older_than_us).await
+                shared_admin::purge(conn, &b.$($field).+, self.older_than_us).await
             }
         }
     };

@@ -341,9 +341,27 @@ pub(crate) fn per_key(
         .collect()
 }
 
-/// One granted row of a statement over several keys: its key in column 0, then the hold count,
-/// the fencing token and the lease end (µs since the epoch) from column `from` on. Every
-/// dialect's text returns them with these types.
+impl Grant {
+    /// The grant a row returns from column `from` on: the hold count, the fencing token and the
+    /// lease end (µs since the epoch). Every dialect's text returns them with these types (a
+    /// negative count reads as 0).
+    pub(crate) fn at<R>(row: &R, from: usize) -> sqlx::Result<Grant>
+    where
+        R: sqlx::Row,
+        usize: sqlx::ColumnIndex<R>,
+        for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(Grant {
+            hold_count: row.try_get::<i32, _>(from)?.max(0) as u32,
+            fencing_token: row.try_get::<i64, _>(from + 1)? as u64,
+            expires_at_us: row.try_get(from + 2)?,
+        })
+    }
+}
+
+/// One granted row of a statement over several keys: its key in column 0, then its
+/// [`Grant::at`] column `from`.
 pub(crate) fn keyed_grant<R>(row: &R, from: usize) -> sqlx::Result<(String, Grant)>
 where
     R: sqlx::Row,
@@ -352,14 +370,7 @@ where
     for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    Ok((
-        row.try_get(0)?,
-        Grant {
-            hold_count: row.try_get::<i32, _>(from)?.max(0) as u32,
-            fencing_token: row.try_get::<i64, _>(from + 1)? as u64,
-            expires_at_us: row.try_get(from + 2)?,
-        },
-    ))
+    Ok((row.try_get(0)?, Grant::at(row, from)?))
 }
 
 /// [`per_key`] over grants still to decode (each row's [`keyed_grant`]): the first error, or one
@@ -387,11 +398,7 @@ where
     for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     if row.try_get::<bool, _>(0)? {
-        Ok(Attempt::Acquired(Grant {
-            hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
-            fencing_token: row.try_get::<i64, _>(2)? as u64,
-            expires_at_us: row.try_get(3)?,
-        }))
+        Ok(Attempt::Acquired(Grant::at(row, 1)?))
     } else if row.try_get::<bool, _>(5)? {
         Ok(Attempt::Done {
             finished_at_us: row.try_get(6)?,

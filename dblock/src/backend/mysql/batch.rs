@@ -117,11 +117,7 @@ async fn acquire(
             // As the one-key statement: the row is this caller's after the statement.
             let acquired = owner.as_deref() == Some(a.owner);
             Ok(if acquired {
-                Attempt::Acquired(Grant {
-                    hold_count: row.try_get::<i32, _>(2)?.max(0) as u32,
-                    fencing_token: row.try_get::<i64, _>(3)? as u64,
-                    expires_at_us: row.try_get(4)?,
-                })
+                Attempt::Acquired(Grant::at(*row, 2)?)
             } else if a.once && row.try_get::<Option<bool>, _>(6)?.unwrap_or(false) {
                 Attempt::Done {
                     finished_at_us: row.try_get(7)?,

@@ -42,7 +42,7 @@ use sqlx::Row;
 use super::sql::{SAME, TAKE};
 use super::{ran_out, stmt, Arg, Pg, Stmt};
 use crate::backend::coalesce::ReleaseRow;
-use crate::backend::{Acquire, Attempt, Grant, Outcome, Released};
+use crate::backend::{Acquire, Attempt, Outcome, Released};
 
 /// The coalesced statements of one table.
 #[derive(Debug)]
@@ -216,23 +216,13 @@ async fn acquire(
                     a.key
                 )));
             };
-            Ok(if row.try_get::<bool, _>(0)? {
-                Attempt::Acquired(Grant {
-                    hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
-                    fencing_token: row.try_get::<i64, _>(2)? as u64,
-                    expires_at_us: row.try_get(3)?,
-                })
-            } else if row.try_get::<bool, _>(5)? {
-                Attempt::Done {
-                    finished_at_us: row.try_get(6)?,
+            // Column 7: the key's row was there before the statement; a busy key inserted
+            // by someone else during it has no holder's time left to read.
+            Ok(match crate::backend::attempt_row(row)? {
+                Attempt::Busy { .. } if !row.try_get::<bool, _>(7)? => {
+                    Attempt::Busy { retry_after: None }
                 }
-            } else if row.try_get::<bool, _>(7)? {
-                Attempt::Busy {
-                    retry_after: Some(crate::info::millis(row.try_get(4)?)),
-                }
-            } else {
-                // Inserted by someone else during this statement.
-                Attempt::Busy { retry_after: None }
+                attempt => attempt,
             })
         })
         .collect()

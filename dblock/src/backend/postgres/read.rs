@@ -177,11 +177,7 @@ async fn acquire(
         return Ok(ReadAttempt::Busy { retry_after: None });
     };
     if row.try_get::<bool, _>(0)? {
-        Ok(ReadAttempt::Granted(Grant {
-            hold_count: row.try_get::<i32, _>(1)?.max(0) as u32,
-            fencing_token: row.try_get::<i64, _>(2)? as u64,
-            expires_at_us: row.try_get(3)?,
-        }))
+        Ok(ReadAttempt::Granted(Grant::at(&row, 1)?))
     } else {
         Ok(ReadAttempt::Busy {
             retry_after: Some(crate::info::millis(row.try_get(4)?)),

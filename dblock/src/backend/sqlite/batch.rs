@@ -119,7 +119,7 @@ async fn acquire(
     all: &[Acquire<'_>],
 ) -> sqlx::Result<Vec<Attempt>> {
     if all.len() > MAX {
-        return acquire_one_by_one(lite, conn, all).await;
+        return one_by_one(lite, conn, all).await;
     }
     let q = bind_acquires(
         sqlx::query(lite.batch_sql.acquire[size_index(all.len())].clone()),
@@ -167,7 +167,8 @@ async fn release(
     all: &[ReleaseRow],
 ) -> sqlx::Result<Vec<Released>> {
     if all.len() > MAX {
-        return release_one_by_one(lite, conn, all).await;
+        let statements: Vec<_> = all.iter().map(ReleaseRow::statement).collect();
+        return one_by_one(lite, conn, &statements).await;
     }
     let q = bind_releases(
         sqlx::query(lite.batch_sql.release[size_index(all.len())].clone()),
@@ -352,31 +353,16 @@ crate::backend::runs! {
 }
 
 /// More rows than one statement lists: the one-row statements in one transaction, under the
-/// write lock from its start.
-async fn acquire_one_by_one(
+/// write lock from its start, their answers in order.
+async fn one_by_one<S: OnSqlite>(
     lite: &Lite,
     conn: &mut SqliteConnection,
-    rows: &[Acquire<'_>],
-) -> sqlx::Result<Vec<Attempt>> {
+    statements: &[S],
+) -> sqlx::Result<Vec<S::Output>> {
     let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for a in rows {
-        out.push(a.sqlite(lite, &mut tx).await?);
-    }
-    tx.commit().await?;
-    Ok(out)
-}
-
-/// As [`acquire_one_by_one`], for releases.
-async fn release_one_by_one(
-    lite: &Lite,
-    conn: &mut SqliteConnection,
-    rows: &[ReleaseRow],
-) -> sqlx::Result<Vec<Released>> {
-    let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        out.push(r.statement().sqlite(lite, &mut tx).await?);
+    let mut out = Vec::with_capacity(statements.len());
+    for s in statements {
+        out.push(s.sqlite(lite, &mut tx).await?);
     }
     tx.commit().await?;
     Ok(out)

@@ -11,11 +11,7 @@ impl OnSqlite for Acquire<'_> {
         let q = bound::<Sqlite>(lite.sql.acquire.clone(), &p.args())?;
         let row = q.fetch_optional(&mut *conn).await?;
         match row {
-            Some(row) => Ok(Attempt::Acquired(Grant {
-                hold_count: row.try_get::<i64, _>(0)?.max(0) as u32,
-                fencing_token: row.try_get::<i64, _>(1)? as u64,
-                expires_at_us: row.try_get(2)?,
-            })),
+            Some(row) => Ok(Attempt::Acquired(Grant::at(&row, 0)?)),
             None if p.once => lite.done(conn, p.key).await,
             None => Ok(Attempt::Busy { retry_after: None }),
         }

@@ -117,11 +117,7 @@ async fn acquire(
     let q = bound::<Sqlite>(texts.acquire.clone(), &a.args())?;
     let row = q.fetch_optional(&mut *conn).await?;
     Ok(match row {
-        Some(row) => ReadAttempt::Granted(Grant {
-            hold_count: row.try_get::<i64, _>(0)?.max(0) as u32,
-            fencing_token: row.try_get::<i64, _>(1)? as u64,
-            expires_at_us: row.try_get(2)?,
-        }),
+        Some(row) => ReadAttempt::Granted(Grant::at(&row, 0)?),
         None => ReadAttempt::Busy { retry_after: None },
     })
 }

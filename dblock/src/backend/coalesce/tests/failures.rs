@@ -54,10 +54,7 @@ async fn in_flight_at_its_deadline(db: &Db) -> (Duration, Failed) {
 
 #[tokio::test(start_paused = true)]
 async fn a_row_in_flight_at_its_deadline_is_an_unknown_outcome() {
-    let db = Db {
-        delay: Duration::from_millis(100),
-        ..Db::default()
-    };
+    let db = Db::answering_in(Duration::from_millis(100));
     let (took, failed) = in_flight_at_its_deadline(&db).await;
     // Its deadline, and the grace for the answer of a statement that ends at it.
     assert_eq!(took, Duration::from_millis(30) + IN_FLIGHT_GRACE);
@@ -147,10 +144,7 @@ async fn a_queued_row_whose_caller_went_away_is_not_sent() {
 
 #[tokio::test(start_paused = true)]
 async fn a_queue_behind_hung_statements_goes_beside_them() {
-    let db = Db {
-        delay: Duration::from_millis(1),
-        ..Db::default()
-    };
+    let db = Db::answering_in(Duration::from_millis(1));
     let lane = lane(&db);
     // Both slots hang for 10 s (a connection cut without a word).
     let hung = occupy(&lane, Duration::from_secs(10));
@@ -171,16 +165,12 @@ async fn off_means_every_call_alone() {
     let lane: Arc<Lane<Key>> = Arc::new(Lane::new(None, IN_FLIGHT));
     let calls: Vec<_> = (0..8)
         .map(|i| {
-            let lane = lane.clone();
-            tokio::spawn(async move {
-                call(
-                    lane,
-                    &format!("k{i}"),
-                    Duration::from_millis(5),
-                    Duration::from_secs(1),
-                )
-                .await
-            })
+            spawn_call(
+                &lane,
+                format!("k{i}"),
+                Duration::from_millis(5),
+                Duration::from_secs(1),
+            )
         })
         .collect();
     let t = Instant::now();

@@ -29,6 +29,16 @@ struct Db {
     past_deadline: Option<Duration>,
 }
 
+impl Db {
+    /// A database that answers every statement after `delay`.
+    fn answering_in(delay: Duration) -> Db {
+        Db {
+            delay,
+            ..Db::default()
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Key(String);
 
@@ -97,6 +107,17 @@ async fn call(
     }
 }
 
+/// [`call`] in a task of its own.
+fn spawn_call(
+    lane: &Arc<Lane<Key>>,
+    key: String,
+    hold: Duration,
+    limit: Duration,
+) -> tokio::task::JoinHandle<Result<usize, Failed>> {
+    let lane = lane.clone();
+    tokio::spawn(async move { call(lane, &key, hold, limit).await })
+}
+
 /// Takes every slot of `lane` for `hold`: lone callers whose statements take that long.
 fn occupy(
     lane: &Arc<Lane<Key>>,
@@ -114,10 +135,7 @@ fn callers(
     hold: Duration,
 ) -> Vec<tokio::task::JoinHandle<Result<usize, Failed>>> {
     (0..n)
-        .map(|i| {
-            let (lane, key) = (lane.clone(), format!("{tag}{i}"));
-            tokio::spawn(async move { call(lane, &key, hold, Duration::from_secs(20)).await })
-        })
+        .map(|i| spawn_call(lane, format!("{tag}{i}"), hold, Duration::from_secs(20)))
         .collect()
 }
 
@@ -139,10 +157,7 @@ fn moving_lane() -> (Db, Arc<Lane<Key>>) {
 
 /// [`moving_lane`] sharing `budget`.
 fn moving_lane_on(budget: &Arc<Budget>) -> (Db, Arc<Lane<Key>>) {
-    let db = Db {
-        delay: Duration::from_millis(5),
-        ..Db::default()
-    };
+    let db = Db::answering_in(Duration::from_millis(5));
     let lane = Lane::with_budget(Some(db.clone()), Slots { most: 4, least: 1 }, budget);
     (db, Arc::new(lane))
 }
@@ -158,10 +173,7 @@ async fn finish(callers: Vec<tokio::task::JoinHandle<Result<usize, Failed>>>) {
 /// own slots; a slot given back with the budget spent serves the other lanes' queues first.
 #[tokio::test(start_paused = true)]
 async fn lanes_share_the_budget_and_a_freed_slot_serves_the_others_first() {
-    let db = Db {
-        delay: Duration::from_millis(5),
-        ..Db::default()
-    };
+    let db = Db::answering_in(Duration::from_millis(5));
     let budget = Budget::new(IN_FLIGHT);
     let slots = Slots {
         most: IN_FLIGHT,
@@ -259,26 +271,19 @@ async fn a_lone_caller_goes_alone_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn what_queues_while_slots_are_taken_goes_together_with_one_answer_each() {
-    let db = Db {
-        delay: Duration::from_millis(3),
-        ..Db::default()
-    };
+    let db = Db::answering_in(Duration::from_millis(3));
     let lane = lane(&db);
     // Two lone callers take both slots for 10 ms.
     let alone = occupy(&lane, Duration::from_millis(10));
     tokio::time::sleep(Duration::from_millis(1)).await;
     let queued: Vec<_> = (0..5)
         .map(|i| {
-            let lane = lane.clone();
-            tokio::spawn(async move {
-                call(
-                    lane,
-                    &"k".repeat(i + 1),
-                    Duration::ZERO,
-                    Duration::from_secs(1),
-                )
-                .await
-            })
+            spawn_call(
+                &lane,
+                "k".repeat(i + 1),
+                Duration::ZERO,
+                Duration::from_secs(1),
+            )
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -308,10 +313,7 @@ async fn rows_that_lead_go_first_in_a_statement_of_their_own() {
             vec![vec!["a10", "a20", "lazy:10", "lazy:20"]],
         ),
     ] {
-        let db = Db {
-            delay: Duration::from_millis(3),
-            ..Db::default()
-        };
+        let db = Db::answering_in(Duration::from_millis(3));
         let lane = Arc::new(Lane::new(Some(db.clone()), 1));
         let alone = callers(&lane, "slot", 1, Duration::from_millis(10));
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -338,30 +340,25 @@ async fn rows_that_lead_go_first_in_a_statement_of_their_own() {
 
 #[tokio::test(start_paused = true)]
 async fn two_rows_of_one_key_never_share_a_statement_and_batches_are_bounded() {
-    let db = Db {
-        delay: Duration::from_millis(2),
-        ..Db::default()
-    };
+    let db = Db::answering_in(Duration::from_millis(2));
     let lane = lane(&db);
     let hold = occupy(&lane, Duration::from_millis(5));
     tokio::time::sleep(Duration::from_millis(1)).await;
     let mut queued = Vec::new();
     for i in 0..(MAX_ROWS + 10) {
-        let lane = lane.clone();
-        queued.push(tokio::spawn(async move {
-            call(
-                lane,
-                &format!("key{i:03}"),
-                Duration::ZERO,
-                Duration::from_secs(1),
-            )
-            .await
-        }));
+        queued.push(spawn_call(
+            &lane,
+            format!("key{i:03}"),
+            Duration::ZERO,
+            Duration::from_secs(1),
+        ));
     }
-    let lane2 = lane.clone();
-    queued.push(tokio::spawn(async move {
-        call(lane2, "key000", Duration::ZERO, Duration::from_secs(1)).await
-    }));
+    queued.push(spawn_call(
+        &lane,
+        "key000".to_owned(),
+        Duration::ZERO,
+        Duration::from_secs(1),
+    ));
     for q in queued {
         q.await.unwrap().unwrap();
     }
