@@ -21,7 +21,8 @@
 //!
 //! ## Guarantees
 //! - **Mutual exclusion per key** across everything sharing the table. Keys are exact byte
-//!   strings of 1–255 bytes (`"a"`, `"A"`, `"a "` are three locks on every backend).
+//!   strings of 1–255 bytes (a semaphore's, 233; `"a"`, `"A"`, `"a "` are three locks on every
+//!   backend).
 //! - **Expiry on the database clock**, never the client's. An expired lease is free for anyone;
 //!   its old owner's `release` / `extend` then fail with [`LockError::NotHeld`].
 //! - **Ownership**: every owner is a random UUID v4; only it can extend or release.
@@ -212,12 +213,16 @@ pub use sqlx;
 /// | `ttl` | lease: `"30s"`, `"500ms"`, `"1m30s"`, `"2h"` (checked at compile time) or a `Duration` expression | `"30s"` |
 /// | `wait` | how long to keep trying; `"0s"` = one attempt | `"0s"` |
 /// | `locker` | expression giving `Locker` or `&Locker` (also `Arc<Locker>`), evaluated on entry | [`set_default`] |
-/// | `renew` | keep extending the lease while the body runs | `true` |
+/// | `renew` | keep extending the lease while the body runs; `false`: the lease ends at `ttl` and the body goes on (a `max_hold` cap or a shutdown still ends it) | `true` |
+/// | `max_hold` | a hard cap: the lease never runs past `acquired_at + max_hold` (database clock); at the cap the body is cancelled and the call returns `Err(Lost)` ([`LockRequest::max_hold`]) | none |
+/// | `lock_delay` | after a lease that ends without a release, the key stays unavailable this long more ([`LockRequest::lock_delay`]) | the locker's (zero) |
 /// | `min_hold` | the key stays unavailable to others until this long after it was taken, however quick the body ([`LockRequest::min_hold`]) | none |
 /// | `once` | run until the work succeeds once: after an `Ok`, the call returns `Err(LockError::AlreadyDone)` without running the body ([`LockRequest::once`]) | `false` |
 /// | `fair` | wait in arrival order across processes, by a ticket in the database ([`LockRequest::fair`]) | `false` |
 /// | `permits` | a `u32` expression: the body runs under one permit of the key's counting semaphore, at most that many at once ([`Locker::semaphore`]); one key, none of `min_hold`, `once`, `fair` | none (the lock) |
 /// | `shared` | `true`: the body runs under a shared (read) hold of the key; the lock of the same key (`shared = false`, the default) is its writer ([`Locker::read`]); one key, none of `min_hold`, `once`, `fair`, `permits` | `false` |
+/// | `tx` | `tx = tx`: the key is taken with one statement inside the transaction the named parameter holds (`&mut sqlx::Transaction<'_, DB>` or a connection) and held until it commits or rolls back ([`Locker::lock_in`]); no lease options | none |
+/// | `proof` | `proof = held`: a variable `held: dblock::Held<'_>` in the body, the proof that the lock is held ([`Held`]); `proof = held: K` for a marker `K` of [`lock_kind!`] | none |
 /// | `crate` | path to this crate when re-exported under another name | `::dblock` |
 ///
 /// **`key`**: `{param}` is a parameter, `{param.field.sub}` a field path (`{pair.0}` for tuples),

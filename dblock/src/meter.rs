@@ -8,7 +8,7 @@
 //! | `dblock_busy_total` | counter | calls that gave up because the key stayed busy |
 //! | `dblock_hold_seconds` | histogram | from the grant until the guard gave the lock back (or was dropped) |
 //! | `dblock_held` | gauge | locks held by this process's guards now |
-//! | `dblock_lost_total` | counter | holds found lost while held (renewal found them gone, the lease ran out, a shutdown) |
+//! | `dblock_lost_total` | counter | holds found lost while held: renewal found them gone or failed until their lease ran out, a locked body ended a margin before its lease's end, a guard's `lost()` saw the ttl run out, a shutdown (a handle guard without renewal whose lease quietly runs out, never asked, is not counted) |
 //! | `dblock_max_hold_reached_total` | counter | holds whose renewal stopped at their `max_hold` (the lease then ends, and the hold is lost) |
 //! | `dblock_renewal_failures_total` | counter | renewal statements that failed (retried while the leases last) |
 //!
