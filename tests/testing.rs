@@ -95,6 +95,26 @@ async fn a_stopped_renewal_lets_the_lease_run_out_at_its_ttl() -> Result<(), Loc
     Ok(())
 }
 
+/// `remaining()` counts down on the local clock from the acquire's send time plus the ttl;
+/// an extension moves it on; past the ttl it is zero.
+#[tokio::test(start_paused = true)]
+async fn remaining_counts_down_to_the_end_of_the_lease() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let guard = locker.lock("k").ttl(10 * SECOND).await?;
+    let left = guard.remaining();
+    assert!(left <= 10 * SECOND && left > 9 * SECOND, "{left:?}");
+    tokio::time::sleep(4 * SECOND).await;
+    let left = guard.remaining();
+    assert!(left <= 6 * SECOND && left > 5 * SECOND, "{left:?}");
+    guard.extend(10 * SECOND).await?;
+    let left = guard.remaining();
+    assert!(left <= 10 * SECOND && left > 9 * SECOND, "{left:?}");
+    tokio::time::sleep(11 * SECOND).await;
+    assert_eq!(guard.remaining(), Duration::ZERO);
+    assert!(guard.is_lost());
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn failed_statements_fail_calls_until_healed() -> Result<(), LockError> {
     let locker = testing::locker().await?;

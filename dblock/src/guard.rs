@@ -254,6 +254,28 @@ impl LockGuard {
         &self.hold.owner
     }
 
+    /// How long the lease is sure to last still, by this process's monotonic clock: the time
+    /// until the acquire's (or the last extension's) send time plus its ttl, zero once that has
+    /// passed. The lease ends no sooner on the database clock, so work that must finish under
+    /// the lock can budget with it without comparing clocks with the database (unlike
+    /// [`expires_at`](Self::expires_at)). Renewal and [`extend`](Self::extend) move it on.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// use std::time::Duration;
+    /// let guard = locker.lock("k").ttl(Duration::from_secs(30)).await?;
+    /// assert!(guard.remaining() <= Duration::from_secs(30));
+    /// if guard.remaining() < Duration::from_secs(5) {
+    ///     // too little left to start the next step under this lease
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn remaining(&self) -> Duration {
+        self.hold
+            .deadline()
+            .saturating_duration_since(Instant::now())
+    }
+
     /// When the lease ends, on the database clock, as of the last acquire or extend. (On the
     /// MySQL 8 path, which cannot read it back, an estimate: client send time + ttl.)
     ///
