@@ -232,46 +232,6 @@ async fn a_locked_function_ends_with_lost_when_its_lease_is_taken() -> Result<()
     Ok(())
 }
 
-/// A locked function whose renewal stopped (the database out of reach, say) with its body
-/// still running: what it saw of the key, tick by tick, until it was cancelled.
-#[distributed_lock(key = "job:{id}", locker = locker, ttl = "10s")]
-async fn stalls_its_renewal(
-    locker: &Locker,
-    id: u32,
-    ticks: &std::sync::Mutex<Vec<(Duration, bool)>>,
-) -> Result<(), LockError> {
-    assert_eq!(testing::stop_renewal(locker, &format!("job:{id}")), 1);
-    let start = tokio::time::Instant::now();
-    loop {
-        let held = locker
-            .inspect(&format!("job:{id}"))
-            .await?
-            .is_some_and(|i| i.held);
-        ticks.lock().unwrap().push((start.elapsed(), held));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A renewed body whose renewal keeps failing is cancelled a margin (a tenth of the ttl, at
-/// most a second) *before* its lease can end, never after: no tick of it saw the key free.
-#[tokio::test(start_paused = true)]
-async fn a_body_whose_renewal_fails_ends_before_its_lease_does() -> Result<(), LockError> {
-    let locker = testing::locker().await?;
-    let ticks = std::sync::Mutex::new(Vec::new());
-    let start = tokio::time::Instant::now();
-    let ended = stalls_its_renewal(&locker, 1, &ticks).await;
-    let took = start.elapsed();
-    assert!(matches!(ended, Err(LockError::Lost { .. })), "{ended:?}");
-    assert!(
-        took >= 8 * SECOND && took <= 9 * SECOND,
-        "cancelled after {took:?}"
-    );
-    let ticks = ticks.into_inner().unwrap();
-    assert!(ticks.len() >= 80, "{} ticks", ticks.len());
-    assert!(ticks.iter().all(|&(_, held)| held), "{ticks:?}");
-    Ok(())
-}
-
 /// `testing::steal`: another owner takes the key from a running locked function, which ends
 /// with `Lost`; the thief holds it with a larger token.
 #[tokio::test(start_paused = true)]

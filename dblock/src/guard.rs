@@ -157,24 +157,6 @@ impl LockGuard {
         }
     }
 
-    /// What ends a renewed locked body: [`lost`](Self::lost), or, while renewal keeps failing,
-    /// the lease coming within its margin (a tenth of the ttl, at most a second) of the end the
-    /// local clock allows, so that the body stops *before* the key can be free on the database
-    /// clock. The hold is then marked lost (logged, counted in `dblock_lost_total`).
-    pub(crate) async fn lost_or_ending(&self) -> LockError {
-        let margin = crate::timing::margin(self.hold.ttl);
-        tokio::select! {
-            biased;
-            lost = self.lost() => lost,
-            () = self.hold.ending(margin) => {
-                self.hold.mark_lost();
-                LockError::Lost {
-                    key: self.hold.name().to_owned(),
-                }
-            }
-        }
-    }
-
     /// Resolves with [`LockError::Lost`] when the lock is lost: when renewal (see
     /// [`auto_renew`](Self::auto_renew)) finds it gone, or, without renewal, when the ttl runs
     /// out, or when [`Locker::shutdown`](crate::Locker::shutdown) takes it away. Use it to stop

@@ -390,7 +390,7 @@ impl Hold {
         }
     }
 
-    pub(crate) fn mark_lost(&self) {
+    fn mark_lost(&self) {
         if !self.lost.swap(true, Ordering::SeqCst) {
             tracing::warn!(key = %crate::Escaped(self.name()), fencing_token = self.fencing_token, "lease lost");
             meter::lost(&self.meter);

@@ -323,7 +323,7 @@ impl Leadership {
         Leadership {
             hold: guard.hold().clone(),
             guard: Some(guard),
-            margin: crate::timing::margin(ttl),
+            margin: (ttl / 10).min(Duration::from_secs(1)),
         }
     }
 

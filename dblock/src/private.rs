@@ -87,9 +87,8 @@ impl Take for SemaphoreRequest {
     }
 }
 
-/// Resolves when any of `guards` is lost (with renewal: found gone, its lease within its margin
-/// of its end, or a shutdown) or, without renewal, taken away by a shutdown or at its
-/// `max_hold` cap.
+/// Resolves when any of `guards` is lost (with renewal: found gone, its lease over, or a
+/// shutdown) or, without renewal, taken away by a shutdown or at its `max_hold` cap.
 async fn any_lost(guards: &[LockGuard], renew: bool) -> LockError {
     let mut watches: Vec<Pin<Box<dyn Future<Output = LockError> + Send + '_>>> = guards
         .iter()
@@ -97,7 +96,7 @@ async fn any_lost(guards: &[LockGuard], renew: bool) -> LockError {
             |g| -> Pin<Box<dyn Future<Output = LockError> + Send + '_>> {
                 Box::pin(async move {
                     let lost = if renew {
-                        g.lost_or_ending().await
+                        g.lost().await
                     } else {
                         g.revoked_or_capped().await
                     };

@@ -50,8 +50,8 @@ pub(crate) const PURGE_HELD_BACK: Duration = Duration::from_secs(1);
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
 
-/// The [`margin`] before a lease's end: a tenth of its length (by the local monotonic clock,
-/// counted from the send), at most a second.
+/// A grant is returned only while its lease has at least a tenth of its length left (by the
+/// local monotonic clock, counted from the send), at most a second.
 const MARGIN_DIVISOR: u32 = 10;
 const MAX_MARGIN: Duration = Duration::from_secs(1);
 
@@ -79,17 +79,9 @@ pub(crate) fn call_until(
     after(started, wait).max(started + floor.min(statement_timeout))
 }
 
-/// The margin kept before a lease of length `lease` could end: a tenth of it, at most a
-/// second. A grant is returned only with more than that left ([`live`]); a renewed locked body
-/// and a leadership end that long before the local clock's end of their lease
-/// (`LockGuard::lost_or_ending`, `Leadership::lost`).
-pub(crate) fn margin(lease: Duration) -> Duration {
-    (lease / MARGIN_DIVISOR).min(MAX_MARGIN)
-}
-
 /// Whether a grant whose lease (of length `lease`) ends at `deadline` is live enough to return.
 pub(crate) fn live(deadline: Instant, lease: Duration) -> bool {
-    Instant::now() + margin(lease) < deadline
+    Instant::now() + (lease / MARGIN_DIVISOR).min(MAX_MARGIN) < deadline
 }
 
 /// The `n`th pause (n ≥ 1) of a [`Backoff`] left alone: 5 ms doubling to 250 ms, jittered.
