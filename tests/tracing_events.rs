@@ -74,6 +74,36 @@ async fn acquire_contention_release_and_errors_are_traced() {
 /// statement extends gets the same new due time, so from the first full batch on each tick
 /// extends all ten at once. The ttl leaves a stalled fsync of a busy CI machine two seconds of
 /// slack before a lease could end.
+/// A locked function: its body's events carry the lock (span `dblock.locked`).
+#[cfg(feature = "macros")]
+#[dblock::distributed_lock(key = "job:{id}", locker = locker)]
+async fn traced_body(locker: &dblock::Locker, id: u32) -> Result<(), dblock::LockError> {
+    tracing::info!("inside the body");
+    Ok(())
+}
+
+#[cfg(feature = "macros")]
+#[tokio::test]
+async fn a_locked_body_runs_in_a_span_that_names_its_lock() {
+    let (out, _default) = capture();
+    let locker = dblock::Locker::connect("sqlite::memory:").await.unwrap();
+    locker.migrate().await.unwrap();
+    traced_body(&locker, 7).await.unwrap();
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("inside the body"))
+        .unwrap_or_else(|| panic!("no body event in:\n{text}"));
+    for needle in [
+        "dblock.locked",
+        "function=\"tracing_events::traced_body\"",
+        "keys=[\"job:7\"]",
+        "fencing_tokens=[",
+    ] {
+        assert!(line.contains(needle), "{needle:?} not in {line:?}");
+    }
+}
+
 #[tokio::test]
 async fn due_leases_are_extended_in_one_batch() {
     let (out, _default) = capture();

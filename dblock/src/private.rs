@@ -6,6 +6,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 
+use tracing::Instrument;
+
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::locker::Locker;
@@ -257,14 +259,24 @@ where
     } else {
         guards
     };
-    let body = context.scope(body);
+    // The body and the releases after it run in a span that names the keys and their fencing
+    // tokens: the body's own events carry them.
+    let span = tracing::debug_span!(
+        "dblock.locked",
+        function,
+        keys = ?guards.iter().map(LockGuard::key).collect::<Vec<_>>(),
+        fencing_tokens = ?guards.iter().map(LockGuard::fencing_token).collect::<Vec<_>>(),
+    );
+    let body = context.scope(body).instrument(span.clone());
     // Renewal found a lock gone, its lease ran out (with renewal), or the locker shut down: the
     // body is dropped here, at its current `.await`. Without renewal the lease simply ends at
     // its ttl, and only a shutdown or the `max_hold` cap stops the body.
     let out = tokio::select! {
         biased;
         lost = any_lost(&guards, renew) => {
-            tracing::warn!(function, error = %lost, "lock lost while the body ran; body cancelled");
+            span.in_scope(|| {
+                tracing::warn!(function, error = %lost, "lock lost while the body ran; body cancelled");
+            });
             // A shutdown releases every hold of the body itself: the caller hears once all of
             // them are back, so a process may exit as soon as this returns.
             for guard in &guards {
@@ -286,13 +298,15 @@ where
             continue;
         }
         let released = if succeeded {
-            guard.release().await
+            guard.release().instrument(span.clone()).await
         } else {
-            guard.release_failed().await
+            guard.release_failed().instrument(span.clone()).await
         };
         if let Err(e) = released {
             // The body has finished and its effects are done; report, do not discard its result.
-            tracing::warn!(function, error = %e, "lock was not held at the end of the body");
+            span.in_scope(|| {
+                tracing::warn!(function, error = %e, "lock was not held at the end of the body");
+            });
         }
     }
     out
@@ -381,6 +395,7 @@ pub fn tx_conn<T: TxParam + ?Sized>(tx: &mut T) -> &mut T::Conn {
 pub struct TakenIn {
     owner: Owner,
     locks: Vec<crate::TxLock>,
+    function: &'static str,
 }
 
 /// Takes every key of `request` inside the transaction of `conn`, in key order, as the
@@ -417,7 +432,11 @@ pub async fn take_in<C: crate::FenceConnection>(
             .await?;
         locks.push(lock);
     }
-    Ok(TakenIn { owner, locks })
+    Ok(TakenIn {
+        owner,
+        locks,
+        function,
+    })
 }
 
 /// Runs `body` as the owner of the keys [`take_in`] took: `dblock::current()` reports them, the
@@ -435,9 +454,16 @@ where
         Ok(taken) => taken,
         Err(e) => return (returns.on_error)(e),
     };
+    let span = tracing::debug_span!(
+        "dblock.locked",
+        function = taken.function,
+        keys = ?taken.locks.iter().map(crate::TxLock::key).collect::<Vec<_>>(),
+        fencing_tokens = ?taken.locks.iter().map(crate::TxLock::fencing_token).collect::<Vec<_>>(),
+    );
     let taken_now = taken.locks.iter().map(crate::TxLock::held_lock).collect();
     body_context(Context::get(), taken.owner, taken_now, proof)
         .scope(body)
+        .instrument(span)
         .await
 }
 
