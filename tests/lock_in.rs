@@ -203,6 +203,48 @@ async fn lock_in_excludes_leases_and_transactions_and_ends_with_its_transaction(
     every_backend!("lock_in", against_leases);
 }
 
+/// A failover that rolled the key's row back to an older token (asynchronous replication):
+/// `lock_in`'s next token is above every token issued before it, as a lease's is
+/// (`tests/locking.rs`).
+macro_rules! after_rolled_back_failover {
+    ($pool:ty, $db:expr) => {{
+        let db: &common::Db = $db;
+        let name = db.name;
+        let l = db.locker.table(&common::table_for("lock_in_rb"));
+        l.migrate().await.unwrap();
+        let pool = <$pool as common::TestPool>::open(&db.url).await;
+        let mut tokens = Vec::new();
+        for _ in 0..2 {
+            let mut tx = begin!(pool, name);
+            tokens.push(l.lock_in(&mut *tx, "k").await.unwrap().fencing_token());
+            tx.commit().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        let (first, lost) = (tokens[0], tokens[1]);
+        assert!(lost > first, "{name}");
+        let table = l.table_name();
+        common::run_sql(
+            name,
+            &db.url,
+            &format!("UPDATE {table} SET fencing_token = {first} WHERE lock_key = 'k'"),
+        )
+        .await;
+        let mut tx = begin!(pool, name);
+        let next = l.lock_in(&mut *tx, "k").await.unwrap().fencing_token();
+        tx.commit().await.unwrap();
+        assert!(
+            next > lost,
+            "{name}: {next} after a rollback to {first}; {lost} was issued"
+        );
+        pool.close().await;
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_in_never_issues_a_token_a_rolled_back_failover_lost() {
+    every_backend!("lock_in_rb", after_rolled_back_failover);
+}
+
 /// `release_in`: the key is free exactly when the work commits; after a rollback the hold stays
 /// its owner's until the background release gives it back (recording `Dropped`).
 macro_rules! release_in {

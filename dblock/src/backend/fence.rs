@@ -240,7 +240,8 @@ WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3{live}",
     FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE {table} AS l SET owner = $2, holder = $3, hold_count = 1,
-        fencing_token = l.fencing_token + 1, success_token = l.fencing_token + 1,
+        fencing_token = greatest(l.fencing_token + 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8),
+        success_token = greatest(l.fencing_token + 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8),
         acquired_at = statement_timestamp(), expires_at = statement_timestamp(),
         available_at = NULL, attempt_id = NULL, contended = false,
         last_outcome = 1, finished_at = statement_timestamp()
@@ -367,7 +368,8 @@ WHERE lock_key = ? AND owner = ? AND fencing_token = ?{live}",
         // re-reads the first's committed write. The new token comes back in the OK packet
         // (LAST_INSERT_ID(expr)); its columns are assigned left to right, so `fencing_token`
         // is the new one where `success_token` reads it.
-        lock_in: "UPDATE {table} SET fencing_token = LAST_INSERT_ID(fencing_token + 1),
+        lock_in: "UPDATE {table} SET fencing_token = LAST_INSERT_ID(GREATEST(fencing_token + 1,
+        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)))),
     success_token = fencing_token, owner = ?, holder = ?, hold_count = 1,
     acquired_at = UTC_TIMESTAMP(6), expires_at = acquired_at, available_at = NULL,
     attempt_id = NULL, last_outcome = 1, finished_at = acquired_at
@@ -462,7 +464,8 @@ VALUES ($1, $2, 1, ",
             now!(),
             " * 1000)
 ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, holder = excluded.holder,
-    hold_count = 1, fencing_token = fencing_token + 1, success_token = fencing_token + 1,
+    hold_count = 1, fencing_token = max(fencing_token + 1, excluded.fencing_token),
+    success_token = max(fencing_token + 1, excluded.fencing_token),
     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, available_at = NULL,
     attempt_id = NULL, last_outcome = 1, finished_at = excluded.finished_at
 WHERE expires_at <= excluded.acquired_at

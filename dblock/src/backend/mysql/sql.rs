@@ -114,7 +114,7 @@ ON DUPLICATE KEY UPDATE
     finished_at   = IF({take} AND {ran_out}, expires_at, finished_at),
     once_key      = IF({acquirable} AND :once, 1, once_key),
     last_outcome  = IF({take} AND {ran_out}, 2, last_outcome),
-    fencing_token = IF({take}, fencing_token + 1, fencing_token),
+    fencing_token = IF({take}, GREATEST(fencing_token + 1, {us_now}), fencing_token),
     attempt_id    = IF({acquirable}, VALUES(attempt_id), attempt_id),
     owner         = IF({acquirable}, VALUES(owner), owner),
     expires_at    = {expires}";

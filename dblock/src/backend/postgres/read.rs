@@ -47,7 +47,8 @@ const ACQUIRE: &str = "WITH upd AS (
     UPDATE {table} AS l SET
         hold_count    = CASE WHEN {joining} THEN l.hold_count + CASE WHEN {seen} THEN 0 ELSE 1 END
                              ELSE 1 END,
-        fencing_token = CASE WHEN {joining} THEN l.fencing_token ELSE l.fencing_token + 1 END,
+        fencing_token = CASE WHEN {joining} THEN l.fencing_token
+                             ELSE greatest(l.fencing_token + 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8) END,
         acquired_at   = CASE WHEN {joining} THEN l.acquired_at ELSE statement_timestamp() END,
         holder        = CASE WHEN {joining} THEN l.holder ELSE $2 END,
         expires_at    = CASE WHEN {joining} THEN greatest(l.expires_at, {lease}) ELSE {lease} END,

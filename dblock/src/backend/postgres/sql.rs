@@ -62,7 +62,8 @@ pub(crate) const SAME: &str = "coalesce(l.owner = {owner} AND l.expires_at > sta
 pub(crate) const TAKE: &str = "hold_count = CASE WHEN {same}
                           THEN CASE WHEN l.attempt_id = {attempt} THEN l.hold_count ELSE {held} + 1 END
                           ELSE 1 END,
-        fencing_token = CASE WHEN {same} THEN l.fencing_token ELSE l.fencing_token + 1 END,
+        fencing_token = CASE WHEN {same} THEN l.fencing_token
+                             ELSE greatest(l.fencing_token + 1, (extract(epoch FROM statement_timestamp()) * 1000000)::int8) END,
         acquired_at = CASE WHEN {same} THEN l.acquired_at ELSE statement_timestamp() END,
         holder = CASE WHEN {same} THEN l.holder ELSE {holder} END,
         expires_at = greatest(CASE WHEN {same} THEN l.expires_at END,

@@ -40,7 +40,8 @@ VALUES ($1, '(readers)', 1, {now} * 1000, {now} + ($3 + 999) / 1000, {now}, $2, 
 ON CONFLICT (lock_key) DO UPDATE SET
     hold_count    = CASE WHEN {joining} THEN l.hold_count + CASE WHEN {seen} THEN 0 ELSE 1 END
                          ELSE 1 END,
-    fencing_token = CASE WHEN {joining} THEN l.fencing_token ELSE l.fencing_token + 1 END,
+    fencing_token = CASE WHEN {joining} THEN l.fencing_token
+                         ELSE max(l.fencing_token + 1, excluded.fencing_token) END,
     acquired_at   = CASE WHEN {joining} THEN l.acquired_at ELSE {now} END,
     holder        = CASE WHEN {joining} THEN l.holder ELSE excluded.holder END,
     expires_at    = CASE WHEN {joining} THEN max(l.expires_at, {now} + ($3 + 999) / 1000) ELSE {now} + ($3 + 999) / 1000 END,

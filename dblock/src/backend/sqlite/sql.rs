@@ -36,7 +36,8 @@ pub(super) const TAKE_OVER: &str = "ON CONFLICT (lock_key) DO UPDATE SET
                          THEN CASE WHEN l.attempt_id = excluded.attempt_id
                                    THEN l.hold_count ELSE {held} + 1 END
                          ELSE 1 END,
-    fencing_token = CASE WHEN {same} THEN l.fencing_token ELSE l.fencing_token + 1 END,
+    fencing_token = CASE WHEN {same} THEN l.fencing_token
+                         ELSE max(l.fencing_token + 1, excluded.fencing_token) END,
     acquired_at   = CASE WHEN {same} THEN l.acquired_at ELSE excluded.acquired_at END,
     holder        = CASE WHEN {same} THEN l.holder ELSE excluded.holder END,
     expires_at    = CASE WHEN {same} AND l.expires_at > excluded.expires_at
