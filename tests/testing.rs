@@ -274,3 +274,45 @@ async fn a_purged_key_never_gets_an_old_fencing_token_back() -> Result<(), LockE
     }
     Ok(())
 }
+
+/// Code under test that relies on the process default locker (no `locker = ...`).
+#[distributed_lock(key = "job:{name}", ttl = "30s", wait = "2s")]
+async fn job(name: &str, work: Duration) -> Result<u64, LockError> {
+    tokio::time::sleep(work).await;
+    Ok(dblock::current().unwrap().fencing_token)
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_default_gives_each_test_its_own_default_locker() -> Result<(), LockError> {
+    // No `set_default` in this binary: outside a scope there is no default.
+    assert!(matches!(
+        job("x", Duration::ZERO).await,
+        Err(LockError::NoLocker)
+    ));
+    let (a, b) = (testing::locker().await?, testing::locker().await?);
+    // The same key at the same time in two scopes: two databases, so neither waits.
+    let started = tokio::time::Instant::now();
+    let (in_a, in_b) = tokio::join!(
+        testing::with_default(&a, job("x", Duration::from_secs(10))),
+        testing::with_default(&b, job("x", Duration::from_secs(10))),
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(11),
+        "neither waited"
+    );
+    // Each took the key in its own locker's database.
+    assert_eq!(a.inspect("job:x").await?.unwrap().fencing_token, in_a?);
+    assert_eq!(b.inspect("job:x").await?.unwrap().fencing_token, in_b?);
+    // Inside a scope, a holder elsewhere in that database makes the job wait, then `Busy`.
+    let held = a.lock("job:y").owner(&Owner::new()).await?;
+    let busy = testing::with_default(&a, job("y", Duration::ZERO)).await;
+    assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
+    held.release().await?;
+    // A spawned task does not inherit the scope.
+    let spawned = testing::with_default(&a, async {
+        tokio::spawn(job("z", Duration::ZERO)).await.unwrap()
+    })
+    .await;
+    assert!(matches!(spawned, Err(LockError::NoLocker)), "{spawned:?}");
+    Ok(())
+}

@@ -61,6 +61,10 @@ enum Command {
         /// Only keys that start with this.
         #[arg(long, value_name = "PREFIX")]
         prefix: Option<String>,
+        /// Only holds whose holder (host/pid, then the function or label) contains this: the
+        /// holds of one machine (`web-3/`), one process (`web-3/4711/`) or one job.
+        #[arg(long, value_name = "TEXT")]
+        holder: Option<String>,
         /// Print JSON (the schema is in docs/cli.md).
         #[arg(long)]
         json: bool,
@@ -277,10 +281,17 @@ async fn command(command: &Command, locker: &Locker) -> Result<(), Failure> {
     let now = SystemTime::now();
     let table = locker.table_name().to_owned();
     match command {
-        Command::List { prefix, json } => {
+        Command::List {
+            prefix,
+            holder,
+            json,
+        } => {
             let mut rows = locker.held().await?;
             if let Some(p) = prefix {
                 rows.retain(|r| r.key.starts_with(p.as_str()));
+            }
+            if let Some(h) = holder {
+                rows.retain(|r| r.holder.as_deref().is_some_and(|l| l.contains(h.as_str())));
             }
             if *json {
                 json::print(&json::List {

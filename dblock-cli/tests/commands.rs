@@ -105,6 +105,24 @@ async fn list_shows_held_locks_in_a_table_and_in_json() {
             db.name
         );
 
+        // By holder: the label, this machine and process, or nobody.
+        let here = format!("/{}/", std::process::id());
+        for (holder, listed) in [
+            ("nightly-report", true),
+            (here.as_str(), true),
+            ("nobody", false),
+        ] {
+            let by = expect(db, &["list", "--holder", holder], 0);
+            assert_eq!(
+                by.contains("job:nightly"),
+                listed,
+                "{}: {holder}: {by}",
+                db.name
+            );
+        }
+        let v = expect_json(db, &["list", "--json", "--holder", "nobody"], 0);
+        assert_eq!(v["locks"], json!([]), "{}", db.name);
+
         let v = expect_json(db, &["list", "--json"], 0);
         assert_eq!(v["table"], json!(db.table()), "{}", db.name);
         let locks = v["locks"].as_array().unwrap();

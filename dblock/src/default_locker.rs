@@ -7,6 +7,21 @@ use crate::locker::Locker;
 
 static DEFAULT: RwLock<Option<Locker>> = RwLock::new(None);
 
+#[cfg(feature = "testing")]
+tokio::task_local! {
+    /// The locker `dblock::testing::with_default` gives the task it runs.
+    static SCOPED: Locker;
+}
+
+/// Runs `fut` with `locker` as its task's default (`dblock::testing::with_default`).
+#[cfg(feature = "testing")]
+pub(crate) fn scoped<F: std::future::Future>(
+    locker: Locker,
+    fut: F,
+) -> impl std::future::Future<Output = F::Output> {
+    SCOPED.scope(locker, fut)
+}
+
 /// Sets the process-wide default locker (replacing any earlier one).
 ///
 #[cfg_attr(feature = "sqlite", doc = "```")]
@@ -25,7 +40,8 @@ pub fn set_default(locker: Locker) {
     *slot = Some(locker);
 }
 
-/// The locker given to [`set_default`], or [`LockError::NoLocker`].
+/// The locker given to [`set_default`], or [`LockError::NoLocker`]. (Inside
+/// `dblock::testing::with_default`, feature `testing`, the locker given to it.)
 ///
 /// ```
 /// // before any set_default:
@@ -34,6 +50,10 @@ pub fn set_default(locker: Locker) {
 /// # }
 /// ```
 pub fn default_locker() -> Result<Locker, LockError> {
+    #[cfg(feature = "testing")]
+    if let Ok(locker) = SCOPED.try_with(Locker::clone) {
+        return Ok(locker);
+    }
     DEFAULT
         .read()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

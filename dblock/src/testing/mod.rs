@@ -95,6 +95,41 @@ pub async fn locker() -> Result<Locker, LockError> {
     Ok(locker)
 }
 
+/// Runs `fut` with `locker` as the default locker of its task: a `#[distributed_lock]` function
+/// without `locker = ...` called inside it uses `locker`, whatever [`crate::set_default`] holds
+/// (and [`crate::default_locker`] returns it). For code under test that relies on the process
+/// default: each test gives it a test locker of its own, and tests running side by side in one
+/// process do not meet. As an owner scope, it is the task's: a task spawned inside it does not
+/// inherit it (give the spawned future its own `with_default`).
+///
+#[cfg_attr(feature = "macros", doc = "```")]
+#[cfg_attr(not(feature = "macros"), doc = "```ignore")]
+/// # async fn demo() -> Result<(), dblock::LockError> {
+/// /// The code under test: it uses the process default in production.
+/// #[dblock::distributed_lock(key = "report:{day}")]
+/// async fn report(day: &str) -> Result<u64, dblock::LockError> {
+///     Ok(dblock::current().unwrap().fencing_token)
+/// }
+///
+/// let locker = dblock::testing::locker().await?;
+/// dblock::testing::with_default(&locker, async {
+///     let token = report("mon").await?;
+///     // Taken in the test locker's database, and released.
+///     let row = locker.inspect("report:mon").await?.expect("a row");
+///     assert_eq!((row.fencing_token, row.held), (token, false));
+///     Ok::<_, dblock::LockError>(())
+/// })
+/// .await?;
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+pub fn with_default<F: std::future::Future>(
+    locker: &Locker,
+    fut: F,
+) -> impl std::future::Future<Output = F::Output> {
+    crate::default_locker::scoped(locker.clone(), fut)
+}
+
 /// Ends the lease of every hold of `key` now, as if its holder had vanished (not a release):
 /// the holder's next renewal, `extend` or `fence` fails with `Lost`, and any owner may take the
 /// key. Semaphore permits of `key` too. Returns how many holds it ended.
