@@ -477,3 +477,90 @@ async fn migrate_upgrades_a_table_from_before_outcomes() {
         );
     }
 }
+
+/// `drain`: nothing new is taken (a new call, and a call waiting for a key, end with
+/// `ShutDown`), the work already under a lock runs to its end (its re-entry still granted), and
+/// the locker shuts down once it has; a hold still live when the grace runs out is released
+/// by the shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_lets_running_work_finish_then_shuts_down() {
+    let (dbs, _dir) = common::all("outcome_drain").await;
+    for db in &dbs {
+        let other = &db.locker;
+        let mine = common::connect(db).await.table(other.table_name());
+        // The running job: 1.4 s of work, re-entering its key half-way (a nested call).
+        let job = {
+            let mine = mine.clone();
+            tokio::spawn(async move {
+                let g = mine.lock("job").ttl(30 * SEC).await?;
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                let again = mine.lock("job").owner(g.owner()).await?;
+                assert_eq!(again.hold_count(), 2);
+                again.release().await?;
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                g.release().await
+            })
+        };
+        let busy = other.lock("wanted").ttl(30 * SEC).await.unwrap();
+        let waiter = {
+            let mine = mine.clone();
+            tokio::spawn(async move { mine.lock("wanted").wait(10 * SEC).await.map(|_| ()) })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        let started = Instant::now();
+        let draining = {
+            let mine = mine.clone();
+            tokio::spawn(async move { mine.drain(20 * SEC).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            matches!(mine.lock("new").await, Err(LockError::ShutDown)),
+            "{}: a new hold while draining",
+            db.name
+        );
+        busy.release().await.unwrap();
+        let waited = tokio::time::timeout(2 * SEC, waiter)
+            .await
+            .expect("a waiting call outlived the drain's start")
+            .unwrap();
+        assert!(
+            matches!(waited, Err(LockError::ShutDown)),
+            "{}: {waited:?}",
+            db.name
+        );
+        assert_eq!(draining.await.unwrap(), 0, "{}: the job was cut", db.name);
+        let took = started.elapsed();
+        job.await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{}: the running job failed: {e}", db.name));
+        assert!(took > Duration::from_millis(900), "{}: {took:?}", db.name);
+        assert_eq!(
+            outcome(other, "job").await.0,
+            Some(Outcome::Succeeded),
+            "{}",
+            db.name
+        );
+        assert!(!other.inspect("wanted").await.unwrap().unwrap().held);
+        assert!(matches!(mine.lock("x").await, Err(LockError::ShutDown)));
+
+        // Work that outlasts the grace: released when it runs out.
+        let cut = common::connect(db).await.table(other.table_name());
+        let long = cut.lock("long").ttl(30 * SEC).await.unwrap();
+        let started = Instant::now();
+        assert_eq!(
+            cut.drain(Duration::from_millis(300)).await,
+            1,
+            "{}",
+            db.name
+        );
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(300), "{}: {took:?}", db.name);
+        let g = other
+            .lock("long")
+            .await
+            .unwrap_or_else(|e| panic!("{}: still held after the drain: {e}", db.name));
+        g.release().await.unwrap();
+        assert!(matches!(long.release().await, Err(LockError::ShutDown)));
+    }
+}

@@ -89,7 +89,8 @@ pub enum LockError {
     },
 
     /// The locker was shut down ([`Locker::shutdown`](crate::Locker::shutdown)): it takes no
-    /// more locks, and the holds it had were released.
+    /// more locks, and the holds it had were released. Also a call that would take a new hold
+    /// while the locker drains ([`Locker::drain`](crate::Locker::drain)).
     #[error("the locker was shut down")]
     ShutDown,
 

@@ -333,6 +333,10 @@ impl Kind for LockWait {
         self.fair.is_none() && !self.reentry
     }
 
+    fn reentry(&self) -> bool {
+        self.reentry
+    }
+
     fn woken_by_releases(&self) -> bool {
         self.fair.is_some()
     }

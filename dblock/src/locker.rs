@@ -216,4 +216,40 @@ impl Locker {
     pub async fn shutdown(&self) {
         self.shared.shutdown().await;
     }
+
+    /// Shuts the locker down after the work already under its locks has finished, for at most
+    /// `grace`: the deploy that lets running jobs end instead of cutting them.
+    ///
+    /// From the call on, nothing new is taken: a call that would take a new hold, and a call
+    /// still waiting for a key, ends with [`LockError::ShutDown`] (on this locker and its
+    /// [`table`](Locker::table) copies, as for `shutdown`). What is held goes on as before,
+    /// renewed: locked bodies run to their end and release, guards are released by their
+    /// holders, and an owner's re-entry of a key it holds is still granted (nested locked calls
+    /// of running work). Once no hold is left, or when `grace` has passed, it runs
+    /// [`shutdown`](Locker::shutdown), which releases whatever is still held (those bodies end
+    /// with `Lost`). Returns how many holds were still live then (0: everything finished in
+    /// time). A leadership is a hold that lasts until resigned: resign it first, or it is cut
+    /// at the end of `grace`.
+    ///
+    #[cfg_attr(feature = "sqlite", doc = "```")]
+    #[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]
+    /// # async fn demo() -> Result<(), dblock::LockError> {
+    /// use std::time::Duration;
+    /// let locker = dblock::Locker::connect("sqlite::memory:").await?;
+    /// locker.migrate().await?;
+    /// let job = locker.lock("nightly").await?;
+    /// let finishing = tokio::spawn(async move {
+    ///     tokio::time::sleep(Duration::from_millis(50)).await; // the job's last step
+    ///     job.release().await
+    /// });
+    /// // SIGTERM: no new jobs; the running one may finish within 30 s.
+    /// assert_eq!(locker.drain(Duration::from_secs(30)).await, 0);
+    /// finishing.await.unwrap()?;
+    /// assert!(matches!(locker.lock("nightly").await, Err(dblock::LockError::ShutDown)));
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn drain(&self, grace: std::time::Duration) -> usize {
+        self.shared.drain(grace).await
+    }
 }

@@ -173,7 +173,8 @@ impl LockAllRequest {
         let started = Instant::now();
         let until = crate::timing::after(started, self.options.wait);
         let mut guards: Vec<LockGuard> = Vec::with_capacity(self.keys.len());
-        if self.keys.len() > 1 && !self.lock.fair {
+        let draining = self.shared.check_taking().is_err();
+        if self.keys.len() > 1 && !self.lock.fair && !draining {
             // First every key in one statement (one round trip when they are free); what is
             // left after the first key not taken is waited for one key at a time, in order.
             let call_until = crate::timing::call_until(

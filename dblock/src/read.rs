@@ -176,6 +176,10 @@ impl Kind for ReadWait {
         self.reentry.is_none()
     }
 
+    fn reentry(&self) -> bool {
+        self.reentry.is_some()
+    }
+
     async fn attempt(&mut self, waiting: bool, call_until: Instant) -> Try {
         self.reentry = self.shared.member_tenure(&self.key, &self.owner);
         let (shared, backend, key, holder, owner, meter) = (

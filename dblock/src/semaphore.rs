@@ -396,6 +396,10 @@ impl Kind for PermitWait {
         !self.reentry
     }
 
+    fn reentry(&self) -> bool {
+        self.reentry
+    }
+
     async fn attempt(&mut self, _waiting: bool, _call_until: Instant) -> Try {
         match self.take_some().await {
             Ok(Some(guard)) => Try::Got(guard),

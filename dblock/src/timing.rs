@@ -46,6 +46,9 @@ pub(crate) const CAMPAIGN_RETRY: Duration = Duration::from_millis(500);
 /// faster than the clock moves, a clock stepped back) wait for a later purge.
 pub(crate) const PURGE_HELD_BACK: Duration = Duration::from_secs(1);
 
+/// How often `Locker::drain` looks whether the holds it waits for have ended.
+pub(crate) const DRAIN_POLL: Duration = Duration::from_millis(10);
+
 /// First and largest pause between attempts while waiting for a busy key.
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);

@@ -97,6 +97,12 @@ pub(crate) trait Kind: Send {
         true
     }
 
+    /// Whether the call re-enters a hold its owner has (it then goes on while the locker
+    /// drains: part of the work already running).
+    fn reentry(&self) -> bool {
+        false
+    }
+
     /// Whether a release by this process wakes the call although it is not the head of a line
     /// (a fair caller, which looks at its queue again).
     fn woken_by_releases(&self) -> bool {
@@ -179,8 +185,13 @@ pub(crate) async fn wait_for<K: Kind>(
         }
     }
     loop {
-        // A locker shut down while this call waits: no further attempt.
-        shared.check_open()?;
+        // A locker shut down (or draining, for a new hold) while this call waits: no further
+        // attempt.
+        if kind.reentry() {
+            shared.check_open()?;
+        } else {
+            shared.check_taking()?;
+        }
         // The attempt stops sending at `call_until`; a moment more lets it say why.
         let attempt = kind.attempt(wake.is_some(), call_until);
         let outcome = match tokio::time::timeout_at(call_until + ANSWER_GRACE, attempt).await {

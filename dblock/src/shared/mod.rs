@@ -67,6 +67,8 @@ struct Tuning {
 struct Lifecycle {
     /// Set by `Locker::shutdown`: no more locks.
     closed: AtomicBool,
+    /// Set by `Locker::drain`: no new holds (re-entries still), the holds taken go on.
+    draining: AtomicBool,
     copies: Mutex<Vec<Weak<Shared>>>,
     live: Mutex<Live>,
 }
@@ -138,6 +140,44 @@ impl Shared {
         } else {
             Ok(())
         }
+    }
+
+    /// `Err(ShutDown)` once `Locker::drain` (or `shutdown`) ran: what a call that would take a
+    /// new hold (not a re-entry of one the owner holds) checks before each attempt.
+    pub(crate) fn check_taking(&self) -> Result<(), LockError> {
+        if self.lifecycle.draining.load(Ordering::SeqCst) {
+            return Err(LockError::ShutDown);
+        }
+        self.check_open()
+    }
+
+    /// Stops new holds, waits until every hold of this locker and its `table()` copies has
+    /// ended or `grace` has passed, then shuts down (`Locker::drain`). How many holds were still
+    /// live at the end, released by the shutdown.
+    pub(crate) async fn drain(self: &Arc<Self>, grace: Duration) -> usize {
+        self.lifecycle.draining.store(true, Ordering::SeqCst);
+        let until = crate::timing::after(Instant::now(), grace);
+        let live = |me: &Self| {
+            me.live()
+                .values()
+                .filter(|(h, _)| h.upgrade().is_some_and(|h| !h.is_lost()))
+                .count()
+        };
+        tracing::info!(holds = live(self), ?grace, table = %self.table, "draining: no new holds");
+        if LockError::require_runtime().is_ok() {
+            while live(self) > 0 && Instant::now() < until {
+                tokio::time::sleep(crate::timing::DRAIN_POLL.min(until - Instant::now())).await;
+            }
+        }
+        let cut = live(self);
+        if cut > 0 {
+            tracing::warn!(
+                holds = cut,
+                "drained for its grace time: the holds left are released"
+            );
+        }
+        self.shutdown().await;
+        cut
     }
 
     /// The database and table: where one owner's holds of a key are tracked, and where the
