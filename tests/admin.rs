@@ -248,3 +248,51 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `force_release_if_owner` frees what that owner holds and nothing else: its lock (not a lock
+/// another owner took over since), its permits of a semaphore (not another owner's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_if_owner_frees_only_that_owners_holds() {
+    use dblock::{LockError, Owner};
+    let (dbs, _dir) = common::all("admin_if_owner").await;
+    for db in &dbs {
+        let (l, name) = (&db.locker, db.name);
+        let (a, b) = (Owner::new(), Owner::new());
+        let held = l.lock("k").owner(&a).await.unwrap();
+        assert!(
+            !l.force_release_if_owner("k", b.id()).await.unwrap(),
+            "{name}"
+        );
+        assert!(l.inspect("k").await.unwrap().unwrap().held, "{name}");
+        assert!(
+            l.force_release_if_owner("k", a.id()).await.unwrap(),
+            "{name}"
+        );
+        assert!(!l.inspect("k").await.unwrap().unwrap().held, "{name}");
+        assert!(held.release().await.is_err(), "{name}: released twice");
+        // Taken over since it was listed: left alone.
+        let taken = l.lock("k").owner(&b).await.unwrap();
+        assert!(
+            !l.force_release_if_owner("k", a.id()).await.unwrap(),
+            "{name}"
+        );
+        taken.release().await.unwrap();
+
+        let pa = l.semaphore("s", 2).owner(&a).await.unwrap();
+        let pb = l.semaphore("s", 2).owner(&b).await.unwrap();
+        assert!(
+            l.force_release_if_owner("s", a.id()).await.unwrap(),
+            "{name}"
+        );
+        let live = l.permits("s").await.unwrap();
+        assert_eq!(live.len(), 1, "{name}: {live:?}");
+        assert_eq!(live[0].owner.as_deref(), Some(b.id()), "{name}");
+        assert!(pa.release().await.is_err(), "{name}");
+        pb.release().await.unwrap();
+
+        assert!(matches!(
+            l.force_release_if_owner("s", "").await,
+            Err(LockError::Config(_))
+        ));
+    }
+}

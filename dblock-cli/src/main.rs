@@ -80,14 +80,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Free a key whoever holds it: its lock and every permit of its semaphore.
+    /// Free a key whoever holds it: its lock and every permit of its semaphore. With --owner,
+    /// only what that owner holds of it; with --holder instead of a key, the locks and permits
+    /// of every holder that contains TEXT.
     ///
     /// The old holder's release and renewal then fail (it has lost the lock); the hold is
-    /// recorded as failed. Exits 3 if nothing was held.
+    /// recorded as failed. --holder frees each hold it listed only if its owner still holds
+    /// it (a key taken over meanwhile is left alone), and never read locks. Exits 3 if
+    /// nothing was released.
     Release {
         /// The key.
-        #[arg(value_parser = parse_key)]
-        key: String,
+        #[arg(value_parser = parse_key, required_unless_present = "holder")]
+        key: Option<String>,
+        /// Only the holds of this owner (the OWNER column of `list`).
+        #[arg(long, value_name = "UUID", requires = "key")]
+        owner: Option<String>,
+        /// Every lock and permit whose holder (host/pid[/label]) contains this: a dead machine's
+        /// (`web-3/`), a process's (`web-3/4711/`).
+        #[arg(long, value_name = "TEXT", conflicts_with_all = ["key", "owner"])]
+        holder: Option<String>,
     },
     /// Take a key from whoever holds it, with a new fencing token, and keep it for --ttl.
     ///
@@ -223,6 +234,49 @@ fn main() -> ExitCode {
     }
 }
 
+/// `release --holder TEXT`: each lock and permit whose holder contains `holder`, freed only if
+/// the owner listed still holds it; read locks are left (their row is every reader's).
+async fn release_holder(locker: &Locker, holder: &str) -> Result<(), Failure> {
+    let rows = locker.held().await?;
+    let mut done: Vec<(String, String)> = Vec::new();
+    for row in &rows {
+        let (Some(owner), Some(label)) = (&row.owner, &row.holder) else {
+            continue;
+        };
+        if !label.contains(holder) {
+            continue;
+        }
+        if matches!(row.kind, dblock::LockKind::Read { .. }) {
+            say(&format!(
+                "dblock: left {}: a read lock (free it with `dblock release KEY`)",
+                quoted(&row.key)
+            ));
+            continue;
+        }
+        let pair = (row.key.clone(), owner.clone());
+        if done.contains(&pair) {
+            continue; // two permits of one owner: freed together
+        }
+        if locker.force_release_if_owner(&row.key, owner).await? {
+            emit(&format!(
+                "released {} (owner {}, holder {})\n",
+                quoted(&row.key),
+                quoted(owner),
+                quoted(label)
+            ));
+            done.push(pair);
+        }
+    }
+    if done.is_empty() {
+        return Err(Failure::Nothing(format!(
+            "no lock or permit held by a holder containing {}: nothing released",
+            quoted(holder)
+        )));
+    }
+    emit(&format!("{} released\n", done.len()));
+    Ok(())
+}
+
 /// Writes `text` to stdout. A reader that went away (`dblock list | head -1`) is not an error.
 pub fn emit(text: &str) {
     let mut out = std::io::stdout().lock();
@@ -334,15 +388,35 @@ async fn command(command: &Command, locker: &Locker) -> Result<(), Failure> {
                 )));
             }
         }
-        Command::Release { key } => {
-            if locker.force_release(key).await? {
+        Command::Release {
+            key: Some(key),
+            owner,
+            ..
+        } => {
+            let released = match owner {
+                Some(owner) => locker.force_release_if_owner(key, owner).await?,
+                None => locker.force_release(key).await?,
+            };
+            if released {
                 emit(&format!("released {}\n", quoted(key)));
             } else {
-                return Err(Failure::Nothing(format!(
-                    "{} was not held: nothing released",
-                    quoted(key)
-                )));
+                return Err(Failure::Nothing(match owner {
+                    Some(owner) => format!(
+                        "{} was not held by {}: nothing released",
+                        quoted(key),
+                        quoted(owner)
+                    ),
+                    None => format!("{} was not held: nothing released", quoted(key)),
+                }));
             }
+        }
+        Command::Release {
+            key: None,
+            holder: Some(holder),
+            ..
+        } => release_holder(locker, holder).await?,
+        Command::Release { .. } => {
+            return Err(Failure::Error("release needs a KEY or --holder".into()));
         }
         Command::Steal { key, ttl } => {
             let guard = locker

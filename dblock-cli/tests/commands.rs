@@ -346,6 +346,67 @@ async fn semaphores_and_readers() {
     }
 }
 
+/// `release KEY --owner UUID` frees only that owner's hold; `release --holder TEXT` frees the
+/// locks and permits of the holders that contain TEXT, each only while its listed owner holds
+/// it, and leaves other holders' keys and read locks alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_by_owner_and_by_holder_frees_only_those_holds() {
+    let (dbs, _dir) = common::all("release_owner").await;
+    for db in &dbs {
+        let (l, name) = (&db.locker, db.name);
+        let dead = l.lock("a").holder("dead-job").ttl(LONG).await.unwrap();
+        let other = l.lock("b").holder("live-job").ttl(LONG).await.unwrap();
+        let permit = l
+            .semaphore("s", 2)
+            .holder("dead-job")
+            .ttl(LONG)
+            .await
+            .unwrap();
+        let read = l.read("r").holder("dead-job").ttl(LONG).await.unwrap();
+
+        // --owner: another owner's id frees nothing (exit 3), the holder's own frees it.
+        let stranger = dblock::Owner::new();
+        let out = run(db, &["release", "b", "--owner", stranger.id()]);
+        assert_eq!(out.status.code(), Some(3), "{name}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("was not held by"),
+            "{name}: {}",
+            stderr(&out)
+        );
+        assert!(l.inspect("b").await.unwrap().unwrap().held, "{name}");
+        let out = expect(db, &["release", "b", "--owner", other.owner().id()], 0);
+        assert!(out.contains("released \"b\""), "{name}: {out}");
+        assert!(other.release().await.is_err(), "{name}");
+
+        // --holder: the dead job's lock and permit, not its read lock.
+        let out = expect(db, &["release", "--holder", "/dead-job"], 0);
+        assert!(
+            out.contains("released \"a\"") && out.contains("released \"s\""),
+            "{name}: {out}"
+        );
+        assert!(out.contains("2 released"), "{name}: {out}");
+        assert!(!l.inspect("a").await.unwrap().unwrap().held, "{name}");
+        assert!(l.permits("s").await.unwrap().is_empty(), "{name}");
+        assert!(
+            l.inspect("r").await.unwrap().unwrap().held,
+            "{name}: a read lock freed"
+        );
+        assert!(
+            dead.release().await.is_err() && permit.release().await.is_err(),
+            "{name}"
+        );
+        // Nothing left of that holder but its read lock: exit 3.
+        let out = run(db, &["release", "--holder", "/dead-job"]);
+        assert_eq!(out.status.code(), Some(3), "{name}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("a read lock"),
+            "{name}: {}",
+            stderr(&out)
+        );
+        read.release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_and_reset_exit_3_when_there_is_nothing_to_do() {
     let (dbs, _dir) = common::all("release").await;
@@ -665,6 +726,9 @@ fn bad_command_lines_exit_2_and_help_exits_0() {
         &["watch", "--interval", "soon"],
         &["watch", "--interval", "0s"],
         &["release", "k", "--json"],
+        &["release"],
+        &["release", "--owner", "x"],
+        &["release", "k", "--holder", "web-3/"],
         &["list", "--frobnicate"],
         &["migrate", "sideways"],
         // What the library would refuse is refused here, before any connection.

@@ -460,7 +460,7 @@ pub(crate) async fn steal(
     };
     for _ in 0..STEAL_ROUNDS {
         // The lock's row only (`Locker::force_release` also frees a semaphore of the same key).
-        let freed = shared.free("steal", &request.key).await?;
+        let freed = shared.free("steal", &request.key, "").await?;
         tracing::info!(key = %crate::Escaped(&request.key), freed, "steal: holder's lease ended");
         match request.clone().acquire(shared.clone()).await {
             Err(e) if e.is_busy() => last = e,

@@ -138,12 +138,46 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn force_release(&self, key: impl AsRef<str>) -> Result<bool, LockError> {
-        let key = key.as_ref();
+        self.free(key.as_ref(), "").await
+    }
+
+    /// [`force_release`](Locker::force_release) of `owner`'s holds alone: frees the lock of
+    /// `key` and the permits of the semaphore of `key` that the owner whose id is `owner` (as
+    /// [`LockInfo::owner`] shows it) holds, and nothing else. For an operator who listed the
+    /// holds of a dead machine and frees them: a key taken over by someone else since it was
+    /// listed is left alone (one statement per row, the owner checked in it). Read holds are
+    /// not freed this way (their row's owner is every reader's). Returns `true` if anything
+    /// live was freed.
+    ///
+    /// ```
+    /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
+    /// let stuck = locker.lock("k").await?;
+    /// let owner = stuck.owner().id().to_owned();
+    /// assert!(!locker.force_release_if_owner("k", "someone-else").await?);
+    /// assert!(locker.force_release_if_owner("k", &owner).await?);
+    /// assert!(stuck.release().await.is_err()); // NotHeld
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_release_if_owner(
+        &self,
+        key: impl AsRef<str>,
+        owner: &str,
+    ) -> Result<bool, LockError> {
+        if owner.is_empty() {
+            return Err(LockError::Config(
+                "force_release_if_owner: the owner id is empty".into(),
+            ));
+        }
+        self.free(key.as_ref(), owner).await
+    }
+
+    async fn free(&self, key: &str, owner: &str) -> Result<bool, LockError> {
         self.usable()?;
         validate::key(key)?;
-        let freed = self.shared().free("force_release", key).await?;
-        let permits = crate::semaphore::force_release(self.shared(), key).await?;
-        tracing::info!(key, freed, permits, "force_release");
+        validate::text("owner id", owner)?;
+        let freed = self.shared().free("force_release", key, owner).await?;
+        let permits = crate::semaphore::force_release(self.shared(), key, owner).await?;
+        tracing::info!(key, owner, freed, permits, "force_release");
         Ok(freed || permits > 0)
     }
 

@@ -242,15 +242,20 @@ pub(crate) async fn all_live(shared: &Shared) -> Result<Vec<LockInfo>, LockError
     }
 }
 
-/// Frees every live permit of semaphore `key` (operator action); how many.
-pub(crate) async fn force_release(shared: &Shared, key: &str) -> Result<usize, LockError> {
+/// Frees every live permit of semaphore `key` held by `owner` (`""`: by anyone; operator
+/// action); how many.
+pub(crate) async fn force_release(
+    shared: &Shared,
+    key: &str,
+    owner: &str,
+) -> Result<usize, LockError> {
     let Some(rows) = slot_rows(shared, key).await? else {
         return Ok(0);
     };
     let permits = shared.permits();
     let mut freed = 0;
     for row in &rows {
-        if permits.free("force_release", &row.key).await? {
+        if permits.free("force_release", &row.key, owner).await? {
             freed += 1;
         }
     }

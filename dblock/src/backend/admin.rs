@@ -24,7 +24,8 @@ pub(crate) struct AdminSql {
     /// `from..to` with a live lease or taken within the span (0: only the live ones), ordered
     /// by key.
     pub(crate) rows_in: SqlStr,
-    /// `$1`/`?` = key; frees a live lease whoever holds it, keeping the fencing token.
+    /// `$1`, `$2` / `?`, `?` = key, owner (`''`: any); frees a live lease of that owner,
+    /// keeping the fencing token.
     pub(crate) force_release: SqlStr,
     /// `$1`/`?` = age in µs; deletes rows free or expired for longer, at most [`PURGE_BATCH`].
     pub(crate) purge: SqlStr,
@@ -69,8 +70,12 @@ impl Statement for RowsIn<'_> {
     type Output = Vec<LockInfo>;
 }
 
-/// Frees a live lease whoever holds it; whether there was one.
-pub(crate) struct ForceRelease<'a>(pub &'a str);
+/// Frees a live lease of `key` (held by `owner`; `""`: whoever holds it); whether there was
+/// one.
+pub(crate) struct ForceRelease<'a> {
+    pub key: &'a str,
+    pub owner: &'a str,
+}
 
 impl Statement for ForceRelease<'_> {
     type Output = bool;
@@ -181,8 +186,12 @@ macro_rules! shared_admin {
                 rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
             }
 
-            pub(super) async fn changes(conn: &mut Conn, sql: &SqlStr, key: &str) -> sqlx::Result<bool> {
-                let done = sqlx::query(sql.clone()).bind(key.to_owned()).execute(&mut *conn).await?;
+            pub(super) async fn changes(conn: &mut Conn, sql: &SqlStr, texts: &[&str]) -> sqlx::Result<bool> {
+                let mut query = sqlx::query(sql.clone());
+                for text in texts {
+                    query = query.bind((*text).to_owned());
+                }
+                let done = query.execute(&mut *conn).await?;
                 Ok(done.rows_affected() > 0)
             }
 
@@ -232,13 +241,13 @@ macro_rules! shared_admin {
 
         impl $trait for $crate::backend::admin::ForceRelease<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<bool> {
-                shared_admin::changes(conn, &b.$($field).+.force_release, self.0).await
+                shared_admin::changes(conn, &b.$($field).+.force_release, &[self.key, self.owner]).await
             }
         }
 
         impl $trait for $crate::backend::admin::Reset<'_> {
             async fn $method(&self, b: &$ty, conn: &mut <$db as sqlx::Database>::Connection) -> sqlx::Result<bool> {
-                shared_admin::changes(conn, &b.$($field).+.reset, self.0).await
+                shared_admin::changes(conn, &b.$($field).+.reset, &[self.0]).await
             }
         }
 

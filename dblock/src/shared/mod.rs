@@ -254,13 +254,17 @@ impl Shared {
             .collect()
     }
 
-    /// Frees `key`'s row of this table now, whoever holds it (an operator's force-release, a
-    /// steal; `what` names it in errors): whether a row was freed. The holds this process has
-    /// of the key, known before the statement, learn at once that they are lost (a hold taken
-    /// after it is a new tenure).
-    pub(crate) async fn free(&self, what: &str, key: &str) -> Result<bool, LockError> {
-        let holds = self.holds_of(key);
-        let (backend, statement) = (self.backend()?, crate::backend::ForceRelease(key));
+    /// Frees `key`'s row of this table now if `owner` holds it (`""`: whoever holds it; an
+    /// operator's force-release, a steal; `what` names it in errors): whether a row was freed.
+    /// The holds this process has of the key (of that owner), known before the statement,
+    /// learn at once that they are lost (a hold taken after it is a new tenure).
+    pub(crate) async fn free(&self, what: &str, key: &str, owner: &str) -> Result<bool, LockError> {
+        let mut holds = self.holds_of(key);
+        if !owner.is_empty() {
+            holds.retain(|h| h.owner.id() == owner);
+        }
+        let backend = self.backend()?;
+        let statement = crate::backend::ForceRelease { key, owner };
         let freed = self
             .run_bounded(what, |limit| backend.run(&statement, limit))
             .await?;

@@ -502,7 +502,8 @@ ORDER BY lock_key",
                 force_release: sql(
                     "UPDATE {table} SET hold_count = 0, owner = NULL, expires_at = UTC_TIMESTAMP(6),
     last_outcome = IF(success_token <=> fencing_token, 1, 2), finished_at = UTC_TIMESTAMP(6)
-WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
+WHERE lock_key = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)
+  AND owner = COALESCE(NULLIF(?, ''), owner)",
                     &t,
                 ),
                 reset: sql(

@@ -46,7 +46,11 @@ async fn rows_in(pg: &Pg, c: &mut PgConnection, s: &RowsIn<'_>) -> sqlx::Result<
 
 async fn force_release(pg: &Pg, c: &mut PgConnection, s: &ForceRelease<'_>) -> sqlx::Result<bool> {
     Ok(pg
-        .execute(c, &pg.sql.force_release, &[Arg::Text(s.0)])
+        .execute(
+            c,
+            &pg.sql.force_release,
+            &[Arg::Text(s.key), Arg::Text(s.owner)],
+        )
         .await?
         > 0)
 }

@@ -471,7 +471,7 @@ mod tests {
             ("inspect", &sql.inspect, 1),
             ("held", &sql.held, 0),
             ("rows_in", &sql.rows_in, 3),
-            ("force_release", &sql.force_release, 1),
+            ("force_release", &sql.force_release, 2),
             ("reset", &sql.reset, 1),
             ("purge", &sql.purge, 1),
             ("queue join", &sql.queue_steps.join, 3),

@@ -410,7 +410,8 @@ ORDER BY lock_key"
                 "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = statement_timestamp(),
     last_outcome = CASE WHEN success_token = fencing_token THEN 1 ELSE 2 END,
     finished_at = statement_timestamp()
-WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > statement_timestamp()",
+WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > statement_timestamp()
+  AND owner = coalesce(nullif($2::text, ''), owner)",
                 &t,
             ),
 

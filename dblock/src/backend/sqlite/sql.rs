@@ -194,7 +194,8 @@ ORDER BY lock_key",
                     "UPDATE {table} SET owner = NULL, hold_count = 0, expires_at = {now},
     last_outcome = CASE WHEN success_token IS fencing_token THEN 1 ELSE 2 END,
     finished_at = {now}
-WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}",
+WHERE lock_key = $1 AND owner IS NOT NULL AND expires_at > {now}
+  AND owner = coalesce(nullif($2, ''), owner)",
                     &t,
                 ),
                 reset: sql(
