@@ -12,10 +12,14 @@
 //!   (`pg_ctl -m immediate stop`), the standby promoted, and the proxies re-pointed to it. dblock's
 //!   releases are lazily durable (`synchronous_commit = off`), so some acknowledged releases are
 //!   lost with the primary: their keys stay held on the promoted standby until their leases end.
+//! - **PostgreSQL primary + asynchronous standby** (`postgres_asynchronous_failover_never_
+//!   reissues_a_token`, a pair of its own): grants committed on the primary while its walsender is
+//!   stopped are lost with it; the promoted standby's next fencing token must still be above every
+//!   token they had.
 //!
-//! In both, a lock taken on the failing server just before the failure (60 s ttl) must still be
-//! there on the survivor (same owner, same fencing token), and its holder must be able to release
-//! it there. The workers' ttl (3 s) is deliberately shorter than Galera's stall: leases run out
+//! In the first two, a lock taken on the failing server just before the failure (60 s ttl) must
+//! still be there on the survivor (same owner, same fencing token), and its holder must be able to
+//! release it there. The workers' ttl (3 s) is deliberately shorter than Galera's stall: leases run out
 //! while nothing commits, and grants that come back late must be given back, not returned.
 //!
 //! The fenced-write run with steals of `tests/chaos_kinds.rs` (`common/fenced.rs`: leases,
@@ -799,6 +803,158 @@ async fn postgres_standby_promoted_mid_run() {
             ),
         ],
     );
+}
+
+/// Polls `f` until it is `Ok` (20 s at most).
+#[cfg(feature = "postgres")]
+async fn until_ok<F, Fut>(what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let started = Instant::now();
+    loop {
+        match f().await {
+            Ok(()) => return,
+            Err(e) => {
+                assert!(started.elapsed() < Duration::from_secs(20), "{what}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Asynchronous replication and a failover that loses the primary's last commits: the promoted
+/// standby has the key's row as it was before them, and its next grant's fencing token is still
+/// above every token those lost commits handed out (a new tenure's token is never below the
+/// database clock in µs). The lost grants themselves are what synchronous replication prevents
+/// (their owners and the next one overlap); their tokens are never issued again, so a resource
+/// that checks tokens refuses the stale owners. A pair of its own (`up postgres`), and a fresh
+/// one left for the next run.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_asynchronous_failover_never_reissues_a_token() {
+    use sqlx::PgPool;
+
+    let _one_at_a_time = SERIAL.lock().await;
+    let Some(_) = setup_url("DBLOCK_PG_PRIMARY_URL", "PostgreSQL asynchronous failover") else {
+        return;
+    };
+    ctl(&["up", "postgres"]).await;
+    let primary_url = std::env::var("DBLOCK_PG_PRIMARY_URL").unwrap();
+    let standby_url = std::env::var("DBLOCK_PG_STANDBY_URL").unwrap();
+
+    // Asynchronous: the primary's commits stop waiting for the standby.
+    let plain = PgPool::connect(&primary_url).await.expect("the primary");
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = ''",
+        "SELECT pg_reload_conf()",
+    ] {
+        sqlx::raw_sql(sql).execute(&plain).await.unwrap();
+    }
+    until_ok("the standby replicating asynchronously", || async {
+        let state: Option<String> = sqlx::query_scalar(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1'",
+        )
+        .fetch_optional(&plain)
+        .await
+        .map_err(|e| e.to_string())?;
+        match state.as_deref() {
+            Some("async") => Ok(()),
+            other => Err(format!("sync_state {other:?}")),
+        }
+    })
+    .await;
+
+    let table = common::table_for("async_failover");
+    let options = dblock::ConnectOptions::new().listen(false);
+    let on_primary = Locker::connect_with(&primary_url, options.clone())
+        .await
+        .unwrap()
+        .table(&table);
+    on_primary.migrate().await.unwrap();
+    // One tenure the standby has, released (read there until it shows).
+    let kept = {
+        let g = on_primary
+            .lock("k")
+            .ttl(Duration::from_secs(1))
+            .await
+            .unwrap();
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        token
+    };
+    let standby = PgPool::connect(&standby_url).await.expect("the standby");
+    let on_standby =
+        format!("SELECT fencing_token FROM {table} WHERE lock_key = 'k' AND owner IS NULL");
+    until_ok("the standby has the first tenure, released", || async {
+        let token: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(on_standby.clone()))
+            .fetch_optional(&standby)
+            .await
+            .map_err(|e| e.to_string())?;
+        match token {
+            Some(t) if t as u64 == kept => Ok(()),
+            other => Err(format!("token {other:?}")),
+        }
+    })
+    .await;
+    standby.close().await;
+
+    // The walsender stops at once, the primary 2 s later: what commits meanwhile is the
+    // primary's alone.
+    let failover = tokio::spawn(ctl(&["failover", "2"]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut issued = Vec::new();
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let g = on_primary
+            .lock("k")
+            .ttl(Duration::from_secs(1))
+            .await
+            .unwrap_or_else(|e| panic!("a grant on the primary before its stop: {e}"));
+        issued.push(g.fencing_token());
+        g.release().await.unwrap();
+    }
+    plain.close().await;
+    drop(on_primary);
+    let figures = failover.await.unwrap();
+    let last_issued = *issued.iter().max().expect("grants before the stop");
+
+    let promoted = Locker::connect_with(&standby_url, options)
+        .await
+        .unwrap()
+        .table(&table);
+    let row = promoted.inspect("k").await.unwrap().expect("the key's row");
+    // The premise: the failover lost tenures (else this run proves nothing).
+    assert!(
+        row.fencing_token < last_issued,
+        "no tenure lost: the promoted standby has token {}, the primary issued up to {last_issued}",
+        row.fencing_token
+    );
+    let lost = issued.iter().filter(|t| **t > row.fencing_token).count();
+    // A grant whose release the standby never had holds the key until its 1 s lease ends.
+    let guard = promoted
+        .lock("k")
+        .wait(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let next = guard.fencing_token();
+    assert!(
+        next > last_issued,
+        "token {next} issued again after the failover: the primary had issued up to {last_issued}"
+    );
+    guard.release().await.unwrap();
+    common::shout(&format!(
+        "postgres-async-failover: {} tenures on the primary during the walsender stall, {lost} \
+         of them lost with it (the promoted standby has token {}, the primary issued up to \
+         {last_issued}); the next grant's token {next} is above all (stop {} ms, promote {} ms)",
+        issued.len(),
+        row.fencing_token,
+        figures.get("stop_ms").map_or("?", String::as_str),
+        figures.get("promote_ms").map_or("?", String::as_str),
+    ));
+    // A fresh synchronous pair for whatever runs next.
+    ctl(&["up", "postgres"]).await;
 }
 
 // ---------------------------------------------------------------------------------------------
