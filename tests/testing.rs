@@ -316,3 +316,21 @@ async fn with_default_gives_each_test_its_own_default_locker() -> Result<(), Loc
     assert!(matches!(spawned, Err(LockError::NoLocker)), "{spawned:?}");
     Ok(())
 }
+
+/// `drain` returns once the releases of the holds it waited for are done, not when their guards
+/// let go: a dropped guard's release whose first sends fail is waited for (else a process that
+/// exits when `drain` returns would leave the key held until its lease ends).
+#[tokio::test(start_paused = true)]
+async fn drain_waits_for_a_release_still_on_its_way() -> Result<(), LockError> {
+    let locker = testing::locker().await?;
+    let guard = locker.lock("job").ttl(30 * SECOND).await?;
+    testing::fail_next(&locker, 2)?;
+    drop(guard); // released in the background; its first two sends fail
+    let started = tokio::time::Instant::now();
+    assert_eq!(locker.drain(60 * SECOND).await, 0);
+    let took = started.elapsed();
+    // The release went out again after a pause (paused time passed), and was done well before
+    // the grace ran out.
+    assert!(took > Duration::ZERO && took < 30 * SECOND, "{took:?}");
+    Ok(())
+}

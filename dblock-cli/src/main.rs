@@ -96,8 +96,9 @@ enum Command {
         #[arg(long, value_name = "UUID", requires = "key")]
         owner: Option<String>,
         /// Every lock and permit whose holder (host/pid[/label]) contains this: a dead machine's
-        /// (`web-3/`), a process's (`web-3/4711/`).
-        #[arg(long, value_name = "TEXT", conflicts_with_all = ["key", "owner"])]
+        /// (`web-3/`), a process's (`web-3/4711/`). Not empty, not only slashes (that would be
+        /// every holder).
+        #[arg(long, value_name = "TEXT", conflicts_with_all = ["key", "owner"], value_parser = parse_holder)]
         holder: Option<String>,
     },
     /// Take a key from whoever holds it, with a new fencing token, and keep it for --ttl.
@@ -166,6 +167,15 @@ enum Migrate {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `release --holder`: a text that picks some holders, not all of them (an unset shell variable
+/// in `--holder "$HOST/"` leaves `/`, which every `host/pid` contains).
+pub fn parse_holder(s: &str) -> Result<String, String> {
+    if s.chars().all(|c| c == '/') {
+        return Err("the holder text is empty or only slashes: it would match every holder".into());
+    }
+    Ok(s.to_owned())
 }
 
 /// A key as the library takes it: not empty, at most 255 bytes, no NUL.

@@ -729,6 +729,8 @@ fn bad_command_lines_exit_2_and_help_exits_0() {
         &["release"],
         &["release", "--owner", "x"],
         &["release", "k", "--holder", "web-3/"],
+        &["release", "--holder", ""],
+        &["release", "--holder", "/"],
         &["list", "--frobnicate"],
         &["migrate", "sideways"],
         // What the library would refuse is refused here, before any connection.

@@ -13,7 +13,7 @@ use crate::meter;
 use crate::owner::{HeldLock, Owner};
 use crate::registry::Serial;
 use crate::renew::Registration;
-use crate::shared::Shared;
+use crate::shared::{Releasing, Shared};
 use tokio::time::Instant;
 
 /// A lock this process holds. Dropping it releases the lock at once, in the background on the
@@ -332,7 +332,7 @@ impl LockGuard {
     /// is recorded.
     pub(crate) async fn give_back_unreceived(mut self, serial: &mut Serial) {
         self.armed = false;
-        self.end();
+        let _releasing = self.end();
         if self.hold.is_revoked() {
             return; // Locker::shutdown released it already
         }
@@ -352,7 +352,7 @@ impl LockGuard {
         // Outside a runtime the guard is dropped as it is (its Drop says the lease will expire).
         LockError::require_runtime()?;
         self.armed = false;
-        self.end();
+        let releasing = self.end();
         if self.hold.is_revoked() {
             // Locker::shutdown releases it: the caller hears once that is over.
             self.hold.settled().await;
@@ -363,7 +363,11 @@ impl LockGuard {
         // Detached: dropping this future half-way cannot leave the release unsent (or queued on
         // a pooled connection until it is next used), and a release the database does not
         // answer goes on after this call has returned, in a task of its own.
-        let release = Detached::new(release(self.hold.clone(), self.shared.clone(), outcome));
+        let (hold, shared) = (self.hold.clone(), self.shared.clone());
+        let release = Detached::new(async move {
+            let _releasing = releasing;
+            release(hold, shared, outcome).await
+        });
         let outcome = match tokio::time::timeout(bound, release).await {
             Ok(released) => released,
             Err(_) => Err(LockError::database(
@@ -399,7 +403,7 @@ impl Refused {
     pub(crate) async fn give_back(self, serial: Option<&mut Serial>) -> LockError {
         let mut guard = self.0;
         guard.armed = false;
-        guard.end();
+        let _releasing = guard.end();
         drop(guard.renewal.take());
         let (hold, shared) = (&guard.hold, &guard.shared);
         let until = Instant::now() + shared.statement_timeout;
@@ -433,10 +437,11 @@ impl LockGuard {
     pub(crate) fn release_later(mut self) {
         drop(self.renewal.take());
         self.armed = false;
-        self.end();
+        let releasing = self.end();
         let (hold, shared) = (self.hold.clone(), self.shared.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
+                let _releasing = releasing;
                 tokio::time::sleep(RELEASE_IN_CHECK).await;
                 match release(hold.clone(), shared, Some(Outcome::Dropped)).await {
                     Ok(Released::NotHeld) => {}
@@ -449,9 +454,11 @@ impl LockGuard {
         }
     }
 
-    fn end(&self) {
-        self.shared.untrack(&self.hold);
+    /// Untracks the hold; the token counts its release as on its way until dropped.
+    fn end(&self) -> Releasing {
+        let releasing = self.shared.untrack(&self.hold);
         meter::released(&self.hold.meter, self.hold.granted.elapsed());
+        releasing
     }
 }
 
@@ -461,7 +468,7 @@ impl Drop for LockGuard {
         if !self.armed {
             return;
         }
-        self.end();
+        let releasing = self.end();
         if self.hold.is_revoked() {
             return; // Locker::shutdown released it already
         }
@@ -475,6 +482,7 @@ impl Drop for LockGuard {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
+                    let _releasing = releasing;
                     match release(hold.clone(), shared, outcome).await {
                         Ok(outcome) => {
                             tracing::debug!(key = %crate::Escaped(&hold.key), ?outcome, "released on drop")

@@ -228,8 +228,10 @@ impl Locker {
     /// of running work). Once no hold is left, or when `grace` has passed, it runs
     /// [`shutdown`](Locker::shutdown), which releases whatever is still held (those bodies end
     /// with `Lost`). Returns how many holds were still live then (0: everything finished in
-    /// time). A leadership is a hold that lasts until resigned: resign it first, or it is cut
-    /// at the end of `grace`.
+    /// time, its releases done). A leadership is a hold that lasts until resigned: resign it
+    /// first, or it is cut at the end of `grace`. Work that takes a key it does not hold yet
+    /// while the locker drains (a second key half-way) gets `ShutDown` for it: drain finishes
+    /// work that holds its keys.
     ///
     #[cfg_attr(feature = "sqlite", doc = "```")]
     #[cfg_attr(not(feature = "sqlite"), doc = "```no_run")]

@@ -146,8 +146,8 @@ impl Locker {
     /// [`LockInfo::owner`] shows it) holds, and nothing else. For an operator who listed the
     /// holds of a dead machine and frees them: a key taken over by someone else since it was
     /// listed is left alone (one statement per row, the owner checked in it). Read holds are
-    /// not freed this way (their row's owner is every reader's). Returns `true` if anything
-    /// live was freed.
+    /// not freed this way (their row's owner is every reader's: `"(readers)"` is refused with
+    /// a `Config` error). Returns `true` if anything live was freed.
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -163,10 +163,11 @@ impl Locker {
         key: impl AsRef<str>,
         owner: &str,
     ) -> Result<bool, LockError> {
-        if owner.is_empty() {
-            return Err(LockError::Config(
-                "force_release_if_owner: the owner id is empty".into(),
-            ));
+        if owner.is_empty() || owner == crate::info::READERS {
+            return Err(LockError::Config(format!(
+                "force_release_if_owner: {owner:?} is no owner id (a read row's owner is every \
+                 reader's: free it with force_release)"
+            )));
         }
         self.free(key.as_ref(), owner).await
     }

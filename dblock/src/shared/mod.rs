@@ -69,8 +69,20 @@ struct Lifecycle {
     closed: AtomicBool,
     /// Set by `Locker::drain`: no new holds (re-entries still), the holds taken go on.
     draining: AtomicBool,
+    /// Releases of holds no longer tracked (a guard given back or dropped) still being sent:
+    /// `drain` waits for them too.
+    releasing: std::sync::atomic::AtomicUsize,
     copies: Mutex<Vec<Weak<Shared>>>,
     live: Mutex<Live>,
+}
+
+/// A release on its way, counted for `Locker::drain` until dropped.
+pub(crate) struct Releasing(Arc<Lifecycle>);
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        self.0.releasing.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The holds of live guards by the hold's address, each with the copy it belongs to.
@@ -157,11 +169,16 @@ impl Shared {
     pub(crate) async fn drain(self: &Arc<Self>, grace: Duration) -> usize {
         self.lifecycle.draining.store(true, Ordering::SeqCst);
         let until = crate::timing::after(Instant::now(), grace);
+        // The holds still tracked, and the releases of those already given back still on
+        // their way (a drain that returned before them would let the process exit with the
+        // keys held until their leases end).
         let live = |me: &Self| {
-            me.live()
+            let holds = me
+                .live()
                 .values()
                 .filter(|(h, _)| h.upgrade().is_some_and(|h| !h.is_lost()))
-                .count()
+                .count();
+            holds + me.lifecycle.releasing.load(Ordering::SeqCst)
         };
         tracing::info!(holds = live(self), ?grace, table = %self.table, "draining: no new holds");
         if LockError::require_runtime().is_ok() {
@@ -274,9 +291,13 @@ impl Shared {
         Ok(freed)
     }
 
-    /// The guard of `hold` is giving it back (or dropped).
-    pub(crate) fn untrack(&self, hold: &Arc<Hold>) {
+    /// The guard of `hold` is giving it back (or dropped): counted as a release on its way
+    /// (for `drain`) until the returned token is dropped, when the release is over.
+    pub(crate) fn untrack(&self, hold: &Arc<Hold>) -> Releasing {
+        self.lifecycle.releasing.fetch_add(1, Ordering::SeqCst);
+        let releasing = Releasing(self.lifecycle.clone());
         self.live().remove(&(Arc::as_ptr(hold) as usize));
+        releasing
     }
 
     /// Stops taking locks, releases every hold of this locker's guards and those of its
