@@ -246,11 +246,13 @@ async fn check_survivor(name: &str, survivor: Survivor, observer: &Locker) -> St
     released
 }
 
-/// An operator query, again while its pool still hands out connections the failure broke.
-async fn retry<T, F, Fut>(what: &str, f: F) -> T
+/// An operator query (or a poll of a replica's state), again until it succeeds, for 20 s at most
+/// (a pool may still hand out connections the failure broke).
+async fn retry<T, E, F, Fut>(what: &str, f: F) -> T
 where
+    E: std::fmt::Display + std::fmt::Debug,
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<T, dblock::LockError>>,
+    Fut: std::future::Future<Output = Result<T, E>>,
 {
     let started = Instant::now();
     loop {
@@ -805,25 +807,6 @@ async fn postgres_standby_promoted_mid_run() {
     );
 }
 
-/// Polls `f` until it is `Ok` (20 s at most).
-#[cfg(feature = "postgres")]
-async fn until_ok<F, Fut>(what: &str, f: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
-{
-    let started = Instant::now();
-    loop {
-        match f().await {
-            Ok(()) => return,
-            Err(e) => {
-                assert!(started.elapsed() < Duration::from_secs(20), "{what}: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
 /// Asynchronous replication and a failover that loses the primary's last commits: the promoted
 /// standby has the key's row as it was before them, and its next grant's fencing token is still
 /// above every token those lost commits handed out (a new tenure's token is never below the
@@ -852,7 +835,7 @@ async fn postgres_asynchronous_failover_never_reissues_a_token() {
     ] {
         sqlx::raw_sql(sql).execute(&plain).await.unwrap();
     }
-    until_ok("the standby replicating asynchronously", || async {
+    retry("the standby replicating asynchronously", || async {
         let state: Option<String> = sqlx::query_scalar(
             "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1'",
         )
@@ -887,7 +870,7 @@ async fn postgres_asynchronous_failover_never_reissues_a_token() {
     let standby = PgPool::connect(&standby_url).await.expect("the standby");
     let on_standby =
         format!("SELECT fencing_token FROM {table} WHERE lock_key = 'k' AND owner IS NULL");
-    until_ok("the standby has the first tenure, released", || async {
+    retry("the standby has the first tenure, released", || async {
         let token: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(on_standby.clone()))
             .fetch_optional(&standby)
             .await
