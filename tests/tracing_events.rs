@@ -314,3 +314,66 @@ mod span_names {
         );
     }
 }
+
+/// Every text field of every span and event as it was recorded, before any subscriber's own
+/// escaping: what a JSON or custom sink prints.
+#[derive(Clone, Default)]
+struct RawFields(Arc<Mutex<Vec<String>>>);
+
+impl tracing::field::Visit for RawFields {
+    fn record_str(&mut self, _: &tracing::field::Field, value: &str) {
+        self.0.lock().unwrap().push(value.to_owned());
+    }
+    fn record_debug(&mut self, _: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.lock().unwrap().push(format!("{value:?}"));
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RawFields {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        attrs.record(&mut self.clone());
+    }
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        event.record(&mut self.clone());
+    }
+}
+
+/// Keys and owners are escaped in every span and event field, whatever sink prints them: a key
+/// with terminal escapes and a line break, locked, found busy, released, and given to the
+/// operator's calls (force_release, force_release_if_owner, steal, reset).
+#[tokio::test]
+async fn span_and_event_fields_never_carry_a_raw_key() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let raw = RawFields::default();
+    let subscriber = tracing_subscriber::registry().with(raw.clone());
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let locker = dblock::Locker::connect("sqlite::memory:").await.unwrap();
+    locker.migrate().await.unwrap();
+    let hostile = "k\x1b]0;owned\x07\r\nERROR forged line";
+    let owner = "o\x1b[31m\r\nforged";
+    let g = locker.lock(hostile).await.unwrap();
+    let _ = locker.lock(hostile).await.unwrap_err();
+    g.release().await.unwrap();
+    let _g = locker.lock(hostile).await.unwrap();
+    let _ = locker.force_release_if_owner(hostile, owner).await;
+    locker.force_release(hostile).await.unwrap();
+    let _ = locker.steal(hostile).await.map(drop);
+    let _ = locker.reset(hostile).await;
+
+    let fields = raw.0.lock().unwrap().clone();
+    assert!(
+        fields.iter().any(|f| f.contains("ERROR forged line")),
+        "the key was never traced: {fields:?}"
+    );
+    for field in &fields {
+        for c in ['\x1b', '\x07', '\r', '\n'] {
+            assert!(!field.contains(c), "{c:?} in a traced field: {field:?}");
+        }
+    }
+}

@@ -273,8 +273,9 @@ impl LockGuard {
 
     /// Makes the lease end no earlier than `ttl` from now (database clock). Never shortens it.
     ///
-    /// Fails with [`LockError::NotHeld`] when the lease already ended (or the lock was
-    /// force-released): the guard no longer protects anything.
+    /// Fails with [`LockError::Lost`] when the lock was taken while its lease ran (an
+    /// operator's `force_release` or `steal`) and with [`LockError::NotHeld`] when the lease
+    /// already ended: either way the guard no longer protects anything.
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {

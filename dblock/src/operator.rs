@@ -178,7 +178,13 @@ impl Locker {
         validate::text("owner id", owner)?;
         let freed = self.shared().free("force_release", key, owner).await?;
         let permits = crate::semaphore::force_release(self.shared(), key, owner).await?;
-        tracing::info!(key, owner, freed, permits, "force_release");
+        tracing::info!(
+            key = %crate::Escaped(key),
+            owner = %crate::Escaped(owner),
+            freed,
+            permits,
+            "force_release"
+        );
         Ok(freed || permits > 0)
     }
 
@@ -201,7 +207,7 @@ impl Locker {
         self.usable()?;
         validate::key(key)?;
         let reset = self.operate("reset", crate::backend::Reset(key)).await?;
-        tracing::info!(key, reset, "reset");
+        tracing::info!(key = %crate::Escaped(key), reset, "reset");
         Ok(reset)
     }
 
