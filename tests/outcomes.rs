@@ -284,6 +284,16 @@ async fn min_hold_keeps_a_released_key_unavailable_to_others() {
         );
         next.release().await.unwrap();
 
+        // The owner that released it waits too: its next call is a new hold, not a re-entry.
+        let me = dblock::Owner::new();
+        let g = l.lock("own").owner(&me).min_hold(SEC).await.unwrap();
+        g.release().await.unwrap();
+        assert!(
+            l.lock("own").owner(&me).await.unwrap_err().is_busy(),
+            "{}: the releasing owner took the key back before min_hold",
+            db.name
+        );
+
         // A holder that dies keeps the key for min_hold too, even past its ttl.
         let started = Instant::now();
         let g = l

@@ -223,7 +223,9 @@ let request = ", $call, ".lock_delay(std::time::Duration::from_secs(15));
         /// Keeps the key (every key of the call) unavailable to every other owner until this
         /// long after it was acquired (database clock), even if it is released sooner: a job
         /// started on every instance each period runs once a period, not once per instance
-        /// (ShedLock's "lock at least for"). The holder's own release still returns at once.
+        /// (ShedLock's "lock at least for"). The holder's own release still returns at once;
+        /// from then on the rest of the time holds for that owner too (a later call of the
+        /// same owner is a new hold, not a re-entry: the work is not run again early).
         /// The lease is at least this long, so a crashed holder's key waits for it too.
         /// Default: none.
         ///
