@@ -147,6 +147,10 @@ enum Command {
         /// Only keys that start with this.
         #[arg(long, value_name = "PREFIX")]
         prefix: Option<String>,
+        /// Only holds whose holder (host/pid, then the function or label) contains this, and
+        /// the fair waiters of the keys they hold: one machine's (web-3/), one process's.
+        #[arg(long, value_name = "TEXT")]
+        holder: Option<String>,
         /// Time between refreshes, like 1s, 500ms, 5s (at least 100ms).
         #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = time::parse_interval)]
         interval: Duration,
@@ -540,10 +544,15 @@ async fn command(command: &Command, locker: &Locker) -> Result<(), Failure> {
         }
         Command::Watch {
             prefix,
+            holder,
             interval,
             json,
         } => {
-            watch::run(locker, prefix.as_deref().unwrap_or(""), *interval, *json).await?;
+            let filter = watch::Filter {
+                prefix: prefix.clone().unwrap_or_default(),
+                holder: holder.clone(),
+            };
+            watch::run(locker, &filter, *interval, *json).await?;
         }
     }
     Ok(())

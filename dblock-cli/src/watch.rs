@@ -24,10 +24,25 @@ struct Snapshot {
     waiters: Vec<Waiter>,
 }
 
-async fn read(locker: &Locker, prefix: &str) -> Result<Snapshot, dblock::LockError> {
+/// Which holds a view shows: keys that start with `prefix`, and with `holder`, only the holds
+/// whose holder contains it (and the fair waiters of the keys those hold).
+pub struct Filter {
+    pub prefix: String,
+    pub holder: Option<String>,
+}
+
+async fn read(locker: &Locker, filter: &Filter) -> Result<Snapshot, dblock::LockError> {
     let mut locks = locker.held().await?;
-    locks.retain(|r| r.key.starts_with(prefix));
-    let waiters = locker.waiters(prefix).await?;
+    locks.retain(|r| r.key.starts_with(&filter.prefix));
+    let mut waiters = locker.waiters(&filter.prefix).await?;
+    if let Some(holder) = &filter.holder {
+        locks.retain(|r| {
+            r.holder
+                .as_deref()
+                .is_some_and(|h| h.contains(holder.as_str()))
+        });
+        waiters.retain(|w| locks.iter().any(|r| r.key == w.key));
+    }
     Ok(Snapshot {
         at: SystemTime::now(),
         locks,
@@ -37,7 +52,7 @@ async fn read(locker: &Locker, prefix: &str) -> Result<Snapshot, dblock::LockErr
 
 pub async fn run(
     locker: &Locker,
-    prefix: &str,
+    filter: &Filter,
     interval: Duration,
     json: bool,
 ) -> Result<(), Failure> {
@@ -57,20 +72,20 @@ pub async fn run(
             _ = &mut interrupted => return Ok(()),
             () = std::future::ready(()) => {}
         }
-        let first = read(locker, prefix).await?;
-        stream(locker, prefix, interval, first, interrupted).await
+        let first = read(locker, filter).await?;
+        stream(locker, filter, interval, first, interrupted).await
     } else {
         // A first read before anything else: a wrong table or database fails here, with its
         // explanation and exit status 1, instead of on a screen.
-        let first = read(locker, prefix).await?;
-        live(locker, prefix, interval, first).await
+        let first = read(locker, filter).await?;
+        live(locker, filter, interval, first).await
     }
 }
 
 /// `--json`: a snapshot per line until Ctrl-C (exit 0) or until stdout is closed.
 async fn stream(
     locker: &Locker,
-    prefix: &str,
+    filter: &Filter,
     interval: Duration,
     first: Snapshot,
     // One Ctrl-C future for the whole stream, already polled once (its handler installed), so
@@ -102,7 +117,7 @@ async fn stream(
         }
         let later = async {
             tokio::time::sleep(interval).await;
-            read(locker, prefix).await
+            read(locker, filter).await
         };
         tokio::select! {
             _ = &mut interrupted => return Ok(()),
@@ -192,7 +207,7 @@ fn keys(tx: mpsc::UnboundedSender<Input>, stop: Arc<AtomicBool>) {
 
 async fn live(
     locker: &Locker,
-    prefix: &str,
+    filter: &Filter,
     interval: Duration,
     first: Snapshot,
 ) -> Result<(), Failure> {
@@ -208,7 +223,7 @@ async fn live(
     let result = loop {
         let lines = view(
             locker.table_name(),
-            prefix,
+            filter,
             interval,
             &last,
             error.as_deref(),
@@ -224,7 +239,7 @@ async fn live(
             },
         };
         if refresh {
-            match read(locker, prefix).await {
+            match read(locker, filter).await {
                 Ok(s) => {
                     last = s;
                     error = None;
@@ -243,16 +258,19 @@ async fn live(
 /// The screen's lines for `s`.
 fn view(
     table: &str,
-    prefix: &str,
+    filter: &Filter,
     interval: Duration,
     s: &Snapshot,
     error: Option<&str>,
 ) -> Vec<String> {
-    let filter = if prefix.is_empty() {
-        String::new()
-    } else {
-        format!(", keys {}*", quoted(prefix))
-    };
+    let mut shown = String::new();
+    if !filter.prefix.is_empty() {
+        shown += &format!(", keys {}*", quoted(&filter.prefix));
+    }
+    if let Some(holder) = &filter.holder {
+        shown += &format!(", holders containing {}", quoted(holder));
+    }
+    let filter = shown;
     let mut lines = vec![
         format!(
             "dblock watch: table {}{filter}, every {} (q or Ctrl-C quits)   {}",
@@ -333,4 +351,35 @@ fn view(
         ));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header names what the view is cut to: the key prefix and the holder text.
+    #[test]
+    fn the_header_names_the_filter() {
+        let empty = Snapshot {
+            at: SystemTime::now(),
+            locks: Vec::new(),
+            waiters: Vec::new(),
+        };
+        let filter = Filter {
+            prefix: "pick:".into(),
+            holder: Some("web-3/".into()),
+        };
+        let lines = view("jobs", &filter, Duration::from_secs(1), &empty, None);
+        assert!(
+            lines[0].contains(r#"keys "pick:"*, holders containing "web-3/""#),
+            "{}",
+            lines[0]
+        );
+        let all = Filter {
+            prefix: String::new(),
+            holder: None,
+        };
+        let lines = view("jobs", &all, Duration::from_secs(1), &empty, None);
+        assert!(!lines[0].contains("keys") && !lines[0].contains("holders"));
+    }
 }

@@ -298,3 +298,67 @@ async fn watch_json_streams_one_snapshot_a_line_until_interrupted() {
         let _ = tokio::time::timeout(DEADLINE, task).await;
     }
 }
+
+/// `watch --holder TEXT`: only the holds whose holder contains TEXT (one job's here), and only
+/// the fair waiters of the keys those hold; the header of the terminal view names the filter
+/// (checked in the library-free `--json` form: the same read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_holder_shows_only_those_holds_and_their_waiters() {
+    let (dbs, _dir) = common::all("watch_holder").await;
+    for db in &dbs {
+        let ttl = Duration::from_secs(300);
+        let mine = db
+            .locker
+            .lock("pick:a")
+            .holder("job-a")
+            .ttl(ttl)
+            .await
+            .unwrap();
+        let other = db
+            .locker
+            .lock("pick:b")
+            .holder("job-b")
+            .ttl(ttl)
+            .await
+            .unwrap();
+        let (waiter, task_a) = queue_fair_waiter(db, "pick:a").await;
+        let (_, task_b) = queue_fair_waiter(db, "pick:b").await;
+
+        let mut child = common::cmd()
+            .env("DATABASE_URL", &db.url)
+            .args([
+                "--table",
+                db.table(),
+                "watch",
+                "--json",
+                "--interval",
+                "100ms",
+                "--holder",
+                "/job-a",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines.next().expect("a snapshot").unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        let locks = v["locks"].as_array().unwrap();
+        assert_eq!(locks.len(), 1, "{}: {v}", db.name);
+        assert_eq!(locks[0]["key"], "pick:a", "{}", db.name);
+        assert_eq!(locks[0]["owner"], mine.owner().id(), "{}", db.name);
+        let waiters = v["waiters"].as_array().unwrap();
+        assert_eq!(waiters.len(), 1, "{}: {v}", db.name);
+        assert_eq!(waiters[0]["key"], "pick:a", "{}", db.name);
+        assert_eq!(waiters[0]["owner"], waiter.as_str(), "{}", db.name);
+
+        mine.release().await.unwrap();
+        other.release().await.unwrap();
+        for task in [task_a, task_b] {
+            let _ = tokio::time::timeout(DEADLINE, task).await;
+        }
+    }
+}
