@@ -296,3 +296,57 @@ async fn force_release_if_owner_frees_only_that_owners_holds() {
         ));
     }
 }
+
+/// `ConnectOptions::auto_purge`: a locker deletes its own table's old free rows (locks and
+/// semaphore permits) by itself, and keeps what `purge` keeps: a held key, a `once` key whose
+/// work succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_purge_deletes_old_free_rows_by_itself() {
+    let (dbs, _dir) = common::all("auto_purge").await;
+    for db in &dbs {
+        let table = common::table_for("auto_purge");
+        db.locker.table(&table).migrate().await.unwrap();
+        let options = common::options_for(db.name).auto_purge(Duration::from_millis(100));
+        let connected = dblock::Locker::connect_with(&db.url, options)
+            .await
+            .unwrap();
+        let l = common::as_named(db.name, connected).table(&table);
+        l.lock("gone").await.unwrap().release().await.unwrap();
+        l.semaphore("pool", 2)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        l.lock("done")
+            .once()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let held = l.lock("held").ttl(Duration::from_secs(120)).await.unwrap();
+
+        let permit_rows = format!("SELECT COUNT(*) FROM {table}_permits");
+        let url = common::direct_url(db);
+        let start = std::time::Instant::now();
+        while l.inspect("gone").await.unwrap().is_some()
+            || common::run_sql(db.name, &url, &permit_rows).await > 0
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{}: old free rows still there",
+                db.name
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(l.inspect("held").await.unwrap().is_some(), "{}", db.name);
+        assert!(
+            l.inspect("done").await.unwrap().is_some(),
+            "{}: a succeeded once key was purged",
+            db.name
+        );
+        held.release().await.unwrap();
+        l.shutdown().await;
+    }
+}

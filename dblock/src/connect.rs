@@ -18,6 +18,7 @@ use std::time::Duration;
 /// | [`coalesce`](Self::coalesce) | `true` | concurrent acquires, releases and extends on distinct keys share one statement and round trip |
 /// | [`lock_delay`](Self::lock_delay) | zero | how long a key stays unavailable after a lease that ends without a release (a request's own `.lock_delay(d)` wins) |
 /// | [`listen_url`](Self::listen_url) | none | PostgreSQL: a URL of its own for the LISTEN connection, e.g. straight to the server past the pooler |
+/// | [`auto_purge`](Self::auto_purge) | off | deletes rows free for longer than the age given, in the background, in each table the locker locks in |
 ///
 /// Whatever the options, a `lock()` call returns by its `wait` (an attempt that `wait` cannot
 /// cover gets at most one second), a release or extend by the statement time-out, and no
@@ -50,6 +51,7 @@ pub struct ConnectOptions {
     pub(crate) listen_url: Option<String>,
     pub(crate) coalesce: bool,
     pub(crate) lock_delay: Duration,
+    pub(crate) auto_purge: Option<Duration>,
 }
 
 /// Every setting, with `listen_url` shown without its password.
@@ -68,6 +70,7 @@ impl std::fmt::Debug for ConnectOptions {
             )
             .field("coalesce", &self.coalesce)
             .field("lock_delay", &self.lock_delay)
+            .field("auto_purge", &self.auto_purge)
             .finish()
     }
 }
@@ -84,6 +87,7 @@ impl Default for ConnectOptions {
             listen_url: None,
             coalesce: true,
             lock_delay: Duration::ZERO,
+            auto_purge: None,
         }
     }
 }
@@ -297,6 +301,27 @@ impl ConnectOptions {
     /// ```
     pub fn lock_delay(mut self, delay: Duration) -> Self {
         self.lock_delay = delay;
+        self
+    }
+
+    /// Deletes, in the background, the rows that have been free for longer than `older_than`
+    /// (as [`Locker::purge`](crate::Locker::purge), whose rules it keeps: a `once` key whose
+    /// work succeeded is never deleted, fencing tokens never go backwards), so that a table of
+    /// keys like `order:{id}` does not grow for ever. Each table the locker (or a
+    /// [`table`](crate::Locker::table) copy of it) has locked in is purged from then on, once
+    /// per `older_than / 4` (at least 1 s, at most an hour; jittered, so that many processes
+    /// do not purge together), until the locker is shut down or dropped. A table not migrated
+    /// is skipped; a failure is logged (`WARN`, once until a purge works again) and tried again
+    /// at the next turn. Default off. Pick an age well above your longest ttl and `min_hold`
+    /// (a day is a good start): a free row costs a few hundred bytes, a purge one statement per
+    /// thousand rows.
+    ///
+    /// ```
+    /// let options = dblock::ConnectOptions::new()
+    ///     .auto_purge(std::time::Duration::from_secs(24 * 3600));
+    /// ```
+    pub fn auto_purge(mut self, older_than: Duration) -> Self {
+        self.auto_purge = Some(older_than);
         self
     }
 }

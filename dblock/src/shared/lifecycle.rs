@@ -8,7 +8,7 @@ use super::*;
 #[derive(Default)]
 pub(super) struct Lifecycle {
     /// Set by `Locker::shutdown`: no more locks.
-    closed: AtomicBool,
+    pub(super) closed: AtomicBool,
     /// Set by `Locker::drain`: no new holds (re-entries still), the holds taken go on.
     draining: AtomicBool,
     /// Releases of holds no longer tracked (a guard given back or dropped) still being sent:
@@ -16,6 +16,8 @@ pub(super) struct Lifecycle {
     releasing: std::sync::atomic::AtomicUsize,
     copies: Mutex<Vec<Weak<Shared>>>,
     live: Mutex<Live>,
+    /// The tables a background purge runs for (`purging.rs`): one task a table.
+    pub(super) purging: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Lifecycle {
@@ -24,6 +26,14 @@ impl Lifecycle {
         let mut copies = lock(&self.copies);
         copies.retain(|c| c.strong_count() > 0);
         copies.push(Arc::downgrade(copy));
+    }
+
+    /// A live copy on `table` that purges by itself, if any is left.
+    pub(super) fn purging_copy(&self, table: &str) -> Option<Arc<Shared>> {
+        lock(&self.copies)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|c| c.table == table && c.auto_purge.is_some())
     }
 }
 
@@ -110,6 +120,8 @@ impl Shared {
             Arc::as_ptr(hold) as usize,
             (Arc::downgrade(hold), Arc::downgrade(self)),
         );
+        drop(live);
+        self.purge_in_background();
         true
     }
 

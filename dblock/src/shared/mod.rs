@@ -24,6 +24,7 @@ use crate::sync::lock;
 use crate::validate;
 
 mod lifecycle;
+mod purging;
 mod release;
 
 use lifecycle::Lifecycle;
@@ -52,6 +53,12 @@ pub(crate) struct Shared {
     pub(crate) coalescer: Coalescer,
     /// Shared with every `table()` copy: shut down together.
     lifecycle: Arc<Lifecycle>,
+    /// `ConnectOptions::auto_purge`: rows free for longer are deleted in the background
+    /// (`purging.rs`); `None` on the permits' copy, which its locker's purge covers.
+    auto_purge: Option<Duration>,
+    /// Set once this copy's table has its purge task (or this copy started one): a grant then
+    /// checks nothing more.
+    purge_started: AtomicBool,
     /// The copy on this table's semaphore permits (`backend::permits_table`), made on first
     /// use: one per locker, so that the holds of its guards are found again (re-entry).
     permits: std::sync::OnceLock<Arc<Shared>>,
@@ -63,6 +70,8 @@ struct Tuning {
     statement_timeout: Duration,
     coalesce: bool,
     lock_delay: Duration,
+    /// `ConnectOptions::auto_purge` (`purging.rs`).
+    auto_purge: Option<Duration>,
 }
 
 impl Shared {
@@ -81,6 +90,7 @@ impl Shared {
             statement_timeout: options.statement_timeout,
             coalesce: options.coalesce,
             lock_delay: options.lock_delay,
+            auto_purge: options.auto_purge,
         };
         Self::in_lifecycle(backend, table, holder, tuning, Arc::default())
     }
@@ -96,6 +106,7 @@ impl Shared {
             statement_timeout,
             coalesce,
             lock_delay,
+            auto_purge,
         } = tuning;
         let coalescer = Coalescer::new(backend.as_ref().ok().cloned(), coalesce);
         let space = match &backend {
@@ -113,6 +124,8 @@ impl Shared {
             coalesce,
             coalescer,
             lifecycle,
+            auto_purge,
+            purge_started: AtomicBool::new(false),
             permits: std::sync::OnceLock::new(),
         });
         shared.lifecycle.join(&shared);
@@ -149,32 +162,36 @@ impl Shared {
     /// that change how the backend talks).
     #[cfg(feature = "_test-util")]
     pub(crate) fn on_backend(&self, backend: Backend) -> Arc<Self> {
-        let tuning = Tuning {
-            statement_timeout: self.statement_timeout,
-            coalesce: self.coalesce,
-            lock_delay: self.lock_delay,
-        };
         Self::in_lifecycle(
             Ok(backend),
             &self.table,
             self.holder.to_string(),
-            tuning,
+            self.tuning(),
             Arc::default(),
         )
+    }
+
+    /// What this core was built with: a copy of it is built the same.
+    fn tuning(&self) -> Tuning {
+        Tuning {
+            statement_timeout: self.statement_timeout,
+            coalesce: self.coalesce,
+            lock_delay: self.lock_delay,
+            auto_purge: self.auto_purge,
+        }
     }
 
     /// The same database and holder, another table (checked here: a bad name makes every call
     /// on the result fail with `Config`).
     pub(crate) fn with_table(&self, name: &str) -> Arc<Self> {
+        self.copy_on(name, self.tuning())
+    }
+
+    fn copy_on(&self, name: &str, tuning: Tuning) -> Arc<Self> {
         let backend = validate::table(name).and_then(|()| match &self.backend {
             Ok(b) => Ok(b.with_table(name)),
             Err(e) => Err(e.clone()),
         });
-        let tuning = Tuning {
-            statement_timeout: self.statement_timeout,
-            coalesce: self.coalesce,
-            lock_delay: self.lock_delay,
-        };
         Self::in_lifecycle(
             backend,
             name,
@@ -185,10 +202,17 @@ impl Shared {
     }
 
     /// The copy of this locker on its semaphore permits' table (same database, lifecycle and
-    /// holder; `backend::permits_table`).
+    /// holder; `backend::permits_table`). It purges nothing by itself: this locker's purge
+    /// covers both tables, and starts with the copy.
     pub(crate) fn permits(&self) -> &Arc<Self> {
-        self.permits
-            .get_or_init(|| self.with_table(&crate::backend::permits_table(&self.table)))
+        self.permits.get_or_init(|| {
+            self.purge_in_background();
+            let tuning = Tuning {
+                auto_purge: None,
+                ..self.tuning()
+            };
+            self.copy_on(&crate::backend::permits_table(&self.table), tuning)
+        })
     }
 
     /// The key of a live hold of this locker's guards, as `owner`, whose key starts with
