@@ -310,14 +310,15 @@ async fn auto_purge_deletes_old_free_rows_by_itself() {
         let connected = dblock::Locker::connect_with(&db.url, options)
             .await
             .unwrap();
-        let l = common::as_named(db.name, connected).table(&table);
-        l.lock("gone").await.unwrap().release().await.unwrap();
-        l.semaphore("pool", 2)
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        let locker = common::as_named(db.name, connected);
+        // A copy made for one call and dropped, as `locker.table(t).lock(k)` in a handler: the
+        // purge goes on while the locker is in use.
+        let once = locker.table(&table);
+        once.lock("gone").await.unwrap().release().await.unwrap();
+        let permit = once.semaphore("pool", 2).await.unwrap();
+        permit.release().await.unwrap();
+        drop(once);
+        let l = locker.table(&table);
         l.lock("done")
             .once()
             .await

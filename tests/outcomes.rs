@@ -286,7 +286,7 @@ async fn min_hold_keeps_a_released_key_unavailable_to_others() {
 
         // The owner that released it waits too: its next call is a new hold, not a re-entry.
         let me = dblock::Owner::new();
-        let g = l.lock("own").owner(&me).min_hold(SEC).await.unwrap();
+        let g = l.lock("own").owner(&me).min_hold(60 * SEC).await.unwrap();
         g.release().await.unwrap();
         assert!(
             l.lock("own").owner(&me).await.unwrap_err().is_busy(),

@@ -345,7 +345,8 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RawFields {
 
 /// Keys and owners are escaped in every span and event field, whatever sink prints them: a key
 /// with terminal escapes and a line break, locked, found busy, released, and given to the
-/// operator's calls (force_release, force_release_if_owner, steal, reset).
+/// operator's calls (force_release, force_release_if_owner, steal, reset); a key with an
+/// invisible character in a `lock_all`.
 #[tokio::test]
 async fn span_and_event_fields_never_carry_a_raw_key() {
     use tracing_subscriber::layer::SubscriberExt;
@@ -365,6 +366,13 @@ async fn span_and_event_fields_never_carry_a_raw_key() {
     locker.force_release(hostile).await.unwrap();
     let _ = locker.steal(hostile).await.map(drop);
     let _ = locker.reset(hostile).await;
+    // Several keys at once (the `dblock.lock_all` span lists them), one with an invisible
+    // character that `Debug` leaves as it is.
+    let invisible = "k\u{115f}hidden";
+    let all = locker.lock_all([invisible, "k2"]).await.unwrap();
+    for g in all {
+        g.release().await.unwrap();
+    }
 
     let fields = raw.0.lock().unwrap().clone();
     assert!(
@@ -372,7 +380,7 @@ async fn span_and_event_fields_never_carry_a_raw_key() {
         "the key was never traced: {fields:?}"
     );
     for field in &fields {
-        for c in ['\x1b', '\x07', '\r', '\n'] {
+        for c in ['\x1b', '\x07', '\r', '\n', '\u{115f}'] {
             assert!(!field.contains(c), "{c:?} in a traced field: {field:?}");
         }
     }

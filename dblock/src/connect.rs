@@ -18,7 +18,7 @@ use std::time::Duration;
 /// | [`coalesce`](Self::coalesce) | `true` | concurrent acquires, releases and extends on distinct keys share one statement and round trip |
 /// | [`lock_delay`](Self::lock_delay) | zero | how long a key stays unavailable after a lease that ends without a release (a request's own `.lock_delay(d)` wins) |
 /// | [`listen_url`](Self::listen_url) | none | PostgreSQL: a URL of its own for the LISTEN connection, e.g. straight to the server past the pooler |
-/// | [`auto_purge`](Self::auto_purge) | off | deletes rows free for longer than the age given, in the background, in each table the locker locks in |
+/// | [`auto_purge`](Self::auto_purge) | off | deletes rows free for longer than the age given, in the background, in each table the locker takes holds in |
 ///
 /// Whatever the options, a `lock()` call returns by its `wait` (an attempt that `wait` cannot
 /// cover gets at most one second), a release or extend by the statement time-out, and no
@@ -307,14 +307,15 @@ impl ConnectOptions {
     /// Deletes, in the background, the rows that have been free for longer than `older_than`
     /// (as [`Locker::purge`](crate::Locker::purge), whose rules it keeps: a `once` key whose
     /// work succeeded is never deleted, fencing tokens never go backwards), so that a table of
-    /// keys like `order:{id}` does not grow for ever. Each table the locker (or a
-    /// [`table`](crate::Locker::table) copy of it) has locked in is purged from then on, once
-    /// per `older_than / 4` (at least 1 s, at most an hour; jittered, so that many processes
-    /// do not purge together), until the locker is shut down or dropped. A table not migrated
-    /// is skipped; a failure is logged (`WARN`, once until a purge works again) and tried again
-    /// at the next turn. Default off. Pick an age well above your longest ttl and `min_hold`
-    /// (a day is a good start): a free row costs a few hundred bytes, a purge one statement per
-    /// thousand rows.
+    /// keys like `order:{id}` does not grow for ever. Each table in which the locker (or a
+    /// [`table`](crate::Locker::table) copy of it) takes a lock, read lock, permit or
+    /// `lock_in` is purged from then on: a second after the first, then once per quarter of
+    /// `older_than` (1 s to an hour, each wait jittered down to half of it, so that many
+    /// processes do not purge together), until the locker and all its copies are shut down or
+    /// dropped. A table not migrated is skipped; a failure is logged (`WARN`, once until a
+    /// purge works again) and tried again at the next turn; each purge is a `DEBUG` event.
+    /// Default off. Pick an age well above your longest ttl and `min_hold` (a day is a good
+    /// start): a free row costs a few hundred bytes, a purge one statement per thousand rows.
     ///
     /// ```
     /// let options = dblock::ConnectOptions::new()

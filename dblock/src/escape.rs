@@ -37,6 +37,22 @@ impl fmt::Display for Escaped<'_> {
     }
 }
 
+/// A list of keys as a log field: `[k1, k2]`, each [`Escaped`].
+pub(crate) struct Keys<'a>(pub Vec<&'a str>);
+
+impl fmt::Display for Keys<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, key) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{}", Escaped(key))?;
+        }
+        f.write_str("]")
+    }
+}
+
 /// Characters shown escaped: C0 and C1 controls and DEL, the backslash (so that an escape in
 /// the output always means one), and the format characters and separators that reorder text,
 /// hide it or show nothing themselves (bidi marks, embeddings, overrides and isolates,

@@ -203,6 +203,7 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
         )
         .await?;
         tracing::debug!(key = %crate::Escaped(&self.key), fencing_token, "locked in the caller's transaction");
+        self.shared.purge_in_background();
         Ok(TxLock {
             key: self.key,
             fencing_token,

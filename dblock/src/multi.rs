@@ -112,7 +112,7 @@ impl LockAllRequest {
         } else {
             tracing::debug_span!(
                 "dblock.lock_all",
-                keys = ?self.keys,
+                keys = %crate::escape::Keys(self.keys.iter().map(String::as_str).collect()),
                 backend = self.shared.backend_name(),
                 owner = %owner,
             )

@@ -235,6 +235,14 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn purge(&self, older_than: Duration) -> Result<u64, LockError> {
+        let deleted = self.purge_rows(older_than).await?;
+        tracing::info!(table = %self.table_name(), deleted, ?older_than, "purge");
+        Ok(deleted)
+    }
+
+    /// [`purge`](Locker::purge) without its log line (the background purge logs its own, at
+    /// `DEBUG`).
+    pub(crate) async fn purge_rows(&self, older_than: Duration) -> Result<u64, LockError> {
         self.usable()?;
         // Nothing is older than 100 years (the longest lease): a longer age, up to
         // `Duration::MAX`, deletes what that one does.
@@ -259,7 +267,6 @@ impl Locker {
                 _ => break,
             }
         }
-        tracing::info!(deleted, ?older_than, "purge");
         Ok(deleted)
     }
 

@@ -264,7 +264,7 @@ where
     let span = tracing::debug_span!(
         "dblock.locked",
         function,
-        keys = ?guards.iter().map(LockGuard::key).collect::<Vec<_>>(),
+        keys = %crate::escape::Keys(guards.iter().map(LockGuard::key).collect()),
         fencing_tokens = ?guards.iter().map(LockGuard::fencing_token).collect::<Vec<_>>(),
     );
     let body = context.scope(body).instrument(span.clone());
@@ -457,7 +457,7 @@ where
     let span = tracing::debug_span!(
         "dblock.locked",
         function = taken.function,
-        keys = ?taken.locks.iter().map(crate::TxLock::key).collect::<Vec<_>>(),
+        keys = %crate::escape::Keys(taken.locks.iter().map(crate::TxLock::key).collect()),
         fencing_tokens = ?taken.locks.iter().map(crate::TxLock::fencing_token).collect::<Vec<_>>(),
     );
     let taken_now = taken.locks.iter().map(crate::TxLock::held_lock).collect();

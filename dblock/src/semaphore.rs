@@ -288,6 +288,9 @@ impl SemaphoreRequest {
         LockError::require_runtime()?;
         self.shared.check_open()?;
         validate::key(&self.key)?;
+        // Its permits live in a table of their own, which the locker's purge covers: the
+        // permit's guard (of the permits' copy) starts none.
+        self.shared.purge_in_background();
         if self.key.len() > MAX_SEMAPHORE_KEY_LEN {
             return Err(LockError::invalid_key(
                 &self.key,

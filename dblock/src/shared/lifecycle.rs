@@ -16,8 +16,8 @@ pub(super) struct Lifecycle {
     releasing: std::sync::atomic::AtomicUsize,
     copies: Mutex<Vec<Weak<Shared>>>,
     live: Mutex<Live>,
-    /// The tables a background purge runs for (`purging.rs`): one task a table.
-    pub(super) purging: Mutex<std::collections::HashSet<String>>,
+    /// The tables a background purge runs for, each with its task (`purging.rs`).
+    pub(super) purging: Mutex<HashMap<String, tokio::task::AbortHandle>>,
 }
 
 impl Lifecycle {
@@ -28,12 +28,16 @@ impl Lifecycle {
         copies.push(Arc::downgrade(copy));
     }
 
-    /// A live copy on `table` that purges by itself, if any is left.
+    /// A live copy that purges by itself (on `table` if there is one), if any is left: the
+    /// locker, or a `table()` copy of it, is still in use.
     pub(super) fn purging_copy(&self, table: &str) -> Option<Arc<Shared>> {
-        lock(&self.copies)
+        let copies: Vec<Arc<Shared>> = lock(&self.copies)
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|c| c.table == table && c.auto_purge.is_some())
+            .filter(|c| c.auto_purge.is_some())
+            .collect();
+        let on_table = copies.iter().position(|c| c.table == table);
+        copies.into_iter().nth(on_table.unwrap_or(0))
     }
 }
 

@@ -56,9 +56,6 @@ pub(crate) struct Shared {
     /// `ConnectOptions::auto_purge`: rows free for longer are deleted in the background
     /// (`purging.rs`); `None` on the permits' copy, which its locker's purge covers.
     auto_purge: Option<Duration>,
-    /// Set once this copy's table has its purge task (or this copy started one): a grant then
-    /// checks nothing more.
-    purge_started: AtomicBool,
     /// The copy on this table's semaphore permits (`backend::permits_table`), made on first
     /// use: one per locker, so that the holds of its guards are found again (re-entry).
     permits: std::sync::OnceLock<Arc<Shared>>,
@@ -125,7 +122,6 @@ impl Shared {
             coalescer,
             lifecycle,
             auto_purge,
-            purge_started: AtomicBool::new(false),
             permits: std::sync::OnceLock::new(),
         });
         shared.lifecycle.join(&shared);
@@ -203,10 +199,9 @@ impl Shared {
 
     /// The copy of this locker on its semaphore permits' table (same database, lifecycle and
     /// holder; `backend::permits_table`). It purges nothing by itself: this locker's purge
-    /// covers both tables, and starts with the copy.
+    /// covers both tables.
     pub(crate) fn permits(&self) -> &Arc<Self> {
         self.permits.get_or_init(|| {
-            self.purge_in_background();
             let tuning = Tuning {
                 auto_purge: None,
                 ..self.tuning()

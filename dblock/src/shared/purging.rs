@@ -5,50 +5,55 @@
 use super::*;
 use crate::locker::Locker;
 
-/// The shortest and longest time between two purges of one table.
-const MIN_EVERY: Duration = Duration::from_secs(1);
+/// The longest time between two purges of one table, and the shortest (before jitter).
 const MAX_EVERY: Duration = Duration::from_secs(3600);
+const MIN_EVERY: Duration = Duration::from_secs(1);
 
-/// How long a purge of rows older than `older_than` waits for the next: a quarter of the age,
-/// so a row is deleted at most about 1.25 × `older_than` after it was freed.
+/// How long a purge of rows older than `older_than` waits for the next, before jitter: a
+/// quarter of the age, so a row is deleted at most about 1.25 × `older_than` after it was freed.
 fn every(older_than: Duration) -> Duration {
     (older_than / 4).clamp(MIN_EVERY, MAX_EVERY)
 }
 
 impl Shared {
-    /// Starts the background purge of this copy's table, if the locker purges by itself and
-    /// none runs for the table yet (inside a tokio runtime only: every call that gets here
-    /// runs in one).
-    pub(super) fn purge_in_background(&self) {
+    /// Starts the background purge of this copy's table if the locker purges by itself and no
+    /// task runs for the table yet (inside a tokio runtime only: every call that gets here
+    /// runs in one). Called on a grant (a lock, read, permit or `lock_in`).
+    pub(crate) fn purge_in_background(&self) {
         let Some(older_than) = self.auto_purge else {
             return;
         };
-        if self.purge_started.load(Ordering::Relaxed)
-            || tokio::runtime::Handle::try_current().is_err()
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut purging = lock(&self.lifecycle.purging);
+        // A task whose runtime went away is finished: the table gets a new one.
+        if purging
+            .get(self.table.as_str())
+            .is_some_and(|task| !task.is_finished())
         {
             return;
         }
-        // The task runs while a copy on the table lives, this one included.
-        self.purge_started.store(true, Ordering::Relaxed);
-        if !lock(&self.lifecycle.purging).insert(self.table.clone()) {
-            return;
-        }
         tracing::debug!(table = %self.table, ?older_than, "auto purge: started");
-        tokio::spawn(purge_table(
+        let task = runtime.spawn(purge_table(
             self.lifecycle.clone(),
             self.table.clone(),
             older_than,
         ));
+        purging.insert(self.table.clone(), task.abort_handle());
     }
 }
 
-/// Purges `table` now and then while a copy on it is alive and the locker is not shut down.
+/// Purges `table` soon, then now and then, while the locker (or a copy of it) is in use and not
+/// shut down.
 async fn purge_table(lifecycle: Arc<Lifecycle>, table: String, older_than: Duration) {
     let mut failing = false;
+    let mut pause = MIN_EVERY;
     loop {
-        tokio::time::sleep(crate::timing::jittered(every(older_than))).await;
-        // Decided under the set's lock: a copy that starts purging meanwhile either finds the
-        // table still listed (and this task goes on for it) or starts a task of its own.
+        tokio::time::sleep(crate::timing::jittered(pause)).await;
+        pause = every(older_than);
+        // Decided under the map's lock: a grant that starts a purge meanwhile either finds this
+        // task listed (and it goes on) or starts a task of its own.
         let copy = {
             let mut purging = lock(&lifecycle.purging);
             let copy = lifecycle
@@ -63,7 +68,12 @@ async fn purge_table(lifecycle: Arc<Lifecycle>, table: String, older_than: Durat
                 }
             }
         };
-        match Locker::from_shared(copy).purge(older_than).await {
+        let copy = if copy.table == table {
+            copy
+        } else {
+            copy.with_table(&table)
+        };
+        match Locker::from_shared(copy).purge_rows(older_than).await {
             Ok(deleted) => {
                 failing = false;
                 tracing::debug!(table = %table, deleted, "auto purge");
@@ -94,16 +104,17 @@ mod tests {
         assert_eq!(every(Duration::MAX), MAX_EVERY);
     }
 
-    /// One task a table, however many copies lock in it; none for a table nothing locks in,
-    /// nor for the permits' table (its locker's purge covers it); the task ends with the
-    /// locker.
+    /// One task a table, however many copies lock in it (and their semaphores: the permits'
+    /// table is purged with it); none for a table nothing locks in; the task goes on while any
+    /// copy of the locker is in use and ends when none is left.
     #[tokio::test]
-    async fn one_purge_task_a_table_ending_with_the_locker() {
+    async fn one_purge_task_a_table_while_the_locker_is_in_use() {
         let options = crate::ConnectOptions::new().auto_purge(Duration::ZERO);
         let locker = Locker::connect_with("sqlite::memory:", options)
             .await
             .unwrap();
         locker.table("jobs").migrate().await.unwrap();
+        locker.table("other").migrate().await.unwrap();
         for _ in 0..20 {
             let copy = locker.table("jobs");
             copy.lock("k").await.unwrap().release().await.unwrap();
@@ -116,13 +127,24 @@ mod tests {
         }
         let lifecycle = locker.shared().lifecycle.clone();
         let tables = |l: &Lifecycle| {
-            let mut t: Vec<String> = lock(&l.purging).iter().cloned().collect();
+            let mut t: Vec<String> = lock(&l.purging).keys().cloned().collect();
             t.sort();
             t
         };
         assert_eq!(tables(&lifecycle), ["jobs"]);
+        // No copy on "jobs" is left, the locker is: its rows are still purged.
+        let row = |l: &Locker| {
+            let jobs = l.table("jobs");
+            async move { jobs.inspect("k").await.unwrap() }
+        };
+        let start = Instant::now();
+        while row(&locker).await.is_some() {
+            assert!(start.elapsed() < Duration::from_secs(30), "not purged");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(tables(&lifecycle), ["jobs"]);
         drop(locker);
-        // The next turn (within a second) finds no copy on the table left: the task ends.
+        // The next turn (within a second) finds no copy of the locker left: the task ends.
         let start = Instant::now();
         while !tables(&lifecycle).is_empty() {
             assert!(
