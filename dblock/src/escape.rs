@@ -37,7 +37,8 @@ impl fmt::Display for Escaped<'_> {
     }
 }
 
-/// A list of keys as a log field: `[k1, k2]`, each [`Escaped`].
+/// A list of keys as a log field, as `Debug` writes a list of strings (`["k1", "k2"]`), each
+/// key [`Escaped`] (`Debug` leaves invisible characters as they are) and its quotes as `\"`.
 pub(crate) struct Keys<'a>(pub Vec<&'a str>);
 
 impl fmt::Display for Keys<'_> {
@@ -47,7 +48,8 @@ impl fmt::Display for Keys<'_> {
             if i > 0 {
                 f.write_str(", ")?;
             }
-            write!(f, "{}", Escaped(key))?;
+            let escaped = Escaped(key).to_string();
+            write!(f, "\"{}\"", escaped.replace('"', "\\\""))?;
         }
         f.write_str("]")
     }
@@ -100,6 +102,13 @@ mod tests {
 
     fn needs_escape_but_backslash(c: char) -> bool {
         c != '\\' && needs_escape(c)
+    }
+
+    #[test]
+    fn a_key_list_reads_as_debug_writes_one_with_each_key_escaped() {
+        let keys = Keys(vec!["job:7", "a\"b", "k\u{115f}\n"]);
+        assert_eq!(keys.to_string(), r#"["job:7", "a\"b", "k\u{115f}\n"]"#);
+        assert_eq!(Keys(vec!["job:7"]).to_string(), format!("{:?}", ["job:7"]));
     }
 
     #[test]
