@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use dblock::{LockError, LockEvent, Outcome, Watch};
+use dblock::{LockError, LockEvent, LockKind, Outcome, Watch};
 use futures::StreamExt;
 
 const EVERY: Duration = Duration::from_millis(50);
@@ -423,5 +423,53 @@ async fn after_shutdown_the_streams_yield_shut_down_and_end() {
             "{name}: {first:?}"
         );
         assert!(observe.next().await.is_none(), "{name}: observe goes on");
+    }
+}
+
+/// Semaphore permits are watched too: a permit's events carry the semaphore's key and
+/// `LockKind::Permit`, a lock's `LockKind::Lock`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_are_reported_under_their_semaphores_key() {
+    let (dbs, _dir) = common::all("watch_permits").await;
+    for db in &dbs {
+        let name = db.name;
+        let l = common::own_table(db, "watch_permits").await;
+        let mut events = l.watch("p:").every(EVERY);
+        started(&mut events, &l, "p:", EVERY).await;
+
+        let permit = l.semaphore("p:pool", 2).await.unwrap();
+        match next(&mut events, name).await {
+            LockEvent::Acquired(e) => {
+                assert_eq!(e.key, "p:pool", "{name}");
+                assert!(
+                    matches!(e.kind, LockKind::Permit { permits: 2, .. }),
+                    "{name}: {e:?}"
+                );
+                assert_eq!(e.fencing_token, permit.fencing_token(), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        permit.release().await.unwrap();
+        match next(&mut events, name).await {
+            LockEvent::Released { event, outcome } => {
+                assert_eq!(event.key, "p:pool", "{name}");
+                assert!(matches!(event.kind, LockKind::Permit { .. }), "{name}");
+                assert_eq!(outcome, Some(Outcome::Succeeded), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+
+        let g = l.lock("p:lock").await.unwrap();
+        match next(&mut events, name).await {
+            LockEvent::Acquired(e) => {
+                assert_eq!(
+                    (e.key.as_str(), e.kind),
+                    ("p:lock", LockKind::Lock),
+                    "{name}"
+                )
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        g.release().await.unwrap();
     }
 }

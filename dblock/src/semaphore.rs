@@ -187,11 +187,18 @@ impl Slot {
 /// A row of the permits' table as the operator sees it: the semaphore's key, and which permit.
 /// `None` for a row that is no slot (not written by dblock).
 pub(crate) fn as_permit(mut info: LockInfo) -> Option<LockInfo> {
-    let (key, _) = info.key.rsplit_once('\x1f')?;
-    let Slot { permits, slot } = Slot::of_row(key, &info.key)?;
+    let (key, kind) = permit_of(&info.key)?;
     info.key = key.to_owned();
-    info.kind = LockKind::Permit { slot, permits };
+    info.kind = kind;
     Some(info)
+}
+
+/// The semaphore's key and the permit a row key of the permits' table stands for (`None`: no
+/// slot's row).
+pub(crate) fn permit_of(row: &str) -> Option<(&str, LockKind)> {
+    let (key, _) = row.rsplit_once('\x1f')?;
+    let Slot { permits, slot } = Slot::of_row(key, row)?;
+    Some((key, LockKind::Permit { slot, permits }))
 }
 
 /// The live permit rows of semaphore `key` (any number of permits); `None` where the permits'

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::backend::{Inspect, LastWriteOf, RowsIn};
 use crate::error::LockError;
-use crate::info::{LockInfo, Outcome};
+use crate::info::{LockInfo, LockKind, Outcome};
 use crate::locker::Locker;
 use crate::shared::Shared;
 use crate::validate::MAX_TTL;
@@ -43,6 +43,9 @@ pub struct KeyEvent {
     pub fencing_token: u64,
     /// When it happened, on the database clock (for an expiry: the lease end last seen).
     pub at: SystemTime,
+    /// What was held: a lock (or a leadership), a read lock (`LockKind::Read`), or one permit
+    /// of the semaphore `key` (`LockKind::Permit`, its slot and number of permits).
+    pub kind: LockKind,
 }
 
 /// What happened to a key, as [`Locker::watch`] saw it.
@@ -94,13 +97,14 @@ pub enum LockEvent {
 /// make every commit that sends one queue on PostgreSQL's one notification lock, whoever
 /// listens (measured: 0.51–0.57× the lock/unlock throughput at 8 clients), a cost every
 /// locker of the database would pay for one dashboard. A read costs one statement on the
-/// rows held or taken in the last two intervals.
+/// rows held or taken in the last two intervals, and one on the semaphores' permits.
 /// Memory stays bounded: at most `capacity` (1,024 by default) events wait for the consumer;
 /// beyond that they are dropped and counted, and the next item is [`LockEvent::Lagged`]. A
 /// database failure is an `Err` item, and the stream goes on. It ends after one
 /// [`LockError::ShutDown`] item once the locker is [shut down](Locker::shutdown) (at once for a
 /// stream made after that), and after a [`LockError::NoRuntime`] item when first polled outside
-/// a tokio runtime. Semaphore permits (their own table) are not watched.
+/// a tokio runtime. Semaphore permits are watched too (a second statement a read, on their own
+/// table): each permit's events carry the semaphore's key and [`LockKind::Permit`].
 #[must_use = "streams do nothing unless polled"]
 pub struct Watch {
     shared: Arc<Shared>,
@@ -200,12 +204,17 @@ impl futures_core::Stream for Watch {
                 return Poll::Ready(Some(Err(e)));
             }
             let (tx, rx) = mpsc::channel(this.capacity);
-            let reader = Reader {
-                locker: Locker::from_shared(this.shared.clone()),
+            let reader = |shared: Arc<Shared>, permits| Reader {
+                locker: Locker::from_shared(shared),
                 prefix: this.prefix.clone(),
+                permits,
             };
+            let readers = [
+                reader(this.shared.clone(), false),
+                reader(this.shared.permits().clone(), true),
+            ];
             let out = Out { tx, skipped: 0 };
-            tokio::spawn(run(reader, this.every, out, this.made));
+            tokio::spawn(run(readers, this.every, out, this.made));
             this.events = Some(rx);
         }
         match this.events.as_mut() {
@@ -305,54 +314,58 @@ impl Out {
     }
 }
 
-/// Reads the watched rows.
+/// Reads the watched rows of one table: the locks', or the semaphores' permits'.
 struct Reader {
     locker: Locker,
     prefix: String,
+    /// The permits' table: its rows are slots, reported as their semaphore's key.
+    permits: bool,
 }
 
 /// The watch's task: a read every `every`, the differences to `out`, until the consumer is
 /// gone or the locker shut down.
-async fn run(reader: Reader, every: Duration, mut out: Out, made: std::time::Instant) {
-    let mut last: Option<BTreeMap<String, LockInfo>> = None;
+async fn run(readers: [Reader; 2], every: Duration, mut out: Out, made: std::time::Instant) {
+    let mut lasts: [Option<BTreeMap<String, LockInfo>>; 2] = [None, None];
     loop {
-        if out.tx.is_closed() {
-            return;
-        }
-        out.flush();
-        // The first read looks back to when `watch()` made the stream, however late it is
-        // polled: a hold taken and given back since is reported.
-        let span = match last {
-            Some(_) => window(every),
-            None => window(every)
-                .max(made.elapsed().saturating_add(LATE_MARGIN))
-                .min(MAX_TTL),
-        };
-        match reader.rows(span).await {
-            Err(e @ LockError::ShutDown) => return out.finish(e).await,
-            Err(e) => {
-                if !out.send(Err(e)) {
-                    return;
-                }
+        for (reader, last) in readers.iter().zip(&mut lasts) {
+            if out.tx.is_closed() {
+                return;
             }
-            Ok(mut now) => {
-                let before = last.unwrap_or_else(|| as_made(&now, made.elapsed()));
-                match reader.changes(&before, &mut now).await {
-                    Ok(events) => {
-                        for e in events {
-                            if !out.send(Ok(e)) {
+            out.flush();
+            // The first read looks back to when `watch()` made the stream, however late it is
+            // polled: a hold taken and given back since is reported.
+            let span = match last {
+                Some(_) => window(every),
+                None => window(every)
+                    .max(made.elapsed().saturating_add(LATE_MARGIN))
+                    .min(MAX_TTL),
+            };
+            match reader.rows(span).await {
+                Err(e @ LockError::ShutDown) => return out.finish(e).await,
+                Err(e) => {
+                    if !out.send(Err(e)) {
+                        return;
+                    }
+                }
+                Ok(mut now) => {
+                    let before = last.take().unwrap_or_else(|| as_made(&now, made.elapsed()));
+                    match reader.changes(&before, &mut now).await {
+                        Ok(events) => {
+                            for e in events {
+                                if !out.send(Ok(e)) {
+                                    return;
+                                }
+                            }
+                        }
+                        Err(e @ LockError::ShutDown) => return out.finish(e).await,
+                        Err(e) => {
+                            if !out.send(Err(e)) {
                                 return;
                             }
                         }
                     }
-                    Err(e @ LockError::ShutDown) => return out.finish(e).await,
-                    Err(e) => {
-                        if !out.send(Err(e)) {
-                            return;
-                        }
-                    }
+                    *last = Some(now);
                 }
-                last = Some(now);
             }
         }
         tokio::time::sleep(every).await;
@@ -374,9 +387,14 @@ impl Reader {
             to: &to,
             taken_within_us: i64::try_from(window.as_micros()).unwrap_or(i64::MAX),
         };
-        let rows = shared
+        let rows = match shared
             .run_bounded("watch", |limit| backend.run(&read, limit))
-            .await?;
+            .await
+        {
+            // No semaphore was ever used on this table: nothing to watch there.
+            Err(e) if self.permits && e.is_not_migrated() => Vec::new(),
+            other => other?,
+        };
         Ok(rows
             .into_iter()
             .filter(|r| r.key.starts_with(self.prefix.as_str()))
@@ -460,6 +478,9 @@ impl Reader {
                 None => events.push(LockEvent::Expired(event(p, p.expires_at))),
             }
         }
+        if self.permits {
+            return Ok(events.into_iter().filter_map(as_permit).collect());
+        }
         Ok(events)
     }
 
@@ -519,5 +540,31 @@ fn event(row: &LockInfo, at: SystemTime) -> KeyEvent {
         holder: row.holder.clone(),
         fencing_token: row.fencing_token,
         at,
+        kind: row.kind,
     }
+}
+
+/// An event of a row of the permits' table as its semaphore's: the semaphore's key and which
+/// permit (`None`: a row that is no slot).
+fn as_permit(e: LockEvent) -> Option<LockEvent> {
+    let permit = |mut event: KeyEvent| {
+        let (key, kind) = crate::semaphore::permit_of(&event.key)?;
+        let key = key.to_owned();
+        event.key = key;
+        event.kind = kind;
+        Some(event)
+    };
+    Some(match e {
+        LockEvent::Acquired(event) => LockEvent::Acquired(permit(event)?),
+        LockEvent::Released { event, outcome } => LockEvent::Released {
+            event: permit(event)?,
+            outcome,
+        },
+        LockEvent::Expired(event) => LockEvent::Expired(permit(event)?),
+        LockEvent::Stolen { event, from_token } => LockEvent::Stolen {
+            event: permit(event)?,
+            from_token,
+        },
+        lagged @ LockEvent::Lagged { .. } => lagged,
+    })
 }
