@@ -50,6 +50,27 @@ async fn queue_fair_waiter(db: &common::Db, key: &str) -> (String, tokio::task::
     (id, task)
 }
 
+/// `dblock watch --json` every 100 ms on `db`'s table, cut by `filter` (`["--prefix", "p:"]`),
+/// its output piped.
+fn watch_json(db: &common::Db, filter: [&str; 2]) -> std::process::Child {
+    common::cmd()
+        .env("DATABASE_URL", &db.url)
+        .args([
+            "--table",
+            db.table(),
+            "watch",
+            "--json",
+            "--interval",
+            "100ms",
+        ])
+        .args(filter)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn tmux_available() -> bool {
     Command::new("tmux")
         .arg("-V")
@@ -221,23 +242,7 @@ async fn watch_json_streams_one_snapshot_a_line_until_interrupted() {
             .unwrap();
         let (waiter, task) = queue_fair_waiter(db, "stream:held").await;
 
-        let mut child = common::cmd()
-            .env("DATABASE_URL", &db.url)
-            .args([
-                "--table",
-                db.table(),
-                "watch",
-                "--json",
-                "--interval",
-                "100ms",
-                "--prefix",
-                "stream:",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = watch_json(db, ["--prefix", "stream:"]);
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
@@ -324,23 +329,7 @@ async fn watch_holder_shows_only_those_holds_and_their_waiters() {
         let (waiter, task_a) = queue_fair_waiter(db, "pick:a").await;
         let (_, task_b) = queue_fair_waiter(db, "pick:b").await;
 
-        let mut child = common::cmd()
-            .env("DATABASE_URL", &db.url)
-            .args([
-                "--table",
-                db.table(),
-                "watch",
-                "--json",
-                "--interval",
-                "100ms",
-                "--holder",
-                "/job-a",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = watch_json(db, ["--holder", "/job-a"]);
         let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
         let line = lines.next().expect("a snapshot").unwrap();
         child.kill().unwrap();
