@@ -248,6 +248,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// Whether the row's holder (host/pid[/label]) contains `text`: the `--holder TEXT` filter of
+/// `list`, `release` and `watch`. A row with no holder (a free key) matches no text.
+pub fn held_by(row: &dblock::LockInfo, text: &str) -> bool {
+    row.holder.as_deref().is_some_and(|h| h.contains(text))
+}
+
 /// `release --holder TEXT`: each lock and permit whose holder contains `holder`, freed only if
 /// the owner listed still holds it; read locks are left (their row is every reader's).
 async fn release_holder(locker: &Locker, holder: &str) -> Result<(), Failure> {
@@ -257,7 +263,7 @@ async fn release_holder(locker: &Locker, holder: &str) -> Result<(), Failure> {
         let (Some(owner), Some(label)) = (&row.owner, &row.holder) else {
             continue;
         };
-        if !label.contains(holder) {
+        if !held_by(row, holder) {
             continue;
         }
         if matches!(row.kind, dblock::LockKind::Read { .. }) {
@@ -359,7 +365,7 @@ async fn command(command: &Command, locker: &Locker) -> Result<(), Failure> {
                 rows.retain(|r| r.key.starts_with(p.as_str()));
             }
             if let Some(h) = holder {
-                rows.retain(|r| r.holder.as_deref().is_some_and(|l| l.contains(h.as_str())));
+                rows.retain(|r| held_by(r, h));
             }
             if *json {
                 json::print(&json::List {

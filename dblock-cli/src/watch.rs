@@ -36,11 +36,7 @@ async fn read(locker: &Locker, filter: &Filter) -> Result<Snapshot, dblock::Lock
     locks.retain(|r| r.key.starts_with(&filter.prefix));
     let mut waiters = locker.waiters(&filter.prefix).await?;
     if let Some(holder) = &filter.holder {
-        locks.retain(|r| {
-            r.holder
-                .as_deref()
-                .is_some_and(|h| h.contains(holder.as_str()))
-        });
+        locks.retain(|r| crate::held_by(r, holder));
         waiters.retain(|w| locks.iter().any(|r| r.key == w.key));
     }
     Ok(Snapshot {
