@@ -441,7 +441,8 @@ cmd_test() {
     local t0 t1 t2 t3
     t0=$(now_ms)
     cmd_install
-    # The build `cargo test --workspace --all-features` (the README's, run by CI before this) makes.
+    # The build the README's `cargo nextest run --workspace --all-features` (run by CI before
+    # this) makes: nextest builds with `cargo test --no-run` and the same flags.
     log "building the test"
     (cd "$REPO" && cargo test --workspace --all-features --test replicated --no-run)
     t1=$(now_ms)

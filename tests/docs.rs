@@ -686,7 +686,8 @@ fn the_readme_is_a_short_guide_with_the_blocks_ci_runs() {
     );
 
     // CI runs the first `sh` block under "## Try it", line by line (comments stripped): the
-    // example first, then the tests.
+    // example first, then the tests (under cargo-nextest), then the doc examples (which nextest
+    // does not run).
     let try_it = first_block(&section(&readme, "## Try it"), "sh").expect("a sh block in Try it");
     let commands: Vec<&str> = try_it
         .lines()
@@ -697,7 +698,8 @@ fn the_readme_is_a_short_guide_with_the_blocks_ci_runs() {
         commands,
         [
             "cargo run --example settle_orders",
-            "cargo test --workspace --all-features"
+            "cargo nextest run --workspace --all-features",
+            "cargo test --doc --workspace --all-features"
         ]
     );
 

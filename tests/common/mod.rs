@@ -175,7 +175,7 @@ pub fn report_missing_features() {
         if !missing.is_empty() {
             shout(&format!(
                 "SKIPPING the {} backend tests of this binary: dblock was built without {}. \
-                 Run `cargo test --workspace --all-features` for every backend.",
+                 Run `cargo nextest run --workspace --all-features` for every backend.",
                 missing.join(" and "),
                 missing
                     .iter()
