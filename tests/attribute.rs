@@ -135,6 +135,82 @@ async fn nested_locked_calls_in_one_task_are_reentrant() {
     }
 }
 
+/// One of two sibling futures of a locked body: how many it saw inside at once. It waits a
+/// while for the other to come in (long where both should, 300 ms where they should not), and
+/// once both have looked, or the time is up, it leaves: the answer does not hang on timing.
+#[distributed_lock(key = "sib:{id}", locker = locker, reentrant = share, wait = "30s")]
+async fn sibling(
+    locker: &Locker,
+    id: u32,
+    share: bool,
+    (inside, looked): (&AtomicUsize, &AtomicUsize),
+) -> Result<usize, AppError> {
+    let _ = (locker, id);
+    inside.fetch_add(1, Ordering::SeqCst);
+    let until = Instant::now() + Duration::from_millis(if share { 10_000 } else { 300 });
+    let mut most = 1;
+    while most < 2 && Instant::now() < until {
+        most = most.max(inside.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    looked.fetch_add(1, Ordering::SeqCst);
+    while looked.load(Ordering::SeqCst) < 2 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    inside.fetch_sub(1, Ordering::SeqCst);
+    Ok(most)
+}
+
+/// Runs two siblings side by side in one task (one owner), the second asking once the first
+/// is inside.
+#[distributed_lock(key = "parent:{id}", locker = locker)]
+async fn two_siblings(locker: &Locker, id: u32, share: bool) -> Result<(usize, usize), AppError> {
+    let (inside, looked) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let (a, b) = tokio::join!(sibling(locker, id, share, (&inside, &looked)), async {
+        while inside.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sibling(locker, id, share, (&inside, &looked)).await
+    });
+    Ok((a?, b?))
+}
+
+#[distributed_lock(key = "self:{id}", locker = locker)]
+async fn holds_then_nests(locker: &Locker, id: u32) -> Result<(), AppError> {
+    nested_not_reentrant(locker, id).await
+}
+
+#[distributed_lock(key = "self:{id}", locker = locker, reentrant = false, wait = "30s")]
+async fn nested_not_reentrant(locker: &Locker, id: u32) -> Result<(), AppError> {
+    let _ = (locker, id);
+    Ok(())
+}
+
+/// `reentrant = false`: sibling futures of one task exclude each other (the default lets both
+/// in, as re-entries); nested inside a body holding the key, the call fails at once.
+#[tokio::test]
+async fn reentrant_false_makes_sibling_futures_exclude_each_other() {
+    let (dbs, _dir) = common::all("attr_reentrant").await;
+    for db in &dbs {
+        let name = db.name;
+        let shared = two_siblings(&db.locker, 1, true).await.unwrap();
+        assert_eq!(shared, (2, 2), "{name}: re-entered side by side");
+        let apart = two_siblings(&db.locker, 2, false).await.unwrap();
+        assert_eq!(apart, (1, 1), "{name}: one at a time");
+        let started = Instant::now();
+        let err = holds_then_nests(&db.locker, 3).await.unwrap_err();
+        assert!(
+            matches!(err, AppError::Lock(LockError::WouldWaitForItself { .. })),
+            "{name}: {err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{name}: refused at once, not at the 30 s wait"
+        );
+        assert!(!db.locker.inspect("self:3").await.unwrap().unwrap().held);
+    }
+}
+
 #[distributed_lock(key = "busy", locker = locker)]
 async fn guarded(locker: &Locker, ran: &AtomicUsize) -> Result<(), AppError> {
     ran.fetch_add(1, Ordering::SeqCst);

@@ -152,6 +152,62 @@ async fn reentry_counts_holds_in_the_row() {
     }
 }
 
+/// `reentrant(false)`: the owner's own hold is busy to the call, as another owner's is (one key
+/// and `lock_all`); the call waits for it and then starts a new tenure. The default re-enters.
+#[tokio::test]
+async fn reentrant_false_finds_the_owners_own_hold_busy() {
+    let (dbs, _dir) = common::all("no_reentry").await;
+    for db in &dbs {
+        let (l, name) = (&db.locker, db.name);
+        let me = Owner::new();
+        let first = l.lock("nr").owner(&me).await.unwrap();
+        let err = l.lock("nr").owner(&me).reentrant(false).await.unwrap_err();
+        assert!(err.is_busy(), "{name}: {err}");
+        let err = l
+            .lock_all(["nr", "nr2"])
+            .owner(&me)
+            .reentrant(false)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, LockError::Busy { key, .. } if key == "nr"),
+            "{name}: {err}"
+        );
+        assert!(
+            !l.inspect("nr2").await.unwrap().is_some_and(|i| i.held),
+            "{name}: lock_all took nothing"
+        );
+        assert_eq!(
+            l.inspect("nr").await.unwrap().unwrap().hold_count,
+            1,
+            "{name}: a refused re-entry changes nothing"
+        );
+        let again = l.lock("nr").owner(&me).await.unwrap();
+        assert_eq!(again.hold_count(), 2, "{name}: the default re-enters");
+        again.release().await.unwrap();
+
+        let (l2, me2) = (l.clone(), me.clone());
+        let waiter = tokio::spawn(async move {
+            l2.lock("nr")
+                .owner(&me2)
+                .reentrant(false)
+                .wait(30 * SEC)
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiter.is_finished(),
+            "{name}: the call waits for its own owner's hold"
+        );
+        let token = first.fencing_token();
+        first.release().await.unwrap();
+        let got = waiter.await.unwrap().unwrap();
+        assert_eq!(got.hold_count(), 1, "{name}: a hold of its own");
+        assert!(got.fencing_token() > token, "{name}: a new tenure");
+        got.release().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn owner_scope_carries_into_spawned_tasks_and_explicit_owner_wins() {
     let (dbs, _dir) = common::all("scope").await;

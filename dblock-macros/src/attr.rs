@@ -1,5 +1,6 @@
 //! The attribute's arguments: `key = ..., ttl = ..., wait = ..., locker = ..., renew = ...,
-//! min_hold = ..., max_hold = ..., lock_delay = ..., once = ..., fair = ..., permits = ...,
+//! min_hold = ..., max_hold = ..., lock_delay = ..., once = ..., fair = ..., reentrant = ...,
+//! permits = ...,
 //! shared = ..., tx = ..., proof = ..., crate = ...`.
 
 use std::time::Duration;
@@ -13,7 +14,7 @@ use crate::duration;
 use crate::errors::Errors;
 
 /// The argument names, in the order the messages list them ([`valid`]).
-const NAMES: [&str; 15] = [
+const NAMES: [&str; 16] = [
     "key",
     "ttl",
     "wait",
@@ -24,6 +25,7 @@ const NAMES: [&str; 15] = [
     "lock_delay",
     "once",
     "fair",
+    "reentrant",
     "permits",
     "shared",
     "tx",
@@ -88,7 +90,7 @@ impl Kind {
 
 /// The options that only the exclusive lock takes: every other kind refuses them. The one
 /// exclusion table of the attribute.
-const LOCK_ONLY: [&str; 3] = ["min_hold", "once", "fair"];
+const LOCK_ONLY: [&str; 4] = ["min_hold", "once", "fair", "reentrant"];
 
 /// The options of a lease, which a lock inside the body's transaction (`tx = ..`) has not: its
 /// row lock lasts as long as the transaction, and the commit ends it.
@@ -115,6 +117,7 @@ pub(crate) struct Args {
     pub lock_delay: Option<Dur>,
     pub once: Option<Expr>,
     pub fair: Option<Expr>,
+    pub reentrant: Option<Expr>,
     pub kind: Kind,
     pub proof: Option<Proof>,
     /// The argument list did not parse (its error is reported): nothing else is said missing.
@@ -268,6 +271,7 @@ pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Ar
             }
             "once" => set(&mut args.once, Some(value), &name, errors),
             "fair" => set(&mut args.fair, Some(value), &name, errors),
+            "reentrant" => set(&mut args.reentrant, Some(value), &name, errors),
             "permits" => set(&mut permits, Some(value), &name, errors),
             "shared" => set(&mut shared, Some(value), &name, errors),
             "tx" => {
@@ -380,6 +384,12 @@ fn check_in_tx(args: &Args, tx: &Ident, lease_kind: bool, errors: &mut Errors) {
             ));
         }
     }
+    if args.reentrant.is_some() {
+        errors.push(syn::Error::new(
+            tx.span(),
+            "`tx` cannot be combined with `reentrant`: a key taken inside the body's transaction is that transaction's row lock, taken once and held to its end",
+        ));
+    }
 }
 
 /// `tx = name`: a plain identifier, the body's parameter.
@@ -420,6 +430,7 @@ fn check_kind(args: &Args, errors: &mut Errors) {
         args.min_hold.is_some(),
         args.once.is_some(),
         args.fair.is_some(),
+        args.reentrant.is_some(),
     ];
     for (name, given) in LOCK_ONLY.into_iter().zip(given) {
         if given {

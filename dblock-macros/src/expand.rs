@@ -428,6 +428,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
     let lock_delay = option(duration(&args.lock_delay), "lock_delay", false);
     let once = option(flag(&args.once), "once", true);
     let fair = option(flag(&args.fair), "fair", true);
+    let reentrant = option(flag(&args.reentrant), "reentrant", false);
     let renew = match &args.renew {
         None => quote!(true),
         Some(e) => {
@@ -579,6 +580,7 @@ fn rewrite(func: LockedFn, args: &Args, key: TokenStream) -> TokenStream {
                 #lock_delay
                 #once
                 #fair
+                #reentrant
                 #builder
             });
             #krate::__private::locked(

@@ -67,9 +67,10 @@ pub enum LockError {
     },
 
     /// The owner asked for a key in a way that would wait for a hold of its own: the write lock
-    /// of a key it reads ([`Locker::read`](crate::Locker::read)), or a read of a key it holds for
-    /// writing. Refused at once; release the one it holds first.
-    #[error("`{}` is held by this owner in the other mode (read or write): waiting for it would wait for itself; release that hold first", Escaped(.key))]
+    /// of a key it reads ([`Locker::read`](crate::Locker::read)), a read of a key it holds for
+    /// writing, or a call with [`reentrant(false)`](crate::LockRequest::reentrant) inside a
+    /// locked body that holds the key. Refused at once; release the one it holds first.
+    #[error("`{}` is held by this owner in a way this call cannot re-enter (the other mode, read or write, or `reentrant(false)` inside the body that holds it): waiting for it would wait for itself; release that hold first", Escaped(.key))]
     WouldWaitForItself {
         /// The key.
         key: String,

@@ -167,7 +167,12 @@ impl Request {
                 )
             };
             let (tried, serial) = shared
-                .acquire(&req.owner, req.statement(waiting, attempt), policy)
+                .acquire(
+                    &req.owner,
+                    req.statement(waiting, attempt),
+                    req.lock.no_reentry,
+                    policy,
+                )
                 .await;
             let lease = req.lease();
             let outcome = match tried.result {
@@ -220,6 +225,17 @@ impl Request {
             }
         })
     }
+}
+
+/// Whether the call runs inside a locked body (or one it is nested in) of its own owner that
+/// holds its key in its table: the body ends, and its hold with it, only after the call.
+fn in_its_body(req: &Request, table: &str) -> bool {
+    crate::owner::Context::get().is_some_and(|c| {
+        c.owner == req.owner
+            && c.held
+                .iter()
+                .any(|h| h.exclusive && h.key == req.key && *h.table == *table)
+    })
 }
 
 /// What one attempt came to. A grant comes with the owner's serialisation of the key, which the
@@ -304,7 +320,9 @@ struct LockWait {
 
 impl LockWait {
     fn new(req: Request, shared: Arc<Shared>, started: Instant) -> Self {
-        let reentry = shared.held_by_owner(&req.key, &req.owner);
+        // `reentrant(false)`: a hold of its own owner is another owner's to it (the refusal
+        // itself is made under the owner's serialisation, `Shared::acquire`).
+        let reentry = !req.lock.no_reentry && shared.held_by_owner(&req.key, &req.owner);
         let fair = (req.lock.fair && !reentry)
             .then(|| Fair::new(shared.clone(), &req.key, req.owner.id()));
         LockWait {
@@ -401,6 +419,16 @@ impl Kind for LockWait {
                      unless another future of this task releases it, the wait ends only at its deadline; \
                      to re-enter, take both under one owner (dblock::Owner::scope or .owner(&owner))"
                 );
+            }
+            if req.lock.no_reentry
+                && shared.held_by_owner(&req.key, &req.owner)
+                && in_its_body(req, &shared.table)
+            {
+                // Not reentrant, inside a locked body that holds the key: that hold ends
+                // after this call, so the wait could only end at its deadline.
+                return Err(LockError::WouldWaitForItself {
+                    key: req.key.clone(),
+                });
             }
             if shared.member_tenure(&req.key, &req.owner).is_some() {
                 // The owner reads the key: the writer would wait for itself.
@@ -550,6 +578,7 @@ mod tests {
             .acquire(
                 &req.owner,
                 req.statement(false, 7),
+                false,
                 Policy::within(Duration::from_secs(5)),
             )
             .await;

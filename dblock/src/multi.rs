@@ -96,7 +96,7 @@ impl LockAllRequest {
     }
 }
 
-crate::options::setters!(LockAllRequest, "locker.lock_all([\"a\", \"b\"])": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay, min_hold, once, fair);
+crate::options::setters!(LockAllRequest, "locker.lock_all([\"a\", \"b\"])": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay, min_hold, once, fair, reentrant);
 
 crate::options::into_future!(LockAllRequest => Vec<LockGuard>, #[doc = "The guards, in canonical key order."]);
 

@@ -101,6 +101,9 @@ pub(crate) struct LockOptions {
     pub(crate) min_hold: Duration,
     pub(crate) once: bool,
     pub(crate) fair: bool,
+    /// `reentrant(false)`: a call of an owner that holds the key waits for that hold to end
+    /// (busy, as for any other owner) instead of re-entering it.
+    pub(crate) no_reentry: bool,
 }
 
 impl LockOptions {
@@ -279,6 +282,27 @@ let request = ", $call, ".lock_delay(std::time::Duration::from_secs(15));
         #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet request = ", $call, ".fair().wait(std::time::Duration::from_secs(30));\n# Ok(()) }\n```")]
         pub fn fair(mut self) -> Self {
             self.lock.fair = true;
+            self
+        }
+    };
+    (@ reentrant, $call:literal) => {
+        /// Whether a call of an owner that already holds the key re-enters it: `true` (the
+        /// default) takes it at once, `hold_count` one higher; `false` finds it busy, as
+        /// another owner's call would, and waits (within `wait`) for that hold to end.
+        ///
+        /// The owner is the task's, not the future's: futures run side by side in one task or
+        /// one owner scope (`join!`, `join_all`, `select!`) re-enter each other's keys, so
+        /// their critical sections overlap. `reentrant(false)` makes them exclude each other
+        /// while keeping the scope's owner (its body's nested calls on other keys, `current()`
+        /// and fencing are unchanged). Inside a locked body that holds the key itself the wait
+        /// could only end at its deadline: such a call returns
+        /// [`LockError::WouldWaitForItself`](crate::LockError::WouldWaitForItself) at once.
+        /// Re-entry is decided from the holds this process tracks, under the owner's
+        /// serialisation of the key: a refused re-entry never reaches the database.
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet me = dblock::Owner::new();\nlet first = ", $call, ".owner(&me).await?;\n// The same owner again, not re-entering: busy while `first` holds the key.\nlet again = ", $call, ".owner(&me).reentrant(false).await;\nassert!(matches!(again, Err(dblock::LockError::Busy { .. })));\ndrop(first); // released in the background\n# Ok(()) }\n```")]
+        pub fn reentrant(mut self, reentrant: bool) -> Self {
+            self.lock.no_reentry = !reentrant;
             self
         }
     };

@@ -25,6 +25,11 @@ pub(crate) struct Tracked {
 }
 
 impl Tracked {
+    /// Whether the process holds the key as this owner (a call now would be a re-entry).
+    pub(crate) fn holds(&self) -> bool {
+        self.tenure.is_some() && self.holds > 0
+    }
+
     /// The statement counts re-entry from what the process holds.
     pub(crate) fn fill(&self, a: &mut Acquire<'_>) {
         a.held = self.holds;

@@ -107,7 +107,7 @@ impl LockRequest {
     }
 }
 
-crate::options::setters!(LockRequest, "locker.lock(\"k\")": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay, min_hold, once, fair);
+crate::options::setters!(LockRequest, "locker.lock(\"k\")": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay, min_hold, once, fair, reentrant);
 
 crate::options::into_future!(LockRequest => LockGuard);
 
@@ -221,7 +221,9 @@ pub(crate) async fn try_all(
                 .iter()
                 .map(|r| r.statement(false, fastrand::i64(1..i64::MAX)))
                 .collect();
-            let (tried, serials) = match shared.acquire_all(&owner, statements, policy).await {
+            let no_reentry = resolved.iter().any(|r| r.lock.no_reentry);
+            let tried = shared.acquire_all(&owner, statements, no_reentry, policy);
+            let (tried, serials) = match tried.await {
                 Ok(answer) => answer,
                 Err(e) => {
                     let _ = tx.send(AllTry::Failed(e));

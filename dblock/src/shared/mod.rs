@@ -292,11 +292,12 @@ impl Shared {
     ///
     /// The owner's serialisation comes back with the result: a grant that must be given back
     /// (it arrived too late) is released under it, so no other statement of the owner on the key
-    /// can come between.
+    /// can come between. `no_reentry`: a key the owner holds is busy, and nothing is sent.
     pub(crate) async fn acquire(
         &self,
         owner: &Owner,
         mut a: Acquire<'_>,
+        no_reentry: bool,
         policy: Policy,
     ) -> (Tried<Attempt>, Option<Serial>) {
         let backend = match self.backend() {
@@ -314,6 +315,13 @@ impl Shared {
             }
         };
         let mut tracked = serialise(&self.space, owner, a.key).await;
+        if no_reentry && tracked.holds() {
+            let busy = Tried {
+                result: Ok(Attempt::Busy { retry_after: None }),
+                after_unknown: false,
+            };
+            return (busy, None);
+        }
         tracked.fill(&mut a);
         let tried = retry::run(
             policy,
@@ -331,19 +339,30 @@ impl Shared {
     /// ([`Backend::acquire_many`]): `all` sorted by key, distinct. The owner's serialisations of
     /// every key are taken in that order (so two such calls of one owner cannot deadlock in the
     /// process) and come back with the answer, one per key. `Ok(None)`: the dialect has no such
-    /// statement.
+    /// statement, or `no_reentry` and the owner holds one of the keys (taken one at a time, then,
+    /// each refusing re-entry on its own).
     pub(crate) async fn acquire_all(
         &self,
         owner: &Owner,
         mut all: Vec<Acquire<'_>>,
+        no_reentry: bool,
         policy: Policy,
     ) -> Result<(Tried<Option<Vec<Attempt>>>, Vec<Serial>), LockError> {
         let backend = self.backend()?;
         let mut serials = Vec::with_capacity(all.len());
+        let mut holds_one = false;
         for a in &mut all {
             let tracked = serialise(&self.space, owner, a.key).await;
+            holds_one |= tracked.holds();
             tracked.fill(a);
             serials.push(tracked);
+        }
+        if no_reentry && holds_one {
+            let not_tried = Tried {
+                result: Ok(None),
+                after_unknown: false,
+            };
+            return Ok((not_tried, serials));
         }
         let Some(statement) = crate::backend::AcquireMany::of(&all) else {
             let none = Tried {

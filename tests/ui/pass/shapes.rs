@@ -209,3 +209,10 @@ fn main() {
     };
     let _ = |s: Service| s.by_value();
 }
+
+/// `reentrant` takes any `bool` expression, also with a list of keys.
+#[distributed_lock(key = ["left:{id}", "right:{id}"], reentrant = id > 10, wait = "1s")]
+async fn not_reentrant_pair(id: u32) -> Result<(), LockError> {
+    let _ = id;
+    Ok(())
+}

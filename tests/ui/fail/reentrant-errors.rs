@@ -1,0 +1,21 @@
+// `reentrant` is an option of the exclusive lock: a semaphore's permit, a read and a lock inside
+// the body's transaction refuse it.
+use dblock::distributed_lock;
+
+#[distributed_lock(key = "exports", permits = 3, reentrant = false)]
+async fn permit() -> Result<(), dblock::LockError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "config", shared = true, reentrant = false)]
+async fn read() -> Result<(), dblock::LockError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "account:{id}", tx = tx, reentrant = false)]
+async fn in_tx(id: u64, tx: &mut dblock::sqlx::SqliteConnection) -> Result<(), dblock::LockError> {
+    let _ = (id, tx);
+    Ok(())
+}
+
+fn main() {}
