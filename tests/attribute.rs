@@ -175,8 +175,15 @@ async fn two_siblings(locker: &Locker, id: u32, share: bool) -> Result<(usize, u
     Ok((a?, b?))
 }
 
+/// Holds `self:{id}` and calls a non-reentrant body of the same key; with `queued`, another
+/// owner waits for the key in the process's line first.
 #[distributed_lock(key = "self:{id}", locker = locker)]
-async fn holds_then_nests(locker: &Locker, id: u32) -> Result<(), AppError> {
+async fn holds_then_nests(locker: &Locker, id: u32, queued: bool) -> Result<(), AppError> {
+    if queued {
+        let (l, key) = (locker.clone(), format!("self:{id}"));
+        tokio::spawn(async move { l.lock(key).wait(Duration::from_secs(30)).await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     nested_not_reentrant(locker, id).await
 }
 
@@ -197,16 +204,18 @@ async fn reentrant_false_makes_sibling_futures_exclude_each_other() {
         assert_eq!(shared, (2, 2), "{name}: re-entered side by side");
         let apart = two_siblings(&db.locker, 2, false).await.unwrap();
         assert_eq!(apart, (1, 1), "{name}: one at a time");
-        let started = Instant::now();
-        let err = holds_then_nests(&db.locker, 3).await.unwrap_err();
-        assert!(
-            matches!(err, AppError::Lock(LockError::WouldWaitForItself { .. })),
-            "{name}: {err}"
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{name}: refused at once, not at the 30 s wait"
-        );
+        for (id, queued) in [(3, false), (4, true)] {
+            let started = Instant::now();
+            let err = holds_then_nests(&db.locker, id, queued).await.unwrap_err();
+            assert!(
+                matches!(err, AppError::Lock(LockError::WouldWaitForItself { .. })),
+                "{name}: {err}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{name}: refused at once, not at the 30 s wait (queued: {queued})"
+            );
+        }
         assert!(!db.locker.inspect("self:3").await.unwrap().unwrap().held);
     }
 }

@@ -252,6 +252,24 @@ async fn permits_are_leases_reentrant_per_owner_and_refuse_a_second_number() {
         let again = locker.semaphore("exports", 2).owner(&me).await.unwrap();
         assert_eq!(again.hold_count(), 2, "{}", db.name);
         assert_eq!(again.fencing_token(), a.fencing_token(), "{}", db.name);
+        // Not reentrant: a permit of its own (the other one), and then none is left, to this
+        // owner either.
+        let own = locker
+            .semaphore("exports", 2)
+            .owner(&me)
+            .reentrant(false)
+            .await
+            .unwrap();
+        assert_eq!(own.hold_count(), 1, "{}", db.name);
+        for owner in [me.clone(), dblock::Owner::new()] {
+            let third = locker.semaphore("exports", 2).owner(&owner);
+            assert!(
+                third.reentrant(false).await.unwrap_err().is_busy(),
+                "{}: a third permit of two",
+                db.name
+            );
+        }
+        own.release().await.unwrap();
         let b = locker.semaphore("exports", 2).await.unwrap();
         assert!(
             locker.semaphore("exports", 2).await.unwrap_err().is_busy(),

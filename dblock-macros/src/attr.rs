@@ -90,7 +90,7 @@ impl Kind {
 
 /// The options that only the exclusive lock takes: every other kind refuses them. The one
 /// exclusion table of the attribute.
-const LOCK_ONLY: [&str; 4] = ["min_hold", "once", "fair", "reentrant"];
+const LOCK_ONLY: [&str; 3] = ["min_hold", "once", "fair"];
 
 /// The options of a lease, which a lock inside the body's transaction (`tx = ..`) has not: its
 /// row lock lasts as long as the transaction, and the commit ends it.
@@ -430,7 +430,6 @@ fn check_kind(args: &Args, errors: &mut Errors) {
         args.min_hold.is_some(),
         args.once.is_some(),
         args.fair.is_some(),
-        args.reentrant.is_some(),
     ];
     for (name, given) in LOCK_ONLY.into_iter().zip(given) {
         if given {
@@ -439,6 +438,13 @@ fn check_kind(args: &Args, errors: &mut Errors) {
                 format!("{kind} cannot be combined with `{name}`: `{name}` is an option of the exclusive lock"),
             ));
         }
+    }
+    // A lock and a permit take it; a read shares its key anyway.
+    if matches!(args.kind, Kind::Read(_)) && args.reentrant.is_some() {
+        errors.push(syn::Error::new(
+            at,
+            "`shared = true` cannot be combined with `reentrant`: a read hold shares the key with every reader, its own owner's other reads included",
+        ));
     }
 }
 

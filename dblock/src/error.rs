@@ -69,7 +69,8 @@ pub enum LockError {
     /// The owner asked for a key in a way that would wait for a hold of its own: the write lock
     /// of a key it reads ([`Locker::read`](crate::Locker::read)), a read of a key it holds for
     /// writing, or a call with [`reentrant(false)`](crate::LockRequest::reentrant) inside a
-    /// locked body that holds the key. Refused at once; release the one it holds first.
+    /// locked body that holds the key. Refused at once; release the one it holds first (or, in
+    /// the body, use the body's own hold).
     #[error("`{}` is held by this owner in a way this call cannot re-enter (the other mode, read or write, or `reentrant(false)` inside the body that holds it): waiting for it would wait for itself; release that hold first", Escaped(.key))]
     WouldWaitForItself {
         /// The key.

@@ -85,7 +85,15 @@ impl Request {
         let (meter, record) = (self.meter.clone(), self.record_call);
         let wait = self.wait;
         let mut lock = LockWait::new(self, shared.clone(), started);
-        let result = wait::wait_for(&mut lock, &shared, started, wait, &mut first_busy).await;
+        let result = if lock.waits_for_its_own_body() {
+            // Before any wait (also before the process's line, where it would wait for the
+            // head): the body's hold ends only after this call.
+            Err(LockError::WouldWaitForItself {
+                key: lock.req.key.clone(),
+            })
+        } else {
+            wait::wait_for(&mut lock, &shared, started, wait, &mut first_busy).await
+        };
         if result.is_err() {
             lock.intent
                 .withdraw(&shared, &lock.req.key, &lock.req.owner);
@@ -227,17 +235,6 @@ impl Request {
     }
 }
 
-/// Whether the call runs inside a locked body (or one it is nested in) of its own owner that
-/// holds its key in its table: the body ends, and its hold with it, only after the call.
-fn in_its_body(req: &Request, table: &str) -> bool {
-    crate::owner::Context::get().is_some_and(|c| {
-        c.owner == req.owner
-            && c.held
-                .iter()
-                .any(|h| h.exclusive && h.key == req.key && *h.table == *table)
-    })
-}
-
 /// What one attempt came to. A grant comes with the owner's serialisation of the key, which the
 /// receiver drops at once; if nobody receives it (the call was dropped, or gave up while the
 /// attempt settled an unknown outcome), the grant is given back under it, before any other
@@ -340,6 +337,32 @@ impl LockWait {
     }
 }
 
+impl LockWait {
+    /// `reentrant(false)` inside a locked body (or one it is nested in) of its own owner whose
+    /// lock of the key is a live hold of this locker's table (matched by its fencing token):
+    /// that hold ends only after this call, so a wait could only end at its deadline.
+    fn waits_for_its_own_body(&self) -> bool {
+        let req = &self.req;
+        if !req.lock.no_reentry {
+            return false;
+        }
+        let Some(context) = crate::owner::Context::get() else {
+            return false;
+        };
+        if context.owner != req.owner {
+            return false;
+        }
+        let holds = self.shared.holds_of(&req.key);
+        context.held.iter().any(|h| {
+            h.exclusive
+                && h.key == req.key
+                && holds
+                    .iter()
+                    .any(|hold| hold.owner == req.owner && hold.fencing_token == h.fencing_token)
+        })
+    }
+}
+
 impl Kind for LockWait {
     type Grant = LockGuard;
 
@@ -419,16 +442,6 @@ impl Kind for LockWait {
                      unless another future of this task releases it, the wait ends only at its deadline; \
                      to re-enter, take both under one owner (dblock::Owner::scope or .owner(&owner))"
                 );
-            }
-            if req.lock.no_reentry
-                && shared.held_by_owner(&req.key, &req.owner)
-                && in_its_body(req, &shared.table)
-            {
-                // Not reentrant, inside a locked body that holds the key: that hold ends
-                // after this call, so the wait could only end at its deadline.
-                return Err(LockError::WouldWaitForItself {
-                    key: req.key.clone(),
-                });
             }
             if shared.member_tenure(&req.key, &req.owner).is_some() {
                 // The owner reads the key: the writer would wait for itself.

@@ -219,10 +219,10 @@ pub use sqlx;
 /// | `min_hold` | the key stays unavailable to others until this long after it was taken, however quick the body ([`LockRequest::min_hold`]) | none |
 /// | `once` | run until the work succeeds once: after an `Ok`, the call returns `Err(LockError::AlreadyDone)` without running the body ([`LockRequest::once`]) | `false` |
 /// | `fair` | wait in arrival order across processes, by a ticket in the database ([`LockRequest::fair`]) | `false` |
-/// | `reentrant` | `false`: a call of an owner that holds the key waits for that hold like any other owner's (sibling futures of one task exclude each other); inside a body that holds the key, `Err(WouldWaitForItself)` at once ([`LockRequest::reentrant`]) | `true` |
-/// | `permits` | a `u32` expression: the body runs under one permit of the key's counting semaphore, at most that many at once ([`Locker::semaphore`]); one key, none of `min_hold`, `once`, `fair`, `reentrant` | none (the lock) |
+/// | `reentrant` | `false`: a call of an owner that holds the key waits for that hold like any other owner's (sibling futures of one task exclude each other); inside a body that holds the key, `Err(WouldWaitForItself)` at once ([`LockRequest::reentrant`]); with `permits`, each call takes a permit of its own ([`SemaphoreRequest::reentrant`]) | `true` |
+/// | `permits` | a `u32` expression: the body runs under one permit of the key's counting semaphore, at most that many at once ([`Locker::semaphore`]); one key, none of `min_hold`, `once`, `fair` | none (the lock) |
 /// | `shared` | `true`: the body runs under a shared (read) hold of the key; the lock of the same key (`shared = false`, the default) is its writer ([`Locker::read`]); one key, none of `min_hold`, `once`, `fair`, `reentrant`, `permits` | `false` |
-/// | `tx` | `tx = tx`: the key is taken with one statement inside the transaction the named parameter holds (`&mut sqlx::Transaction<'_, DB>` or a connection) and held until it commits or rolls back ([`Locker::lock_in`]); no lease options | none |
+/// | `tx` | `tx = tx`: the key is taken with one statement inside the transaction the named parameter holds (`&mut sqlx::Transaction<'_, DB>` or a connection) and held until it commits or rolls back ([`Locker::lock_in`]); no lease options, no `reentrant` | none |
 /// | `proof` | `proof = held`: a variable `held: dblock::Held<'_>` in the body, the proof that the lock is held ([`Held`]); `proof = held: K` for a marker `K` of [`lock_kind!`] | none |
 /// | `crate` | path to this crate when re-exported under another name | `::dblock` |
 ///

@@ -57,8 +57,9 @@ pub const MAX_LOCK_ALL_KEYS: usize = 1_000;
 /// One `locker.lock_all(keys)` call being configured; `.await` it to take every key, or none.
 ///
 /// The first attempt takes every key in one statement where the dialect has one (PostgreSQL,
-/// MariaDB, SQLite; not the MySQL 8 path): n free keys cost one round trip, and a set with a
-/// busy key writes nothing. What is left is then waited for one key at a time, in the canonical
+/// MariaDB, SQLite; not the MySQL 8 path, nor `reentrant(false)` when the owner holds one of
+/// the keys): n free keys cost one round trip, and a set with a busy key writes nothing. What
+/// is left is then waited for one key at a time, in the canonical
 /// order, with what is left of the wait. The guards come back in that order, all as one owner;
 /// release them in any order (or drop them).
 ///

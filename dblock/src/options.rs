@@ -285,6 +285,20 @@ let request = ", $call, ".lock_delay(std::time::Duration::from_secs(15));
             self
         }
     };
+    (@ reentrant_permit, $call:literal) => {
+        /// Whether a call of an owner that already holds a permit of the semaphore takes that
+        /// permit again (`true`, the default: the same slot, `hold_count` one higher, no second
+        /// permit used) or a permit of its own (`false`: another free one, waiting within
+        /// `wait` while none is). The owner is the task's or the scope's, not the future's:
+        /// sibling futures of one locked body (`join_all` over work items) share one permit by
+        /// default; with `reentrant(false)` each counts as one.
+        ///
+        #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet me = dblock::Owner::new();\nlet first = ", $call, ".owner(&me).await?;\nlet second = ", $call, ".owner(&me).reentrant(false).await?;\nassert_eq!(second.hold_count(), 1); // a permit of its own, not `first` again\n# drop((first, second));\n# Ok(()) }\n```")]
+        pub fn reentrant(mut self, reentrant: bool) -> Self {
+            self.no_reentry = !reentrant;
+            self
+        }
+    };
     (@ reentrant, $call:literal) => {
         /// Whether a call of an owner that already holds the key re-enters it: `true` (the
         /// default) takes it at once, `hold_count` one higher; `false` finds it busy, as
@@ -298,7 +312,12 @@ let request = ", $call, ".lock_delay(std::time::Duration::from_secs(15));
         /// could only end at its deadline: such a call returns
         /// [`LockError::WouldWaitForItself`](crate::LockError::WouldWaitForItself) at once.
         /// Re-entry is decided from the holds this process tracks, under the owner's
-        /// serialisation of the key: a refused re-entry never reaches the database.
+        /// serialisation of the key: a refused re-entry sends no acquire statement (a waiting
+        /// call still does what any waiter does: a writer's intent behind readers, a fair
+        /// ticket). A hold counts until its guard is released or dropped, also after its lease
+        /// ran out or it was taken: drop a lost guard. Only this call refuses: a later call of
+        /// the owner without `reentrant(false)` re-enters its hold as usual. A steal
+        /// ([`Locker::steal`](crate::Locker::steal)) ignores it.
         ///
         #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet me = dblock::Owner::new();\nlet first = ", $call, ".owner(&me).await?;\n// The same owner again, not re-entering: busy while `first` holds the key.\nlet again = ", $call, ".owner(&me).reentrant(false).await;\nassert!(matches!(again, Err(dblock::LockError::Busy { .. })));\ndrop(first); // released in the background\n# Ok(()) }\n```")]
         pub fn reentrant(mut self, reentrant: bool) -> Self {

@@ -150,7 +150,12 @@ impl LockRequest {
             lock_delay: self.options.lock_delay(&self.shared),
             min_hold_us: validate::min_hold_micros(self.lock.min_hold)?,
             max_hold: self.options.max_hold,
-            lock: self.lock,
+            // A steal takes the key from whoever holds it, its own owner included: refusing
+            // that owner's hold would only free the key for someone else (`steal` rounds).
+            lock: LockOptions {
+                no_reentry: self.lock.no_reentry && !self.steal,
+                ..self.lock
+            },
             caller: Caller::current(),
             holder,
             key: self.key,

@@ -33,7 +33,7 @@ use crate::backend::Backend;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::info::{LockInfo, LockKind};
-use crate::options::Options;
+use crate::options::{LockOptions, Options};
 use crate::owner::Owner;
 use crate::request::LockRequest;
 use crate::shared::Shared;
@@ -106,6 +106,8 @@ pub struct SemaphoreRequest {
     key: String,
     permits: u32,
     options: Options,
+    /// `reentrant(false)`: an owner that holds a permit takes another one, not the same again.
+    no_reentry: bool,
 }
 
 impl SemaphoreRequest {
@@ -115,11 +117,12 @@ impl SemaphoreRequest {
             key,
             permits,
             options: Options::default(),
+            no_reentry: false,
         }
     }
 }
 
-crate::options::setters!(SemaphoreRequest, "locker.semaphore(\"exports\", 3)": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay);
+crate::options::setters!(SemaphoreRequest, "locker.semaphore(\"exports\", 3)": ttl, wait, owner, holder, metrics_key, max_hold, lock_delay, reentrant_permit);
 
 crate::options::into_future!(SemaphoreRequest => LockGuard);
 
@@ -317,7 +320,7 @@ impl SemaphoreRequest {
         let wait = self.options.wait;
         let mut kind = PermitWait {
             backend: permits.backend()?.clone(),
-            reentry: permits.held_with_prefix(&from, &owner).is_some(),
+            reentry: !self.no_reentry && permits.held_with_prefix(&from, &owner).is_some(),
             permits: permits.clone(),
             request: self,
             owner,
@@ -359,7 +362,8 @@ impl PermitWait {
     /// `TRIES_PER_READ` free slots by one read of the live ones.
     async fn take_some(&self) -> Result<Option<LockGuard>, LockError> {
         let (permits, req) = (&self.permits, &self.request);
-        if let Some(row) = permits.held_with_prefix(&self.from, &self.owner) {
+        let held = permits.held_with_prefix(&self.from, &self.owner);
+        if let Some(row) = held.filter(|_| !req.no_reentry) {
             if Slot::of_row(&req.key, &row).is_some_and(|s| s.permits == req.permits) {
                 return req.take(permits, row, &self.owner).await.map(Some);
             }
@@ -470,7 +474,13 @@ impl SemaphoreRequest {
             owner: Some(owner.clone()),
             ..self.options.clone()
         };
-        let request = LockRequest::with(permits.clone(), row, options, Default::default());
+        // Not reentrant: a slot this owner holds is busy to it (the read already leaves the
+        // live slots out; this makes it exact against a slot taken since).
+        let lock = LockOptions {
+            no_reentry: self.no_reentry,
+            ..LockOptions::default()
+        };
+        let request = LockRequest::with(permits.clone(), row, options, lock);
         request.permit_of(&self.key, METRIC).await
     }
 }

@@ -1,11 +1,6 @@
-// `reentrant` is an option of the exclusive lock: a semaphore's permit, a read and a lock inside
-// the body's transaction refuse it.
+// `reentrant` is an option of the lock and the semaphore: a read and a lock inside the body's
+// transaction refuse it.
 use dblock::distributed_lock;
-
-#[distributed_lock(key = "exports", permits = 3, reentrant = false)]
-async fn permit() -> Result<(), dblock::LockError> {
-    Ok(())
-}
 
 #[distributed_lock(key = "config", shared = true, reentrant = false)]
 async fn read() -> Result<(), dblock::LockError> {

@@ -216,3 +216,9 @@ async fn not_reentrant_pair(id: u32) -> Result<(), LockError> {
     let _ = id;
     Ok(())
 }
+
+/// With `permits`, `reentrant = false` gives each call a permit of its own.
+#[distributed_lock(key = "exports", permits = 3, reentrant = false)]
+async fn a_permit_each() -> Result<(), LockError> {
+    Ok(())
+}
