@@ -206,6 +206,25 @@ async fn reentrant_false_finds_the_owners_own_hold_busy() {
         assert_eq!(got.hold_count(), 1, "{name}: a hold of its own");
         assert!(got.fencing_token() > token, "{name}: a new tenure");
         got.release().await.unwrap();
+
+        // A hold whose lease ran out no longer counts, its guard still alive: a new tenure.
+        let lapsed = l
+            .lock("nr-lapsed")
+            .owner(&me)
+            .ttl(Duration::from_millis(200))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let after = l
+            .lock("nr-lapsed")
+            .owner(&me)
+            .reentrant(false)
+            .await
+            .unwrap();
+        assert_eq!(after.hold_count(), 1, "{name}");
+        assert!(after.fencing_token() > lapsed.fencing_token(), "{name}");
+        drop(lapsed);
+        after.release().await.unwrap();
     }
 }
 

@@ -335,9 +335,7 @@ impl LockWait {
             attempts: 0,
         }
     }
-}
 
-impl LockWait {
     /// `reentrant(false)` inside a locked body (or one it is nested in) of its own owner whose
     /// lock of the key is a live hold of this locker's table (matched by its fencing token):
     /// that hold ends only after this call, so a wait could only end at its deadline.

@@ -314,10 +314,10 @@ let request = ", $call, ".lock_delay(std::time::Duration::from_secs(15));
         /// Re-entry is decided from the holds this process tracks, under the owner's
         /// serialisation of the key: a refused re-entry sends no acquire statement (a waiting
         /// call still does what any waiter does: a writer's intent behind readers, a fair
-        /// ticket). A hold counts until its guard is released or dropped, also after its lease
-        /// ran out or it was taken: drop a lost guard. Only this call refuses: a later call of
-        /// the owner without `reentrant(false)` re-enters its hold as usual. A steal
-        /// ([`Locker::steal`](crate::Locker::steal)) ignores it.
+        /// ticket). A hold of the owner that is lost (its lease ran out, or it was taken) no
+        /// longer counts, though its guard is not given back yet. Only this call refuses: a
+        /// later call of the owner without `reentrant(false)` re-enters its hold as usual. A
+        /// steal ([`Locker::steal`](crate::Locker::steal)) ignores it.
         ///
         #[doc = concat!("```\n# async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {\nlet me = dblock::Owner::new();\nlet first = ", $call, ".owner(&me).await?;\n// The same owner again, not re-entering: busy while `first` holds the key.\nlet again = ", $call, ".owner(&me).reentrant(false).await;\nassert!(matches!(again, Err(dblock::LockError::Busy { .. })));\ndrop(first); // released in the background\n# Ok(()) }\n```")]
         pub fn reentrant(mut self, reentrant: bool) -> Self {

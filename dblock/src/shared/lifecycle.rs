@@ -176,6 +176,26 @@ impl Shared {
             .collect()
     }
 
+    /// Whether the live guards of this locker and its copies have holds of `key` by `owner`, all
+    /// of them lost (the lease ran out, or it was taken): the process still tracks them until
+    /// the guards give them back, but they hold nothing a `reentrant(false)` call must wait for.
+    pub(crate) fn only_lost_holds(&self, key: &str, owner: &Owner) -> bool {
+        let mut any = false;
+        for (hold, of) in self.live().values() {
+            if of.upgrade().is_none_or(|of| of.space != self.space) {
+                continue;
+            }
+            let Some(hold) = hold.upgrade() else { continue };
+            if hold.key == key && hold.owner == *owner {
+                if !hold.is_lost() {
+                    return false;
+                }
+                any = true;
+            }
+        }
+        any
+    }
+
     /// The guard of `hold` is giving it back (or dropped): counted as a release on its way
     /// (for `drain`) until the returned token is dropped, when the release is over.
     pub(crate) fn untrack(&self, hold: &Arc<Hold>) -> Releasing {

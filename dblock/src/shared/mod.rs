@@ -315,7 +315,9 @@ impl Shared {
             }
         };
         let mut tracked = serialise(&self.space, owner, a.key).await;
-        if no_reentry && tracked.holds() {
+        // Refused while the owner holds the key; a hold of its that is lost (the guard not given
+        // back yet) no longer counts: the statement then finds the row as any owner's call would.
+        if no_reentry && tracked.holds() && !self.only_lost_holds(a.key, owner) {
             let busy = Tried {
                 result: Ok(Attempt::Busy { retry_after: None }),
                 after_unknown: false,
