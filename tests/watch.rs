@@ -473,3 +473,23 @@ async fn permits_are_reported_under_their_semaphores_key() {
         g.release().await.unwrap();
     }
 }
+
+/// A locker whose table name is invalid: the watch says so once a round (its reads of the lock
+/// table and of the permits' table fail alike), not once per table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_table_is_one_error_a_round() {
+    let (dbs, _dir) = common::all("watch_bad_table").await;
+    for db in &dbs {
+        let bad = db.locker.table("no such; table");
+        let mut events = bad.watch("").every(Duration::from_secs(2));
+        let first = tokio::time::timeout(LIMIT, events.next()).await;
+        assert!(
+            matches!(first, Ok(Some(Err(LockError::Config(_))))),
+            "{}: {first:?}",
+            db.name
+        );
+        // The next read is a round later (2 s): nothing comes meanwhile.
+        let second = tokio::time::timeout(Duration::from_millis(300), events.next()).await;
+        assert!(second.is_err(), "{}: {second:?}", db.name);
+    }
+}

@@ -343,8 +343,14 @@ async fn run(readers: [Reader; 2], every: Duration, mut out: Out, made: std::tim
             match reader.rows(span).await {
                 Err(e @ LockError::ShutDown) => return out.finish(e).await,
                 Err(e) => {
+                    // A locker that cannot send anything (an invalid table name) fails alike on
+                    // both tables: said once a round.
+                    let whole = matches!(e, LockError::Config(_));
                     if !out.send(Err(e)) {
                         return;
+                    }
+                    if whole {
+                        break;
                     }
                 }
                 Ok(mut now) => {
