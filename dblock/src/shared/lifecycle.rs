@@ -168,32 +168,29 @@ impl Shared {
     /// [`Locker::force_release`]: crate::Locker::force_release
     /// [`Locker::steal`]: crate::Locker::steal
     pub(crate) fn holds_of(&self, key: &str) -> Vec<Arc<Hold>> {
-        self.live()
-            .values()
-            .filter(|(_, of)| of.upgrade().is_some_and(|of| of.space == self.space))
-            .filter_map(|(h, _)| h.upgrade())
-            .filter(|h| h.key == key && !h.is_lost())
-            .collect()
+        let mut holds = self.tracked_holds_of(key);
+        holds.retain(|h| !h.is_lost());
+        holds
     }
 
     /// Whether the live guards of this locker and its copies have holds of `key` by `owner`, all
     /// of them lost (the lease ran out, or it was taken): the process still tracks them until
     /// the guards give them back, but they hold nothing a `reentrant(false)` call must wait for.
     pub(crate) fn only_lost_holds(&self, key: &str, owner: &Owner) -> bool {
-        let mut any = false;
-        for (hold, of) in self.live().values() {
-            if of.upgrade().is_none_or(|of| of.space != self.space) {
-                continue;
-            }
-            let Some(hold) = hold.upgrade() else { continue };
-            if hold.key == key && hold.owner == *owner {
-                if !hold.is_lost() {
-                    return false;
-                }
-                any = true;
-            }
-        }
-        any
+        let mut holds = self.tracked_holds_of(key);
+        holds.retain(|h| h.owner == *owner);
+        !holds.is_empty() && holds.iter().all(|h| h.is_lost())
+    }
+
+    /// Every hold of `key` that a live guard in this locker's table has (any of its lockers),
+    /// lost or not.
+    fn tracked_holds_of(&self, key: &str) -> Vec<Arc<Hold>> {
+        self.live()
+            .values()
+            .filter(|(_, of)| of.upgrade().is_some_and(|of| of.space == self.space))
+            .filter_map(|(h, _)| h.upgrade())
+            .filter(|h| h.key == key)
+            .collect()
     }
 
     /// The guard of `hold` is giving it back (or dropped): counted as a release on its way
