@@ -135,7 +135,7 @@ impl Outcome {
         }
     }
 
-    fn from_code(code: i64) -> Option<Outcome> {
+    pub(crate) fn from_code(code: i64) -> Option<Outcome> {
         match code {
             1 => Some(Outcome::Succeeded),
             2 => Some(Outcome::Failed),
@@ -145,59 +145,9 @@ impl Outcome {
     }
 }
 
-/// A row as every backend's state query returns it, in this column order (each dialect's SQL
-/// casts its columns to these types, so one decoder serves all three).
-pub(crate) struct LockRow {
-    pub(crate) key: String,
-    pub(crate) owner: Option<String>,
-    pub(crate) holder: Option<String>,
-    pub(crate) hold_count: i64,
-    pub(crate) fencing_token: i64,
-    pub(crate) expires_at_us: i64,
-    pub(crate) acquired_at_us: i64,
-    pub(crate) held: bool,
-    pub(crate) remaining_ms: i64,
-    pub(crate) last_outcome: Option<i64>,
-    pub(crate) finished_at_us: Option<i64>,
-    /// A writer waits behind the readers (its intent is live).
-    pub(crate) writer_waiting: bool,
-    /// How many times the tenure's lease was extended.
-    pub(crate) renewals: i64,
-}
-
-impl From<LockRow> for LockInfo {
-    fn from(r: LockRow) -> Self {
-        let kind = if r.owner.as_deref() == Some(READERS) {
-            LockKind::Read {
-                writer_waiting: r.writer_waiting && r.held,
-            }
-        } else {
-            LockKind::Lock
-        };
-        LockInfo {
-            key: r.key,
-            owner: if r.held { r.owner } else { None },
-            holder: r.holder,
-            hold_count: if r.held {
-                u32::try_from(r.hold_count.max(0)).unwrap_or(u32::MAX)
-            } else {
-                0
-            },
-            fencing_token: r.fencing_token as u64,
-            expires_at: time_from_micros(r.expires_at_us),
-            acquired_at: time_from_micros(r.acquired_at_us),
-            held: r.held,
-            time_left: if r.held {
-                millis(r.remaining_ms)
-            } else {
-                Duration::ZERO
-            },
-            last_outcome: r.last_outcome.and_then(Outcome::from_code),
-            finished_at: r.finished_at_us.map(time_from_micros),
-            renewals: u32::try_from(r.renewals.max(0)).unwrap_or(u32::MAX),
-            kind,
-        }
-    }
+/// A count column (non-negative in every row) as a `u32`, saturating.
+pub(crate) fn count(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
 }
 
 /// Microseconds since the Unix epoch (as the database reports them) to `SystemTime`.

@@ -94,6 +94,18 @@ pub struct Statements {
 }
 
 impl Statements {
+    /// `send(backend, limit)` with the statement limit from now; a failure as its sqlx error.
+    async fn send<'a, T, F>(
+        &'a self,
+        send: impl FnOnce(&'a Backend, Instant) -> F,
+    ) -> Result<T, sqlx::Error>
+    where
+        F: std::future::Future<Output = Result<T, crate::backend::Failed>>,
+    {
+        let limit = Instant::now() + STATEMENT_LIMIT;
+        send(self.backend()?, limit).await.map_err(|f| f.error)
+    }
+
     fn backend(&self) -> Result<&Backend, sqlx::Error> {
         self.locker
             .shared()
@@ -125,9 +137,7 @@ impl Statements {
         ttl: Duration,
     ) -> Result<Option<u64>, sqlx::Error> {
         let attempt = self.first_hold(key, owner, ttl);
-        let limit = Instant::now() + STATEMENT_LIMIT;
-        let attempted = self.backend()?.run(&attempt, limit).await;
-        Ok(token(attempted.map_err(|f| f.error)?))
+        Ok(token(self.send(|b, limit| b.run(&attempt, limit)).await?))
     }
 
     /// One release statement: `true` if it released a hold of `owner` in that tenure.
@@ -142,18 +152,13 @@ impl Statements {
             owner,
             fencing_token,
         };
-        let limit = Instant::now() + STATEMENT_LIMIT;
         let release = crate::backend::Release {
             hold,
             remaining: 0,
             outcome: Some(Outcome::Succeeded),
             release_id: fastrand::i64(1..i64::MAX),
         };
-        let released = self
-            .backend()?
-            .run(&release, limit)
-            .await
-            .map_err(|f| f.error)?;
+        let released = self.send(|b, limit| b.run(&release, limit)).await?;
         Ok(released != Released::NotHeld)
     }
 
@@ -170,12 +175,7 @@ impl Statements {
             .iter()
             .map(|key| self.first_hold(key, owner, ttl))
             .collect();
-        let limit = Instant::now() + STATEMENT_LIMIT;
-        let attempts = self
-            .backend()?
-            .acquire_batch(&rows, limit)
-            .await
-            .map_err(|f| f.error)?;
+        let attempts = self.send(|b, limit| b.acquire_batch(&rows, limit)).await?;
         Ok(attempts.into_iter().map(token).collect())
     }
 
@@ -199,12 +199,7 @@ impl Statements {
                 ReleaseRow::new(&hold, 0, Some(Outcome::Succeeded), release_id)
             })
             .collect();
-        let limit = Instant::now() + STATEMENT_LIMIT;
-        let released = self
-            .backend()?
-            .release_batch(&rows, limit)
-            .await
-            .map_err(|f| f.error)?;
+        let released = self.send(|b, limit| b.release_batch(&rows, limit)).await?;
         Ok(released
             .into_iter()
             .map(|r| r != Released::NotHeld)

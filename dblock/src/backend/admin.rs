@@ -3,20 +3,21 @@
 //! one's concrete sqlx types, which they give their SQL text, `AdminSql`), the last-writer read,
 //! and the row decoder, written once. PostgreSQL runs its own text through its own runner (which
 //! knows the form a transaction pooler needs) and shares the decoder. Every dialect's text
-//! returns the columns of [`LockRow`] with the same types.
+//! returns the columns [`decode`] reads, with the same types.
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use sqlx::SqlStr;
-use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use super::contract::{LastWrite, Statement};
-use crate::info::{LockInfo, LockRow};
+use super::contract::{Columns, LastWrite, Statement};
+use std::time::Duration;
+
+use crate::info::{count, millis, time_from_micros, LockInfo, LockKind, Outcome, READERS};
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// One dialect's operator statements.
 #[derive(Debug)]
 pub(crate) struct AdminSql {
-    /// `$1`/`?` = key; the row's [`LockRow`] columns.
+    /// `$1`/`?` = key; the row's columns as [`decode`] reads them.
     pub(crate) inspect: SqlStr,
     /// Every row with a live lease, ordered by key.
     pub(crate) held: SqlStr,
@@ -111,48 +112,51 @@ impl Statement for Purge {
 /// purge never holds many row locks at once.
 pub(crate) const PURGE_BATCH: u64 = 1000;
 
-/// Decodes [`LockRow`]'s columns, whatever the backend.
-pub(crate) fn decode<'r, R>(r: &'r R) -> sqlx::Result<LockRow>
-where
-    R: Row,
-    usize: ColumnIndex<R>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    Option<String>: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
-    bool: Decode<'r, R::Database> + Type<R::Database>,
-{
-    Ok(LockRow {
-        key: r.try_get(0)?,
-        owner: r.try_get(1)?,
-        holder: r.try_get(2)?,
-        hold_count: r.try_get(3)?,
-        fencing_token: r.try_get(4)?,
-        expires_at_us: r.try_get(5)?,
-        acquired_at_us: r.try_get(6)?,
-        held: r.try_get(7)?,
-        remaining_ms: r.try_get(8)?,
-        last_outcome: r.try_get(9)?,
-        finished_at_us: r.try_get(10)?,
-        writer_waiting: r.try_get(11)?,
-        renewals: r.try_get(12)?,
+/// Decodes a row of every backend's state query into a [`LockInfo`]. The columns, in this
+/// order and type (each dialect's SQL casts them so, and one decoder serves all three): key,
+/// owner, holder, hold count, fencing token, lease end and acquired at (µs), held, ms left,
+/// last outcome code, finished at (µs), a writer waiting behind the readers (its intent is
+/// live), renewals (how many times the tenure's lease was extended). A row not held shows no
+/// owner, a count of 0 and no time left; `holder` still names the last holder.
+pub(crate) fn decode(r: &impl Columns) -> sqlx::Result<LockInfo> {
+    let held = r.flag(7)?;
+    let owner = r.opt_text(1)?;
+    let kind = if owner.as_deref() == Some(READERS) {
+        LockKind::Read {
+            writer_waiting: held && r.flag(11)?,
+        }
+    } else {
+        LockKind::Lock
+    };
+    Ok(LockInfo {
+        key: r.text(0)?,
+        owner: owner.filter(|_| held),
+        holder: r.opt_text(2)?,
+        hold_count: if held { count(r.int(3)?) } else { 0 },
+        fencing_token: r.int(4)? as u64,
+        expires_at: time_from_micros(r.int(5)?),
+        acquired_at: time_from_micros(r.int(6)?),
+        held,
+        time_left: if held {
+            millis(r.int(8)?)
+        } else {
+            Duration::ZERO
+        },
+        last_outcome: r.opt_int(9)?.and_then(Outcome::from_code),
+        finished_at: r.opt_int(10)?.map(time_from_micros),
+        renewals: count(r.int(12)?),
+        kind,
     })
 }
 
 /// Decodes the last-writer read's columns (writer, fencing token, release id and token),
 /// whatever the backend.
-pub(crate) fn decode_last_write<'r, R>(r: &'r R) -> sqlx::Result<LastWrite>
-where
-    R: Row,
-    usize: ColumnIndex<R>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
-{
+pub(crate) fn decode_last_write(r: &impl Columns) -> sqlx::Result<LastWrite> {
     Ok(LastWrite {
-        writer: r.try_get(0)?,
-        fencing_token: r.try_get(1)?,
-        release_id: r.try_get(2)?,
-        release_token: r.try_get(3)?,
+        writer: r.opt_int(0)?,
+        fencing_token: r.int(1)?,
+        release_id: r.opt_int(2)?,
+        release_token: r.opt_int(3)?,
     })
 }
 
@@ -183,7 +187,7 @@ macro_rules! shared_admin {
                     query = query.bind(*int);
                 }
                 let rows = query.fetch_all(&mut *conn).await?;
-                rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
+                rows.iter().map(decode).collect()
             }
 
             pub(super) async fn changes(conn: &mut Conn, sql: &SqlStr, texts: &[&str]) -> sqlx::Result<bool> {

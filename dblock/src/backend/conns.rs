@@ -359,14 +359,26 @@ mod tests {
     use sqlx::sqlite::{Sqlite, SqliteConnectOptions, SqlitePoolOptions};
     use std::str::FromStr;
 
-    async fn file_pool(dir: &tempfile::TempDir, most: u32) -> Pool<Sqlite> {
+    /// A pool of at most `most` connections to a database file in a directory of its own
+    /// (deleted with the `TempDir`).
+    async fn file_pool(most: u32) -> (tempfile::TempDir, Pool<Sqlite>) {
+        let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
-        SqlitePoolOptions::new()
+        let pool = SqlitePoolOptions::new()
             .max_connections(most)
             .test_before_acquire(false)
             .connect_with(SqliteConnectOptions::from_str(&url).unwrap())
             .await
-            .unwrap()
+            .unwrap();
+        (dir, pool)
+    }
+
+    /// [`file_pool`] as the locker's own pool (`Conns::own`: connections kept between
+    /// statements).
+    async fn owned(most: u32) -> (tempfile::TempDir, Pool<Sqlite>, Conns<Sqlite>) {
+        let (dir, pool) = file_pool(most).await;
+        let conns = Conns::own(pool.clone());
+        (dir, pool, conns)
     }
 
     /// Until the pool has taken back what was dropped into it (sqlx does it in a task).
@@ -386,9 +398,7 @@ mod tests {
     /// back to the pool once idle for `IDLE`.
     #[tokio::test]
     async fn a_kept_connection_serves_the_next_statement_then_goes_back_when_idle() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = file_pool(&dir, 2).await;
-        let conns = Conns::own(pool.clone());
+        let (_dir, pool, conns) = owned(2).await;
         let mut conn = conns.acquire().await.unwrap();
         sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
         conns.keep(conn);
@@ -406,8 +416,7 @@ mod tests {
     /// The application's pool: every connection goes back to it after its statement.
     #[tokio::test]
     async fn the_callers_pool_gets_every_connection_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = file_pool(&dir, 2).await;
+        let (_dir, pool) = file_pool(2).await;
         let conns = Conns::from(pool.clone());
         let conn = conns.acquire().await.unwrap();
         conns.keep(conn);
@@ -419,9 +428,7 @@ mod tests {
     /// the one waiting behind every newcomer).
     #[tokio::test]
     async fn a_connection_back_goes_to_the_statement_waiting_longest() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = file_pool(&dir, 1).await;
-        let conns = Conns::own(pool.clone());
+        let (_dir, _pool, conns) = owned(1).await;
         let held = conns.acquire().await.unwrap();
         let first = tokio::spawn({
             let conns = conns.clone();
@@ -453,9 +460,7 @@ mod tests {
     /// Closing waits for every connection of the pool: the kept ones go back first.
     #[tokio::test]
     async fn closing_returns_the_kept_connections() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = file_pool(&dir, 2).await;
-        let conns = Conns::own(pool.clone());
+        let (_dir, pool, conns) = owned(2).await;
         let conn = conns.acquire().await.unwrap();
         conns.keep(conn);
         tokio::time::timeout(Duration::from_secs(5), conns.close())

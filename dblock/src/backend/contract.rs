@@ -341,36 +341,66 @@ pub(crate) fn per_key(
         .collect()
 }
 
+/// A row of any backend read by column index as one of the few types dblock's statements
+/// return (each dialect's text casts its columns to them): the `Decode` bounds every decoder
+/// would otherwise restate, written once.
+pub(crate) trait Columns {
+    fn text(&self, i: usize) -> sqlx::Result<String>;
+    fn opt_text(&self, i: usize) -> sqlx::Result<Option<String>>;
+    /// A `BIGINT`.
+    fn int(&self, i: usize) -> sqlx::Result<i64>;
+    fn opt_int(&self, i: usize) -> sqlx::Result<Option<i64>>;
+    /// An `INT` (PostgreSQL's `int4` hold counts).
+    fn int4(&self, i: usize) -> sqlx::Result<i32>;
+    fn flag(&self, i: usize) -> sqlx::Result<bool>;
+}
+
+impl<R> Columns for R
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn text(&self, i: usize) -> sqlx::Result<String> {
+        self.try_get(i)
+    }
+    fn opt_text(&self, i: usize) -> sqlx::Result<Option<String>> {
+        self.try_get(i)
+    }
+    fn int(&self, i: usize) -> sqlx::Result<i64> {
+        self.try_get(i)
+    }
+    fn opt_int(&self, i: usize) -> sqlx::Result<Option<i64>> {
+        self.try_get(i)
+    }
+    fn int4(&self, i: usize) -> sqlx::Result<i32> {
+        self.try_get(i)
+    }
+    fn flag(&self, i: usize) -> sqlx::Result<bool> {
+        self.try_get(i)
+    }
+}
+
 impl Grant {
     /// The grant a row returns from column `from` on: the hold count, the fencing token and the
     /// lease end (µs since the epoch). Every dialect's text returns them with these types (a
     /// negative count reads as 0).
-    pub(crate) fn at<R>(row: &R, from: usize) -> sqlx::Result<Grant>
-    where
-        R: sqlx::Row,
-        usize: sqlx::ColumnIndex<R>,
-        for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    {
+    pub(crate) fn at(row: &impl Columns, from: usize) -> sqlx::Result<Grant> {
         Ok(Grant {
-            hold_count: row.try_get::<i32, _>(from)?.max(0) as u32,
-            fencing_token: row.try_get::<i64, _>(from + 1)? as u64,
-            expires_at_us: row.try_get(from + 2)?,
+            hold_count: row.int4(from)?.max(0) as u32,
+            fencing_token: row.int(from + 1)? as u64,
+            expires_at_us: row.int(from + 2)?,
         })
     }
 }
 
 /// One granted row of a statement over several keys: its key in column 0, then its
 /// [`Grant::at`] column `from`.
-pub(crate) fn keyed_grant<R>(row: &R, from: usize) -> sqlx::Result<(String, Grant)>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    Ok((row.try_get(0)?, Grant::at(row, from)?))
+pub(crate) fn keyed_grant(row: &impl Columns, from: usize) -> sqlx::Result<(String, Grant)> {
+    Ok((row.text(0)?, Grant::at(row, from)?))
 }
 
 /// [`per_key`] over grants still to decode (each row's [`keyed_grant`]): the first error, or one
@@ -388,24 +418,16 @@ pub(crate) fn per_key_decoded(
 /// `RETURNING`): granted, hold count, fencing token, lease end (µs), the holder's time left
 /// (ms), done, finished at (µs).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn attempt_row<R>(row: &R) -> sqlx::Result<Attempt>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    if row.try_get::<bool, _>(0)? {
+pub(crate) fn attempt_row(row: &impl Columns) -> sqlx::Result<Attempt> {
+    if row.flag(0)? {
         Ok(Attempt::Acquired(Grant::at(row, 1)?))
-    } else if row.try_get::<bool, _>(5)? {
+    } else if row.flag(5)? {
         Ok(Attempt::Done {
-            finished_at_us: row.try_get(6)?,
+            finished_at_us: row.opt_int(6)?,
         })
     } else {
         Ok(Attempt::Busy {
-            retry_after: Some(crate::info::millis(row.try_get(4)?)),
+            retry_after: Some(crate::info::millis(row.int(4)?)),
         })
     }
 }

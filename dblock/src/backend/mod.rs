@@ -646,3 +646,9 @@ mod tests {
 
 #[cfg(test)]
 pub(crate) mod statement_tests;
+
+/// Whether a test may not skip for want of a server (`DBLOCK_REQUIRE_SERVERS=1`, as in CI).
+#[cfg(test)]
+pub(crate) fn servers_required() -> bool {
+    std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
+}

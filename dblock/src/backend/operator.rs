@@ -3,9 +3,9 @@
 //! tables and columns each creates, and the fair queue's live tickets. Statements without
 //! parameters, so the same text runs behind a transaction pooler.
 
-use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Executor, Row, Type};
+use sqlx::{AssertSqlSafe, Database, Executor};
 
-use super::{permits_table, queue_table, quote_ident, Statement};
+use super::{permits_table, queue_table, quote_ident, Columns, Statement};
 
 /// A migration and what proves it applied: for each table it touches (see [`Tables`]), columns
 /// it creates. A probe `SELECT <columns> FROM <table> WHERE 1 = 0` answers "no such table /
@@ -257,19 +257,13 @@ pub(crate) struct QueueRow {
 
 /// Reads a [`QueueRow`] from the queue read's columns: key, ticket, owner, lease end (µs since
 /// the epoch), lease left (ms), as every backend's text returns them.
-fn waiter<'r, R>(r: &'r R) -> sqlx::Result<QueueRow>
-where
-    R: Row,
-    usize: ColumnIndex<R>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-{
+fn waiter(r: &impl Columns) -> sqlx::Result<QueueRow> {
     Ok(QueueRow {
-        key: r.try_get(0)?,
-        ticket: r.try_get(1)?,
-        owner: r.try_get(2)?,
-        expires_at_us: r.try_get(3)?,
-        left_ms: r.try_get(4)?,
+        key: r.text(0)?,
+        ticket: r.int(1)?,
+        owner: r.text(2)?,
+        expires_at_us: r.int(3)?,
+        left_ms: r.int(4)?,
     })
 }
 
@@ -289,9 +283,7 @@ impl Queue<'_> {
     where
         DB: Database,
         for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-        usize: ColumnIndex<DB::Row>,
-        for<'r> String: Decode<'r, DB> + Type<DB>,
-        for<'r> i64: Decode<'r, DB> + Type<DB>,
+        DB::Row: Columns,
     {
         let sql = text.replace("{table}", &Tables::Queue.quoted(self.table, quote));
         let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;

@@ -15,7 +15,7 @@ async fn backends() -> Vec<(String, Backend)> {
             .await
             .unwrap(),
     ));
-    let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
+    let require = crate::backend::servers_required();
     #[allow(unused_variables)]
     for (name, var, default, built) in [
         (

@@ -58,8 +58,8 @@ pub(super) fn renewed(t: &str) -> String {
     )
 }
 
-/// The columns of `LockRow`, in its order and types (the binary key is valid UTF-8: dblock only
-/// ever writes keys that came from a Rust `&str`).
+/// The columns `admin::decode` reads, in its order and types (the binary key is valid UTF-8:
+/// dblock only ever writes keys that came from a Rust `&str`).
 pub(super) const INFO_COLUMNS: &str = "CONVERT(lock_key USING utf8mb4), owner, holder,
        CAST(hold_count AS SIGNED), fencing_token,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),

@@ -10,7 +10,7 @@ use crate::info::LockInfo;
 
 /// Every row decoded as a [`LockInfo`].
 fn infos(rows: &[PgRow]) -> sqlx::Result<Vec<LockInfo>> {
-    rows.iter().map(|r| decode(r).map(LockInfo::from)).collect()
+    rows.iter().map(decode).collect()
 }
 
 async fn last_write(
@@ -28,7 +28,7 @@ async fn inspect(pg: &Pg, c: &mut PgConnection, s: &Inspect<'_>) -> sqlx::Result
     let row = pg
         .fetch_optional(c, &pg.sql.inspect, &[Arg::Text(s.0)])
         .await?;
-    row.map(|r| decode(&r).map(LockInfo::from)).transpose()
+    row.as_ref().map(decode).transpose()
 }
 
 async fn live(pg: &Pg, c: &mut PgConnection, _: &LiveRows) -> sqlx::Result<Vec<LockInfo>> {

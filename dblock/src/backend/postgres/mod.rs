@@ -449,6 +449,13 @@ mod tests {
     use super::*;
     use sqlx::postgres::PgPoolOptions;
 
+    /// Options for `url` that PgBouncer accepts as they are (no `extra_float_digits`).
+    pub(super) fn plain_options(url: &str) -> PgConnectOptions {
+        PgConnectOptions::from_str(url)
+            .unwrap()
+            .extra_float_digits(None)
+    }
+
     fn lazy_pool() -> PgPool {
         PgPoolOptions::new()
             .connect_lazy("postgres://postgres@127.0.0.1:5432/test")
@@ -492,14 +499,9 @@ mod tests {
     /// would still show.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn shared_session_state_tells_a_transaction_pooler_from_a_server() {
-        let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
-        let options = |url: &str| {
-            PgConnectOptions::from_str(url)
-                .unwrap()
-                .extra_float_digits(None)
-        };
-        let server = options("postgres://postgres@127.0.0.1:5432/test");
-        let bouncer = options("postgres://postgres@127.0.0.1:6432/test");
+        let require = crate::backend::servers_required();
+        let server = plain_options("postgres://postgres@127.0.0.1:5432/test");
+        let bouncer = plain_options("postgres://postgres@127.0.0.1:6432/test");
         match (state_shared(&server).await, state_shared(&bouncer).await) {
             (Ok(s), Ok(b)) => {
                 assert!(!s, "the server taken for a pooler");
@@ -597,7 +599,7 @@ mod tests {
             .await
         {
             Ok(pool) => pool,
-            Err(e) if std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1") => {
+            Err(e) if crate::backend::servers_required() => {
                 panic!("PostgreSQL unreachable and DBLOCK_REQUIRE_SERVERS=1: {e}")
             }
             Err(e) => {
@@ -662,7 +664,7 @@ mod tests {
         let b = match crate::backend::Backend::connect(&url, &table, &opts).await {
             Ok(b) => b,
             Err(e) => {
-                let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
+                let require = crate::backend::servers_required();
                 assert!(!require, "PostgreSQL unreachable: {e}");
                 return None;
             }

@@ -258,7 +258,6 @@ impl std::fmt::Debug for Notifier {
 
 #[cfg(test)]
 mod tests {
-    use std::str::FromStr;
 
     use super::*;
 
@@ -286,12 +285,8 @@ mod tests {
     /// taken at its word.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn no_listen_through_a_transaction_pooler() {
-        let require = std::env::var("DBLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
-        let options = |url: &str| {
-            PgConnectOptions::from_str(url)
-                .unwrap()
-                .extra_float_digits(None)
-        };
+        let require = crate::backend::servers_required();
+        let options = crate::backend::postgres::tests::plain_options;
         let pool = |url: &str| PgPool::connect_lazy_with(options(url));
         let server = "postgres://postgres@127.0.0.1:5432/test";
         let bouncer = "postgres://postgres@127.0.0.1:6432/test";

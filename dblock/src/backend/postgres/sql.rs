@@ -169,7 +169,7 @@ pub(super) fn stmt(template: &str, table: &str) -> Stmt {
     }
 }
 
-/// The columns of `LockRow`, in its order and types.
+/// The columns `admin::decode` reads, in its order and types.
 pub(super) const INFO_COLUMNS: &str =
     "lock_key, owner, holder, hold_count::int8, fencing_token, {us_expires}, {us_acquired},
        (owner IS NOT NULL AND expires_at > statement_timestamp()) AS held,

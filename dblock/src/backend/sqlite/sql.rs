@@ -63,7 +63,7 @@ pub(super) fn sql(template: &str, table: &str) -> SqlStr {
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
 
-/// The columns of `LockRow`, in its order and types.
+/// The columns `admin::decode` reads, in its order and types.
 const INFO_COLUMNS: &str = "lock_key, owner, holder, hold_count, fencing_token,
        expires_at * 1000, acquired_at * 1000,
        (owner IS NOT NULL AND expires_at > {now}),

@@ -6,9 +6,7 @@ use super::*;
 #[tokio::test(start_paused = true)]
 async fn a_row_whose_deadline_passes_in_the_queue_is_not_sent() {
     let db = Db::default();
-    let lane = lane(&db);
-    let hold = occupy(&lane, Duration::from_millis(50));
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (lane, hold) = occupied(&db, Duration::from_millis(50)).await;
     let t = Instant::now();
     let late = call(
         lane.clone(),
@@ -36,9 +34,7 @@ async fn a_row_whose_deadline_passes_in_the_queue_is_not_sent() {
 /// A row queued behind every slot taken for 5 ms, with a deadline of 30 ms, on `db`: how
 /// long its call took, and how it failed.
 async fn in_flight_at_its_deadline(db: &Db) -> (Duration, Failed) {
-    let lane = lane(db);
-    let hold = occupy(&lane, Duration::from_millis(5));
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (lane, hold) = occupied(db, Duration::from_millis(5)).await;
     let t = Instant::now();
     let got = call(
         lane.clone(),
@@ -95,9 +91,7 @@ async fn a_failed_batch_fails_each_row_with_the_batchs_class() {
             fail: Some(class),
             ..Db::default()
         };
-        let lane = lane(&db);
-        let hold = occupy(&lane, Duration::from_millis(5));
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        let (lane, hold) = occupied(&db, Duration::from_millis(5)).await;
         let rows: Vec<_> = ["a", "b", "c"]
             .into_iter()
             .map(|k| {
@@ -120,9 +114,7 @@ async fn a_failed_batch_fails_each_row_with_the_batchs_class() {
 #[tokio::test(start_paused = true)]
 async fn a_queued_row_whose_caller_went_away_is_not_sent() {
     let db = Db::default();
-    let lane = lane(&db);
-    let hold = occupy(&lane, Duration::from_millis(20));
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (lane, hold) = occupied(&db, Duration::from_millis(20)).await;
     let gone = {
         let lane = lane.clone();
         tokio::spawn(
@@ -145,10 +137,8 @@ async fn a_queued_row_whose_caller_went_away_is_not_sent() {
 #[tokio::test(start_paused = true)]
 async fn a_queue_behind_hung_statements_goes_beside_them() {
     let db = Db::answering_in(Duration::from_millis(1));
-    let lane = lane(&db);
     // Both slots hang for 10 s (a connection cut without a word).
-    let hung = occupy(&lane, Duration::from_secs(10));
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (lane, hung) = occupied(&db, Duration::from_secs(10)).await;
     let t = Instant::now();
     let got = call(lane.clone(), "next", Duration::ZERO, Duration::from_secs(5)).await;
     assert_eq!(got.unwrap(), 4);
@@ -191,9 +181,7 @@ async fn the_budget_narrows_while_batches_are_large() {
     let budget = Budget::moving(4, 2);
     let (db, lane) = moving_lane_on(&budget);
     assert_eq!(budget.most(), 4);
-    for i in 0..3 {
-        round(&lane, format!("large{i}"), 4, 40).await;
-    }
+    make_batches_large(&lane).await;
     assert_eq!(budget.most(), 2, "large batches: the large-batch bound");
     // The large lane's gathered statement and another lane's lone one spend it: the next
     // call queues.
@@ -229,9 +217,7 @@ async fn the_budget_narrows_while_batches_are_large() {
 #[tokio::test(start_paused = true)]
 async fn calls_woken_together_go_together_while_batches_are_large() {
     let (db, lane) = moving_lane();
-    for i in 0..3 {
-        round(&lane, format!("large{i}"), 4, 40).await;
-    }
+    make_batches_large(&lane).await;
     let before = lock(&db.sent).len();
     let woken: Vec<_> = (0..8)
         .map(|i| {
@@ -269,9 +255,7 @@ async fn calls_woken_together_go_together_while_batches_are_large() {
 async fn stragglers_wait_for_the_next_calls_while_batches_are_large() {
     let budget = Budget::moving(4, 4);
     let (db, lane) = moving_lane_on(&budget);
-    for i in 0..3 {
-        round(&lane, format!("large{i}"), 4, 40).await;
-    }
+    make_batches_large(&lane).await;
     assert!(lock(&lane.inner.state).large);
     // Another lane's statement, in flight until dropped.
     let other = Lane::with_budget(Some(db.clone()), Slots { most: 4, least: 4 }, &budget);

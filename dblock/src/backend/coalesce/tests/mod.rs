@@ -126,6 +126,21 @@ fn occupy(
     callers(lane, "slot", IN_FLIGHT, hold)
 }
 
+/// A test lane on `db` whose slots lone callers have taken for `hold` (their statements are
+/// in flight, 1 ms on): what comes next queues behind them.
+async fn occupied(
+    db: &Db,
+    hold: Duration,
+) -> (
+    Arc<Lane<Key>>,
+    Vec<tokio::task::JoinHandle<Result<usize, Failed>>>,
+) {
+    let lane = lane(db);
+    let held = occupy(&lane, hold);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    (lane, held)
+}
+
 /// `n` callers in tasks of their own, on keys `{tag}{i}`, each holding a statement it sends
 /// alone for `hold`, and waiting at most 20 s.
 fn callers(
@@ -147,6 +162,13 @@ async fn round(lane: &Arc<Lane<Key>>, tag: String, alone: usize, queued: usize) 
     let rows = callers(lane, &format!("{tag}:q"), queued, Duration::ZERO);
     finish(held).await;
     finish(rows).await;
+}
+
+/// Three rounds of 40 rows behind 4 lone callers: the lane's batches are large from then on.
+async fn make_batches_large(lane: &Arc<Lane<Key>>) {
+    for i in 0..3 {
+        round(lane, format!("large{i}"), 4, 40).await;
+    }
 }
 
 /// A lane of 4 slots whose lone calls keep 1 once its batches are large, on a database that
@@ -218,9 +240,7 @@ async fn lone_calls_leave_slots_to_batches_while_batches_are_large() {
     let (db, lane) = moving_lane();
     let alone_now = |lane: &Arc<Lane<Key>>| lock(&lane.inner.state).alone;
     assert_eq!(alone_now(&lane), 4);
-    for i in 0..3 {
-        round(&lane, format!("large{i}"), 4, 40).await;
-    }
+    make_batches_large(&lane).await;
     assert_eq!(
         alone_now(&lane),
         1,
@@ -272,10 +292,8 @@ async fn a_lone_caller_goes_alone_at_once() {
 #[tokio::test(start_paused = true)]
 async fn what_queues_while_slots_are_taken_goes_together_with_one_answer_each() {
     let db = Db::answering_in(Duration::from_millis(3));
-    let lane = lane(&db);
     // Two lone callers take both slots for 10 ms.
-    let alone = occupy(&lane, Duration::from_millis(10));
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (lane, alone) = occupied(&db, Duration::from_millis(10)).await;
     let queued: Vec<_> = (0..5)
         .map(|i| {
             spawn_call(
@@ -341,9 +359,7 @@ async fn rows_that_lead_go_first_in_a_statement_of_their_own() {
 #[tokio::test(start_paused = true)]
 async fn two_rows_of_one_key_never_share_a_statement_and_batches_are_bounded() {
     let db = Db::answering_in(Duration::from_millis(2));
-    let lane = lane(&db);
-    let hold = occupy(&lane, Duration::from_millis(5));
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (lane, hold) = occupied(&db, Duration::from_millis(5)).await;
     let mut queued = Vec::new();
     for i in 0..(MAX_ROWS + 10) {
         queued.push(spawn_call(
