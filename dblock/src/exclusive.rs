@@ -19,7 +19,7 @@ use crate::hold::{Caller, Hold, HoldKind};
 use crate::info::time_from_micros;
 use crate::line;
 use crate::meter;
-use crate::options::LockOptions;
+use crate::options::{LockOptions, Terms};
 use crate::owner::Owner;
 use crate::read::WriterIntent;
 use crate::registry::Serial;
@@ -32,8 +32,8 @@ use crate::wait::{self, Busy, Kind, Seen, Try};
 #[derive(Clone)]
 pub(crate) struct Request {
     pub(crate) key: String,
-    pub(crate) ttl: Duration,
-    pub(crate) ttl_us: i64,
+    /// ttl, holder, max_hold and lock-delay, resolved.
+    pub(crate) terms: Terms,
     /// min_hold, once, and fair (wait in the key's queue across processes: `fair.rs`).
     pub(crate) lock: LockOptions,
     pub(crate) min_hold_us: i64,
@@ -41,16 +41,10 @@ pub(crate) struct Request {
     pub(crate) caller: Caller,
     pub(crate) wait: Duration,
     pub(crate) owner: Owner,
-    /// `host/pid[/label]`.
-    pub(crate) holder: Arc<str>,
     pub(crate) meter: meter::Label,
     pub(crate) record_call: bool,
     /// The hold a grant makes: a lock, or a semaphore's permit.
     pub(crate) hold_kind: HoldKind,
-    /// `max_hold`, for the hold a grant makes ([`Hold::cap`]).
-    pub(crate) max_hold: Option<Duration>,
-    /// The lock-delay, included in `ttl_us` (and in every extension of the hold).
-    pub(crate) lock_delay: Duration,
 }
 
 impl Request {
@@ -60,8 +54,8 @@ impl Request {
         Acquire {
             key: &self.key,
             owner: self.owner.id(),
-            ttl_us: self.ttl_us,
-            holder: &self.holder,
+            ttl_us: self.terms.ttl_us,
+            holder: &self.terms.holder,
             attempt,
             waiting,
             tenure: None,
@@ -73,7 +67,7 @@ impl Request {
 
     /// The lease a grant gets: the ttl, or min_hold if that is longer.
     pub(crate) fn lease(&self) -> Duration {
-        self.lock.lease(self.ttl)
+        self.lock.lease(self.terms.ttl)
     }
 
     /// Takes the lock: attempts until granted or `wait` runs out ([`wait::wait_for`]). The call
@@ -187,8 +181,7 @@ impl Request {
                 Ok(Attempt::Acquired(grant)) => {
                     let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter)
                         .of_kind(req.hold_kind);
-                    hold.cap(req.max_hold);
-                    hold.delay(req.lock_delay);
+                    req.terms.keep(&hold);
                     hold.caller = req.caller;
                     if timing::live(hold.deadline(), lease) {
                         let mut serial = serial;

@@ -21,7 +21,6 @@ use crate::guard::LockGuard;
 use crate::options::Options;
 use crate::owner::{HeldLock, Owner};
 use crate::shared::Shared;
-use crate::validate;
 use crate::wait::{self, Kind, Seen, Try};
 
 /// This kind's entry point.
@@ -169,9 +168,7 @@ impl<'c, C: FenceConnection> LockInRequest<'c, C> {
     }
 
     async fn take(self) -> Result<TxLock, LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        validate::key(&self.key)?;
+        self.shared.admit(&self.key)?;
         let backend = self.shared.backend()?;
         if C::BACKEND != backend.name() {
             return Err(LockError::Config(format!(

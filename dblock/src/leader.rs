@@ -144,10 +144,16 @@ impl LeaderRequest {
         self.clone().campaign_owned()
     }
 
-    async fn campaign_owned(self) -> Result<Leadership, LockError> {
+    /// What a campaign and a steal refuse before they send anything: no tokio runtime, a bad
+    /// key or ttl.
+    fn check(&self) -> Result<(), LockError> {
         LockError::require_runtime()?;
         validate::key(&self.key)?;
-        validate::ttl_micros(self.options.ttl)?;
+        validate::ttl_micros(self.options.ttl).map(drop)
+    }
+
+    async fn campaign_owned(self) -> Result<Leadership, LockError> {
+        self.check()?;
         let owner = Owner::new();
         let span = tracing::info_span!("dblock.campaign", key = %crate::Escaped(&self.key), owner = %owner);
         async move { loop {
@@ -197,9 +203,7 @@ impl LeaderRequest {
     }
 
     async fn steal_owned(self) -> Result<Leadership, LockError> {
-        LockError::require_runtime()?;
-        validate::key(&self.key)?;
-        validate::ttl_micros(self.options.ttl)?;
+        self.check()?;
         let options = Options {
             owner: Some(Owner::new()),
             ..self.options.clone()
@@ -278,9 +282,7 @@ impl LeaderRequest {
 }
 
 async fn current(shared: &Arc<Shared>, key: &str) -> Result<Option<LockInfo>, LockError> {
-    LockError::require_runtime()?;
-    shared.check_open()?;
-    validate::key(key)?;
+    shared.admit(key)?;
     let backend = shared.backend()?;
     let info = shared
         .run_bounded("inspect", |limit| async move {

@@ -289,10 +289,9 @@ impl Locker {
     /// ```
     pub async fn migration_status(&self) -> Result<Vec<MigrationStatus>, LockError> {
         self.usable()?;
-        let probes = Probes {
-            table: self.table_name(),
-        };
-        let applied = self.operate("migration status", probes).await?;
+        let applied = self
+            .operate("migration status", Probes(self.table_name()))
+            .await?;
         Ok(MIGRATIONS
             .iter()
             .zip(applied)
@@ -319,10 +318,7 @@ impl Locker {
     /// ```
     pub async fn waiters(&self, prefix: &str) -> Result<Vec<Waiter>, LockError> {
         self.usable()?;
-        let read = Queue {
-            table: self.table_name(),
-        };
-        let rows = self.operate("waiters", read).await?;
+        let rows = self.operate("waiters", Queue(self.table_name())).await?;
         // The queue holds live waiters only: reading it whole and keeping the prefix here
         // needs no parameter (nothing to inline behind a pooler).
         Ok(rows

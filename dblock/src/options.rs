@@ -95,6 +95,44 @@ impl Options {
     }
 }
 
+/// A call's options resolved against its locker before the first attempt, the same for every
+/// kind: what each attempt asks for and what the hold it makes keeps.
+#[derive(Clone)]
+pub(crate) struct Terms {
+    /// The ttl, capped by `max_hold` ([`Options::capped_ttl`]).
+    pub(crate) ttl: Duration,
+    /// The lease each statement asks for, in µs: `ttl` plus the lock-delay.
+    pub(crate) ttl_us: i64,
+    /// `host/pid[/label]`.
+    pub(crate) holder: Arc<str>,
+    max_hold: Option<Duration>,
+    lock_delay: Duration,
+}
+
+impl Options {
+    /// This call's [`Terms`] on `shared`'s locker, after checking `max_hold` against
+    /// `min_hold` (the lock's; zero for the other kinds), the ttl and the holder label.
+    pub(crate) fn terms(&self, shared: &Shared, min_hold: Duration) -> Result<Terms, LockError> {
+        self.check_max_hold(min_hold)?;
+        let lock_delay = self.lock_delay(shared);
+        Ok(Terms {
+            ttl: self.capped_ttl(),
+            ttl_us: validate::lease_micros(self.capped_ttl(), lock_delay)?,
+            holder: self.holder(shared)?,
+            max_hold: self.max_hold,
+            lock_delay,
+        })
+    }
+}
+
+impl Terms {
+    /// Gives a hold just granted on these terms their cap (`max_hold`) and lock-delay.
+    pub(crate) fn keep(&self, hold: &crate::hold::Hold) {
+        hold.cap(self.max_hold);
+        hold.delay(self.lock_delay);
+    }
+}
+
 /// What the exclusive lock (one key or several) adds.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct LockOptions {

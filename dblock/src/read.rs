@@ -16,12 +16,11 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::{Giving, Hold, HoldKind, Member, Releasing};
 use crate::meter;
-use crate::options::Options;
+use crate::options::{Options, Terms};
 use crate::owner::Owner;
 use crate::retry::{Failure, Policy};
 use crate::shared::Shared;
 use crate::timing::{self, INTENT_EVERY, INTENT_LEASE};
-use crate::validate;
 use crate::wait::{self, Busy, Kind, Seen, Try};
 
 /// The read kind's metrics label (`kind="read"`).
@@ -114,25 +113,16 @@ impl ReadRequest {
         meter: meter::Label,
         first_busy: &mut Option<Instant>,
     ) -> Result<LockGuard, LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        validate::key(&self.key)?;
-        let lock_delay = self.options.lock_delay(&self.shared);
-        self.options.check_max_hold(Duration::ZERO)?;
-        let ttl_us = validate::lease_micros(self.options.capped_ttl(), lock_delay)?;
+        self.shared.admit(&self.key)?;
         let shared = self.shared.clone();
         let mut kind = ReadWait {
+            terms: self.options.terms(&shared, Duration::ZERO)?,
             backend: shared.backend()?.clone(),
-            holder: self.options.holder(&shared)?,
             reentry: shared.member_tenure(&self.key, &owner),
             shared: shared.clone(),
             key: self.key,
             owner,
             meter,
-            ttl: self.options.capped_ttl(),
-            ttl_us,
-            max_hold: self.options.max_hold,
-            lock_delay,
             // This call's id: kept among the row's readers, the same in every resend.
             id: fastrand::i64(1..i64::MAX),
         };
@@ -152,13 +142,10 @@ struct ReadWait {
     shared: Arc<Shared>,
     backend: Backend,
     key: String,
-    holder: Arc<str>,
     owner: Owner,
     meter: meter::Label,
-    ttl: Duration,
-    ttl_us: i64,
-    max_hold: Option<Duration>,
-    lock_delay: Duration,
+    /// ttl, holder, max_hold and lock-delay, resolved.
+    terms: Terms,
     id: i64,
     /// The read tenure this owner already reads in (as this process tracks it): a re-entry,
     /// which never waits in the process's line (it would wait for a writer that waits for it).
@@ -182,22 +169,21 @@ impl Kind for ReadWait {
 
     async fn attempt(&mut self, waiting: bool, call_until: Instant) -> Try {
         self.reentry = self.shared.member_tenure(&self.key, &self.owner);
-        let (shared, backend, key, holder, owner, meter) = (
+        let (shared, backend, key, owner, meter) = (
             self.shared.clone(),
             self.backend.clone(),
             self.key.clone(),
-            self.holder.clone(),
             self.owner.clone(),
             self.meter.clone(),
         );
-        let (ttl, ttl_us, id, reentry) = (self.ttl, self.ttl_us, self.id, self.reentry);
-        let (max_hold, lock_delay) = (self.max_hold, self.lock_delay);
+        let (terms, id, reentry) = (self.terms.clone(), self.id, self.reentry);
+        let ttl = terms.ttl;
         Detached::new(async move {
             let sent = Instant::now();
             let statement = ReadAcquire {
                 key: &key,
-                holder: &holder,
-                ttl_us,
+                holder: &terms.holder,
+                ttl_us: terms.ttl_us,
                 id,
                 reentry: reentry.map(|t| t as i64),
                 waiting,
@@ -212,8 +198,7 @@ impl Kind for ReadWait {
                 Ok(ReadAttempt::Granted(grant)) => {
                     let hold = Hold::new(key, Owner::marker(crate::info::READERS), grant, ttl, sent, meter)
                         .of_kind(HoldKind::Member(Arc::new(Reader { id, owner })));
-                    hold.cap(max_hold);
-                    hold.delay(lock_delay);
+                    terms.keep(&hold);
                     let live = timing::live(hold.deadline(), ttl);
                     match LockGuard::new(hold, shared) {
                         Ok(guard) if live => Try::Got(guard),

@@ -131,11 +131,8 @@ impl LockRequest {
     /// Checks the call (runtime, locker open, key, ttl, min_hold, backend) and resolves it into
     /// what every attempt sends.
     pub(crate) fn resolve(self, owner: Owner) -> Result<(Arc<Shared>, Request), LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        validate::key(&self.key)?;
-        let holder = self.options.holder(&self.shared)?;
-        self.options.check_max_hold(self.lock.min_hold)?;
+        self.shared.admit(&self.key)?;
+        let terms = self.options.terms(&self.shared, self.lock.min_hold)?;
         let request = Request {
             meter: meter::Label::new(
                 self.options.metrics_key.as_ref(),
@@ -143,13 +140,7 @@ impl LockRequest {
                 self.kind,
             ),
             record_call: self.record_call,
-            ttl_us: validate::lease_micros(
-                self.options.capped_ttl(),
-                self.options.lock_delay(&self.shared),
-            )?,
-            lock_delay: self.options.lock_delay(&self.shared),
             min_hold_us: validate::min_hold_micros(self.lock.min_hold)?,
-            max_hold: self.options.max_hold,
             // A steal takes the key from whoever holds it, its own owner included: refusing
             // that owner's hold would only free the key for someone else (`steal` rounds).
             lock: LockOptions {
@@ -157,9 +148,8 @@ impl LockRequest {
                 ..self.lock
             },
             caller: Caller::current(),
-            holder,
+            terms,
             key: self.key,
-            ttl: self.options.capped_ttl(),
             wait: self.options.wait,
             owner,
             hold_kind: self.hold_kind,
@@ -267,8 +257,7 @@ pub(crate) async fn try_all(
                 };
                 let lease = req.lease();
                 let mut hold = Hold::new(req.key, req.owner, grant, lease, sent, req.meter);
-                hold.cap(req.max_hold);
-                hold.delay(req.lock_delay);
+                req.terms.keep(&hold);
                 hold.caller = req.caller;
                 if !gap && crate::timing::live(hold.deadline(), lease) {
                     kept.push((hold, serial));

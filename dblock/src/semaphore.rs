@@ -295,9 +295,7 @@ pub(crate) async fn purge(
 
 impl SemaphoreRequest {
     async fn acquire(self, owner: Owner) -> Result<LockGuard, LockError> {
-        LockError::require_runtime()?;
-        self.shared.check_open()?;
-        validate::key(&self.key)?;
+        self.shared.admit(&self.key)?;
         // Its permits live in a table of their own, which the locker's purge covers: the
         // permit's guard (of the permits' copy) starts none.
         self.shared.purge_in_background();

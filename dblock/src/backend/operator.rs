@@ -100,14 +100,12 @@ impl Tables {
     }
 }
 
-/// Each migration's probes on lock table `table` (validated): whether each is applied.
-pub(crate) struct Probes<'a> {
-    pub(crate) table: &'a str,
-}
+/// Each migration's probes on the lock table it names (validated): whether each is applied.
+pub(crate) struct Probes<'a>(pub(crate) &'a str);
 
 impl Probes<'_> {
     /// Runs the probes on `conn`; `missing` tells a "no such table / column" error.
-    async fn run<DB>(
+    pub(crate) async fn run<DB>(
         &self,
         conn: &mut DB::Connection,
         quote: char,
@@ -123,7 +121,7 @@ impl Probes<'_> {
             for (table, columns) in m.probes {
                 let sql = format!(
                     "SELECT {columns} FROM {} WHERE 1 = 0",
-                    table.quoted(self.table, quote)
+                    table.quoted(self.0, quote)
                 );
                 match sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *conn).await {
                     Ok(_) => {}
@@ -144,105 +142,8 @@ impl Statement for Probes<'_> {
     type Output = Vec<bool>;
 }
 
-/// Each backend's probes and queue read: its quote, how it says "no such table or column",
-/// its text of the queue read.
-#[cfg(feature = "postgres")]
-mod on_postgres {
-    use super::*;
-    use crate::backend::postgres::Pg;
-    use sqlx::error::DatabaseError;
-    use sqlx::PgConnection;
-
-    async fn probe(_: &Pg, c: &mut PgConnection, s: &Probes<'_>) -> sqlx::Result<Vec<bool>> {
-        // undefined_table, undefined_column, invalid_schema_name.
-        let missing = |e: &dyn DatabaseError| {
-            matches!(e.code().as_deref(), Some("42P01" | "42703" | "3F000"))
-        };
-        s.run::<sqlx::Postgres>(c, '"', missing).await
-    }
-
-    async fn queue(_: &Pg, c: &mut PgConnection, s: &Queue<'_>) -> sqlx::Result<Vec<QueueRow>> {
-        let text = "SELECT lock_key, ticket, owner, (extract(epoch FROM expires_at) * 1000000)::int8,
-                    greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8
-             FROM {table} WHERE expires_at > statement_timestamp() ORDER BY lock_key, ticket";
-        s.run::<sqlx::Postgres>(c, text, '"').await
-    }
-
-    crate::backend::runs! {
-        crate::backend::OnPostgres, postgres, Pg, PgConnection;
-        Probes<'_> => probe,
-        Queue<'_> => queue,
-    }
-}
-
-#[cfg(feature = "mysql")]
-mod on_mysql {
-    use super::*;
-    use crate::backend::mysql::My;
-    use sqlx::error::DatabaseError;
-    use sqlx::MySqlConnection;
-
-    async fn probe(_: &My, c: &mut MySqlConnection, s: &Probes<'_>) -> sqlx::Result<Vec<bool>> {
-        // ER_NO_SUCH_TABLE (SQLSTATE 42S02), ER_BAD_FIELD_ERROR (42S22).
-        let missing =
-            |e: &dyn DatabaseError| matches!(e.code().as_deref(), Some("42S02" | "42S22"));
-        s.run::<sqlx::MySql>(c, '`', missing).await
-    }
-
-    async fn queue(_: &My, c: &mut MySqlConnection, s: &Queue<'_>) -> sqlx::Result<Vec<QueueRow>> {
-        // Keys are binary; dblock only writes keys that came from a Rust `&str` (valid UTF-8).
-        let text = "SELECT CONVERT(lock_key USING utf8mb4), ticket, owner,
-                    TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at),
-                    GREATEST(0, (TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) + 999) DIV 1000)
-             FROM {table} WHERE expires_at > UTC_TIMESTAMP(6) ORDER BY lock_key, ticket";
-        s.run::<sqlx::MySql>(c, text, '`').await
-    }
-
-    crate::backend::runs! {
-        crate::backend::OnMySql, mysql, My, MySqlConnection;
-        Probes<'_> => probe,
-        Queue<'_> => queue,
-    }
-}
-
-#[cfg(feature = "sqlite")]
-mod on_sqlite {
-    use super::*;
-    use crate::backend::sqlite::Lite;
-    use sqlx::error::DatabaseError;
-    use sqlx::SqliteConnection;
-
-    async fn probe(_: &Lite, c: &mut SqliteConnection, s: &Probes<'_>) -> sqlx::Result<Vec<bool>> {
-        // A plain SQLITE_ERROR, told by its message.
-        let missing = |e: &dyn DatabaseError| {
-            e.message().starts_with("no such table") || e.message().starts_with("no such column")
-        };
-        s.run::<sqlx::Sqlite>(c, '"', missing).await
-    }
-
-    async fn queue(
-        _: &Lite,
-        c: &mut SqliteConnection,
-        s: &Queue<'_>,
-    ) -> sqlx::Result<Vec<QueueRow>> {
-        // Times are whole milliseconds since the epoch (the clock of the process).
-        let text = "SELECT lock_key, ticket, owner, expires_at * 1000, max(0, expires_at - {now})
-             FROM {table} WHERE expires_at > {now} ORDER BY lock_key, ticket"
-            .replace("{now}", crate::backend::sqlite::NOW);
-        s.run::<sqlx::Sqlite>(c, &text, '"').await
-    }
-
-    crate::backend::runs! {
-        crate::backend::OnSqlite, sqlite, Lite, SqliteConnection;
-        Probes<'_> => probe,
-        Queue<'_> => queue,
-    }
-}
-
-/// The live tickets of the queue of lock table `table` (validated), by key and ticket.
-pub(crate) struct Queue<'a> {
-    pub(crate) table: &'a str,
-}
+/// The live tickets of the queue of the lock table it names (validated), by key and ticket.
+pub(crate) struct Queue<'a>(pub(crate) &'a str);
 
 /// One live ticket of the queue, as the read returns it.
 pub(crate) struct QueueRow {
@@ -274,7 +175,7 @@ impl Statement for Queue<'_> {
 impl Queue<'_> {
     /// Runs a backend's queue read `text` (the queue's name, quoted with `quote`, for
     /// `{table}`) on `conn`.
-    async fn run<DB>(
+    pub(crate) async fn run<DB>(
         &self,
         conn: &mut DB::Connection,
         text: &str,
@@ -285,7 +186,7 @@ impl Queue<'_> {
         for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
         DB::Row: Columns,
     {
-        let sql = text.replace("{table}", &Tables::Queue.quoted(self.table, quote));
+        let sql = text.replace("{table}", &Tables::Queue.quoted(self.0, quote));
         let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
         rows.iter().map(waiter).collect()
     }

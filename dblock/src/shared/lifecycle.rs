@@ -63,6 +63,14 @@ impl Shared {
         }
     }
 
+    /// What every call on a key checks before it sends anything: a tokio runtime to run in
+    /// (`Config`), a locker not shut down (`ShutDown`), a valid key (`InvalidKey`).
+    pub(crate) fn admit(&self, key: &str) -> Result<(), LockError> {
+        LockError::require_runtime()?;
+        self.check_open()?;
+        crate::validate::key(key)
+    }
+
     /// `Err(ShutDown)` once `Locker::drain` (or `shutdown`) ran: what a call that would take a
     /// new hold (not a re-entry of one the owner holds) checks before each attempt.
     pub(crate) fn check_taking(&self) -> Result<(), LockError> {

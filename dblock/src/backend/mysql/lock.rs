@@ -14,24 +14,16 @@ impl OnMySql for Acquire<'_> {
             // Read ALL rows and keep the last: a Galera node whose automatic autocommit retry
             // fired (when the pool is not ours and wsrep_retry_autocommit could not be set to 0)
             // sends one stale row per aborted attempt before the committed one.
-            let rows = my
-                .sql
-                .acquire_returning
-                .bound(&args)?
-                .fetch_all(&mut *conn)
-                .await?;
+            let query = my.sql.acquire_returning.bound(&args)?;
+            let rows = query.fetch_all(&mut *conn).await?;
             let Some(row) = rows.last() else {
                 return Err(sqlx::Error::RowNotFound);
             };
             crate::backend::attempt_row(row)
         } else {
             let sent_at = std::time::SystemTime::now();
-            let done = my
-                .sql
-                .acquire_last_insert_id
-                .bound(&args)?
-                .execute(&mut *conn)
-                .await?;
+            let query = my.sql.acquire_last_insert_id.bound(&args)?;
+            let done = query.execute(&mut *conn).await?;
             let packed = done.last_insert_id();
             if packed == 0 {
                 if p.once {

@@ -1,10 +1,12 @@
-//! The operator's statements on PostgreSQL and the last-writer read: its own texts through its
+//! The operator's statements on PostgreSQL (with the migration probes and the queue read of
+//! `backend/operator.rs`) and the last-writer read: its own texts through its
 //! own runner (which knows the form a transaction pooler needs), the decoders shared with the
 //! other backends (`backend/admin.rs`).
 
 #[allow(unused_imports)]
 use super::*;
 use crate::backend::admin::{decode, decode_last_write};
+use crate::backend::operator::{Probes, Queue, QueueRow};
 use crate::backend::*;
 use crate::info::LockInfo;
 
@@ -82,8 +84,25 @@ async fn purge(pg: &Pg, c: &mut PgConnection, s: &Purge) -> sqlx::Result<Purged>
     })
 }
 
+async fn probe(_: &Pg, c: &mut PgConnection, s: &Probes<'_>) -> sqlx::Result<Vec<bool>> {
+    // undefined_table, undefined_column, invalid_schema_name.
+    let missing = |e: &dyn sqlx::error::DatabaseError| {
+        matches!(e.code().as_deref(), Some("42P01" | "42703" | "3F000"))
+    };
+    s.run::<sqlx::Postgres>(c, '"', missing).await
+}
+
+async fn queue(_: &Pg, c: &mut PgConnection, s: &Queue<'_>) -> sqlx::Result<Vec<QueueRow>> {
+    let text = "SELECT lock_key, ticket, owner, (extract(epoch FROM expires_at) * 1000000)::int8,
+                greatest(0, ceil(extract(epoch FROM expires_at - statement_timestamp()) * 1000))::int8
+         FROM {table} WHERE expires_at > statement_timestamp() ORDER BY lock_key, ticket";
+    s.run::<sqlx::Postgres>(c, text, '"').await
+}
+
 crate::backend::runs! {
     OnPostgres, postgres, Pg, PgConnection;
+    Probes<'_> => probe,
+    Queue<'_> => queue,
     LastWriteOf<'_> => last_write,
     Inspect<'_> => inspect,
     LiveRows => live,

@@ -8,13 +8,7 @@ async fn a_row_whose_deadline_passes_in_the_queue_is_not_sent() {
     let db = Db::default();
     let (lane, hold) = occupied(&db, Duration::from_millis(50)).await;
     let t = Instant::now();
-    let late = call(
-        lane.clone(),
-        "late",
-        Duration::ZERO,
-        Duration::from_millis(10),
-    )
-    .await;
+    let late = row(&lane, "late", Duration::from_millis(10)).await;
     assert_eq!(
         t.elapsed(),
         Duration::from_millis(10),
@@ -36,13 +30,7 @@ async fn a_row_whose_deadline_passes_in_the_queue_is_not_sent() {
 async fn in_flight_at_its_deadline(db: &Db) -> (Duration, Failed) {
     let (lane, hold) = occupied(db, Duration::from_millis(5)).await;
     let t = Instant::now();
-    let got = call(
-        lane.clone(),
-        "row",
-        Duration::ZERO,
-        Duration::from_millis(30),
-    )
-    .await;
+    let got = row(&lane, "row", Duration::from_millis(30)).await;
     let took = t.elapsed();
     finish(hold).await;
     (took, got.unwrap_err())
@@ -140,7 +128,7 @@ async fn a_queue_behind_hung_statements_goes_beside_them() {
     // Both slots hang for 10 s (a connection cut without a word).
     let (lane, hung) = occupied(&db, Duration::from_secs(10)).await;
     let t = Instant::now();
-    let got = call(lane.clone(), "next", Duration::ZERO, Duration::from_secs(5)).await;
+    let got = row(&lane, "next", Duration::from_secs(5)).await;
     assert_eq!(got.unwrap(), 4);
     let waited = t.elapsed();
     assert!(
@@ -153,25 +141,15 @@ async fn a_queue_behind_hung_statements_goes_beside_them() {
 #[tokio::test(start_paused = true)]
 async fn off_means_every_call_alone() {
     let lane: Arc<Lane<Key>> = Arc::new(Lane::new(None, IN_FLIGHT));
+    let hold = Duration::from_millis(5);
     let calls: Vec<_> = (0..8)
-        .map(|i| {
-            spawn_call(
-                &lane,
-                format!("k{i}"),
-                Duration::from_millis(5),
-                Duration::from_secs(1),
-            )
-        })
+        .map(|i| spawn_call(&lane, format!("k{i}"), hold, Duration::from_secs(1)))
         .collect();
     let t = Instant::now();
     for c in calls {
         c.await.unwrap().unwrap();
     }
-    assert_eq!(
-        t.elapsed(),
-        Duration::from_millis(5),
-        "all at once, none queued"
-    );
+    assert_eq!(t.elapsed(), hold, "all at once, none queued");
 }
 
 /// The budget is the small-batch bound until a lane's batches average `BIG` rows, then the
@@ -241,11 +219,7 @@ async fn calls_woken_together_go_together_while_batches_are_large() {
     let sent = lock(&db.sent)[before..].to_vec();
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_eq!(sent[0].len(), 8);
-    assert_eq!(
-        t.elapsed(),
-        Duration::from_millis(5),
-        "one round trip, no timer"
-    );
+    assert_eq!(t.elapsed(), ROUND_TRIP, "one round trip, no timer");
 }
 
 /// While batches are large and another statement of the locker is in flight, a straggler
@@ -294,11 +268,7 @@ async fn stragglers_wait_for_the_next_calls_while_batches_are_large() {
     drop(in_flight);
     let t = Instant::now();
     straggler.await.unwrap().unwrap();
-    assert_eq!(
-        t.elapsed(),
-        Duration::from_millis(5),
-        "sent at once, gathered"
-    );
+    assert_eq!(t.elapsed(), ROUND_TRIP, "sent at once, gathered");
     assert_eq!(sent(before), [keys(&["b"]), keys(&["t"])]);
 }
 

@@ -107,6 +107,12 @@ async fn call(
     }
 }
 
+/// A [`call`] that holds nothing once sent (a row, as the ones queued behind busy slots),
+/// waiting at most `limit`.
+async fn row(lane: &Arc<Lane<Key>>, key: &str, limit: Duration) -> Result<usize, Failed> {
+    call(lane.clone(), key, Duration::ZERO, limit).await
+}
+
 /// [`call`] in a task of its own.
 fn spawn_call(
     lane: &Arc<Lane<Key>>,
@@ -177,9 +183,12 @@ fn moving_lane() -> (Db, Arc<Lane<Key>>) {
     moving_lane_on(&Budget::new(usize::MAX))
 }
 
+/// How long the database of [`moving_lane`] takes to answer a statement.
+const ROUND_TRIP: Duration = Duration::from_millis(5);
+
 /// [`moving_lane`] sharing `budget`.
 fn moving_lane_on(budget: &Arc<Budget>) -> (Db, Arc<Lane<Key>>) {
-    let db = Db::answering_in(Duration::from_millis(5));
+    let db = Db::answering_in(ROUND_TRIP);
     let lane = Lane::with_budget(Some(db.clone()), Slots { most: 4, least: 1 }, budget);
     (db, Arc::new(lane))
 }
