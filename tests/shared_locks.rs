@@ -77,6 +77,34 @@ async fn readers_share_a_key_and_exclude_the_writer() {
     }
 }
 
+/// The readers' row is held under a marker, not an owner's id: `force_release_if_owner`
+/// refuses the marker (it would free every reader at once) and leaves the readers be;
+/// `force_release` frees the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readers_marker_is_no_owner_to_force_release() {
+    let (dbs, _dir) = common::all("read_marker").await;
+    for db in &dbs {
+        let locker = &db.locker;
+        let a = locker.read("report").await.unwrap();
+        let _b = locker.read("report").await.unwrap();
+        let info = locker.inspect("report").await.unwrap().unwrap();
+        let marker = info.owner.clone().expect("a held read row shows its owner");
+        let refused = locker
+            .force_release_if_owner("report", &marker)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, LockError::Config(m) if m.contains("no owner id")),
+            "{}: {refused:?}",
+            db.name
+        );
+        let info = locker.inspect("report").await.unwrap().unwrap();
+        assert!(info.held && info.hold_count == 2, "{}: {info:?}", db.name);
+        assert!(locker.force_release("report").await.unwrap(), "{}", db.name);
+        assert!(a.release().await.is_err(), "{}: freed", db.name);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_writer_is_not_starved_by_a_stream_of_readers() {
     let (dbs, _dir) = common::all("read_starvation").await;

@@ -145,6 +145,18 @@ impl Outcome {
     }
 }
 
+impl LockKind {
+    /// The kind of a lock table's row from its owner column: the readers' marker is a read
+    /// (`writer_waiting`: a writer's intent is live and the row held), any other a lock.
+    pub(crate) fn of_row(owner: Option<&str>, writer_waiting: bool) -> LockKind {
+        if owner == Some(READERS) {
+            LockKind::Read { writer_waiting }
+        } else {
+            LockKind::Lock
+        }
+    }
+}
+
 /// A count column (non-negative in every row) as a `u32`, saturating.
 pub(crate) fn count(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)

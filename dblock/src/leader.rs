@@ -273,7 +273,7 @@ impl LeaderRequest {
             shared: self.shared.clone(),
             key: self.key.clone(),
             every,
-            last: None,
+            last: Yielded::Nothing,
             first: true,
             pending: None,
             ended: false,
@@ -501,13 +501,24 @@ pub struct Observe {
     shared: Arc<Shared>,
     key: String,
     every: Duration,
-    /// The last leader yielded: its owner and term, or `None` for "nobody"; `None` before the
-    /// first item.
-    last: Option<Option<(Option<String>, u64)>>,
+    /// The last leader yielded.
+    last: Yielded,
     first: bool,
     pending: Option<Read>,
     /// Shut down, or polled outside a tokio runtime: the error was yielded, the stream is over.
     ended: bool,
+}
+
+/// What an [`Observe`] yielded last: a change of leader or term is yielded, the same again is
+/// not.
+#[derive(PartialEq, Eq)]
+enum Yielded {
+    /// Nothing yet: the first read is yielded whatever it finds.
+    Nothing,
+    /// Nobody led.
+    Nobody,
+    /// This owner led, in this term (fencing token).
+    Leader(Option<String>, u64),
 }
 
 /// One read of the leader, with the pause before it.
@@ -549,7 +560,10 @@ impl futures_core::Stream for Observe {
             this.first = false;
             match read {
                 Ok(leader) => {
-                    let now = Some(leader.as_ref().map(|l| (l.owner.clone(), l.fencing_token)));
+                    let now = match &leader {
+                        Some(l) => Yielded::Leader(l.owner.clone(), l.fencing_token),
+                        None => Yielded::Nobody,
+                    };
                     if this.last != now {
                         this.last = now;
                         return Poll::Ready(Some(Ok(leader)));

@@ -163,10 +163,10 @@ impl Locker {
         key: impl AsRef<str>,
         owner: &str,
     ) -> Result<bool, LockError> {
-        if owner.is_empty() || owner == crate::info::READERS {
+        if owner.is_empty() || crate::owner::is_marker(owner) {
             return Err(LockError::Config(format!(
-                "force_release_if_owner: {owner:?} is no owner id (a read row's owner is every \
-                 reader's: free it with force_release)"
+                "force_release_if_owner: {owner:?} is no owner id (a row held under a marker, \
+                 such as a read row, is every holder's: free it with force_release)"
             )));
         }
         self.free(key.as_ref(), owner).await

@@ -32,6 +32,13 @@ impl Context {
     }
 }
 
+/// Whether a row's owner is a kind's marker (`(readers)`), not an owner's id: the holders of
+/// such a row are many, and none of them is named by it. Owner ids are UUIDs
+/// ([`Owner::new`]), never in parentheses.
+pub(crate) fn is_marker(owner: &str) -> bool {
+    owner.starts_with('(') && owner.ends_with(')')
+}
+
 /// The identity that holds locks: a random 128-bit id (UUID v4).
 ///
 /// Only the owner of a lock can extend or release it, and an owner that asks again for a key it
@@ -71,8 +78,9 @@ pub struct Owner {
 
 impl Owner {
     /// A row owner that is no owner's id but a kind's marker (a shared lock's readers hold its
-    /// row under one).
+    /// row under one), written `(name)`: see [`is_marker`].
     pub(crate) fn marker(marker: &'static str) -> Self {
+        debug_assert!(is_marker(marker));
         Owner {
             id: Arc::from(marker),
         }

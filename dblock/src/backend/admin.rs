@@ -11,7 +11,7 @@ use sqlx::SqlStr;
 use super::contract::{Columns, LastWrite, Statement};
 use std::time::Duration;
 
-use crate::info::{count, millis, time_from_micros, LockInfo, LockKind, Outcome, READERS};
+use crate::info::{count, millis, time_from_micros, LockInfo, LockKind, Outcome};
 
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// One dialect's operator statements.
@@ -121,13 +121,7 @@ pub(crate) const PURGE_BATCH: u64 = 1000;
 pub(crate) fn decode(r: &impl Columns) -> sqlx::Result<LockInfo> {
     let held = r.flag(7)?;
     let owner = r.opt_text(1)?;
-    let kind = if owner.as_deref() == Some(READERS) {
-        LockKind::Read {
-            writer_waiting: held && r.flag(11)?,
-        }
-    } else {
-        LockKind::Lock
-    };
+    let kind = LockKind::of_row(owner.as_deref(), held && r.flag(11)?);
     Ok(LockInfo {
         key: r.text(0)?,
         owner: owner.filter(|_| held),

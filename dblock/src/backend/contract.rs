@@ -168,6 +168,23 @@ pub(crate) struct LastWrite {
     pub release_token: Option<i64>,
 }
 
+/// What one extension found, alone or in a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extension {
+    /// Extended; the new lease end (µs since the epoch) where the statement read it (the
+    /// batched form does not).
+    Extended(Option<i64>),
+    /// The hold is no longer this tenure's: nothing was extended.
+    NotHeld,
+}
+
+impl Extension {
+    /// The answer of a one-row [`Extend`]: the new lease end, or `None` when not held.
+    pub(crate) fn of(answer: Option<i64>) -> Self {
+        answer.map_or(Extension::NotHeld, |end| Extension::Extended(Some(end)))
+    }
+}
+
 /// The holds a batched extension found live and extended: (key, owner, fencing token).
 pub(crate) type Extended = Vec<(String, String, u64)>;
 

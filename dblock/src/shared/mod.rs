@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::coalesce::Coalescer;
-use crate::backend::{Acquire, Attempt, Backend, Failed, LastWrite, Outcome, Released};
+use crate::backend::{Acquire, Attempt, Backend, Extension, Failed, LastWrite, Outcome, Released};
 use crate::connect::ConnectOptions;
 use crate::error::LockError;
 use crate::hold::{Caller, Hold};
@@ -406,12 +406,12 @@ impl Shared {
             })
             .await?;
         match extended {
-            Some(expires_at_us) => {
+            Extension::Extended(expires_at_us) => {
                 hold.extended(sent, ttl, expires_at_us);
                 tracing::trace!(key = %crate::Escaped(&hold.key), "lease extended");
                 Ok(())
             }
-            None if hold.deadline() > sent => {
+            Extension::NotHeld if hold.deadline() > sent => {
                 // The lease was still running: it was taken (stolen, force-released).
                 tracing::debug!(key = %crate::Escaped(&hold.key), "extend refused: lease taken");
                 hold.renewal_refused(Instant::now());
@@ -419,7 +419,7 @@ impl Shared {
                     key: hold.name().to_owned(),
                 })
             }
-            None => {
+            Extension::NotHeld => {
                 tracing::debug!(key = %crate::Escaped(&hold.key), "extend refused: lease no longer ours");
                 Err(LockError::NotHeld {
                     key: hold.name().to_owned(),

@@ -50,7 +50,9 @@ use std::future::Future;
 
 use tokio::time::Instant;
 
-use super::{Acquire, Attempt, Backend, Extend, Extended, HoldRef, Release, Released, RenewItem};
+use super::{
+    Acquire, Attempt, Backend, Extend, Extended, Extension, HoldRef, Release, Released, RenewItem,
+};
 use crate::retry::{Failed, Failure};
 
 pub(crate) use lane::{Entered, Lane};
@@ -192,16 +194,15 @@ impl Coalescer {
         }
     }
 
-    /// One extension, alone or with others: the new lease end where the statement reads it,
-    /// `Ok(None)` when the hold is no longer this tenure's.
+    /// One extension, alone or with others.
     pub(crate) async fn extend(
         &self,
         backend: &Backend,
         e: &Extend<'_>,
         deadline: Instant,
-    ) -> Result<Option<Option<i64>>, Failed> {
+    ) -> Result<Extension, Failed> {
         let row = || ExtendRow::new(e);
-        let alone = async || Ok(backend.run(e, deadline).await?.map(Some));
+        let alone = async || Ok(Extension::of(backend.run(e, deadline).await?));
         match &self.write {
             Some(write) => {
                 let row = || WriteRow::Extend(row());

@@ -3,7 +3,7 @@
 
 use tokio::time::Instant;
 
-use super::{Acquire, Attempt, Backend, Extend, Extended, HoldRef, Released, RenewItem};
+use super::{Acquire, Attempt, Backend, Extend, Extended, Extension, HoldRef, Released, RenewItem};
 use crate::info::Outcome;
 use crate::retry::Failed;
 
@@ -203,9 +203,7 @@ impl ExtendRow {
 }
 
 impl Row for ExtendRow {
-    /// `None`: not this tenure's any more; `Some(None)`: extended (the batch does not read
-    /// the new end).
-    type Out = Option<Option<i64>>;
+    type Out = Extension;
     type To = Backend;
 
     fn key(&self) -> &str {
@@ -228,7 +226,7 @@ impl Row for ExtendRow {
                 ttl_us: one.ttl_us,
                 max_hold_us: one.max_hold_us,
             };
-            return Ok(vec![backend.run(&one, deadline).await?.map(Some)]);
+            return Ok(vec![Extension::of(backend.run(&one, deadline).await?)]);
         }
         let items: Vec<RenewItem<'_>> = rows.iter().map(ExtendRow::item).collect();
         let extended = backend.extend_many(&items, deadline).await?;
@@ -251,14 +249,17 @@ impl ExtendRow {
     fn answers<'a>(
         rows: impl Iterator<Item = &'a ExtendRow>,
         extended: &Extended,
-    ) -> Vec<Option<Option<i64>>> {
+    ) -> Vec<Extension> {
         let live: std::collections::HashSet<(&str, &str, u64)> = extended
             .iter()
             .map(|(k, o, t)| (k.as_str(), o.as_str(), *t))
             .collect();
         rows.map(|r| {
-            live.contains(&(r.key(), r.owner(), r.fencing_token))
-                .then_some(None)
+            if live.contains(&(r.key(), r.owner(), r.fencing_token)) {
+                Extension::Extended(None)
+            } else {
+                Extension::NotHeld
+            }
         })
         .collect()
     }
@@ -280,7 +281,7 @@ pub(crate) enum WriteRow {
 pub(crate) enum WriteOut {
     Acquire(Attempt),
     Release(Released),
-    Extend(Option<Option<i64>>),
+    Extend(Extension),
 }
 
 impl WriteOut {
@@ -298,7 +299,7 @@ impl WriteOut {
         }
     }
 
-    pub(super) fn extended(self) -> Result<Option<Option<i64>>, Failed> {
+    pub(super) fn extended(self) -> Result<Extension, Failed> {
         match self {
             WriteOut::Extend(extended) => Ok(extended),
             _ => Err(mismatched()),
