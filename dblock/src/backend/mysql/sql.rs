@@ -355,16 +355,11 @@ pub(super) fn placeholders<P: Copy>(
 
 impl My {
     pub(crate) fn new(pool: Conns<MySql>, table: &str) -> Self {
+        use crate::backend::migrations::{self, Schema};
         let t = quote_ident(table, '`');
         let q = quote_ident(&crate::backend::queue_table(table), '`');
         let statements = Statements {
-            schema: crate::backend::migrations::Schema::new(
-                &crate::backend::migrations::MYSQL,
-                '`',
-                sql,
-                &t,
-                &q,
-            ),
+            schema: Schema::new(&migrations::MYSQL, '`', sql, &t, &q),
             // Both tables with their newest columns (a lock table dropped by hand beside its
             // queue is made again).
             has_queue: sql(

@@ -181,18 +181,13 @@ pub(super) const INFO_COLUMNS: &str =
 
 impl Pg {
     pub(super) fn build(pool: Conns<Postgres>, table: &str, settings: Settings) -> Self {
+        use crate::backend::migrations::{self, Schema};
         let t = quote_ident(table, '"');
         let q = quote_ident(&crate::backend::queue_table(table), '"');
         let statements = Statements {
             table: t.clone(),
             queue_table: q.clone(),
-            schema: crate::backend::migrations::Schema::new(
-                &crate::backend::migrations::POSTGRES,
-                '"',
-                sql,
-                &t,
-                &q,
-            ),
+            schema: Schema::new(&migrations::POSTGRES, '"', sql, &t, &q),
             // Both tables with their newest columns (a lock table dropped by hand beside its
             // queue is made again).
             exists: stmt(
