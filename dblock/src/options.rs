@@ -110,15 +110,17 @@ pub(crate) struct Terms {
 }
 
 impl Options {
-    /// This call's [`Terms`] on `shared`'s locker, after checking `max_hold` against
-    /// `min_hold` (the lock's; zero for the other kinds), the ttl and the holder label.
+    /// This call's [`Terms`] on `shared`'s locker, after checking the holder label (and
+    /// metrics key), `max_hold` against `min_hold` (the lock's; zero for the other kinds) and
+    /// the ttl, in that order.
     pub(crate) fn terms(&self, shared: &Shared, min_hold: Duration) -> Result<Terms, LockError> {
+        let holder = self.holder(shared)?;
         self.check_max_hold(min_hold)?;
         let lock_delay = self.lock_delay(shared);
         Ok(Terms {
             ttl: self.capped_ttl(),
             ttl_us: validate::lease_micros(self.capped_ttl(), lock_delay)?,
-            holder: self.holder(shared)?,
+            holder,
             max_hold: self.max_hold,
             lock_delay,
         })

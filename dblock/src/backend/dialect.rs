@@ -137,6 +137,27 @@ macro_rules! backend_trait {
                 conn: &mut $conn,
             ) -> impl std::future::Future<Output = Result<Self::Output, sqlx::Error>> + Send;
         }
+
+        /// Each of `statements` in turn, in one transaction (begun with `begin`, else the
+        /// driver's `BEGIN`): one commit for all, their answers in order.
+        #[allow(dead_code)]
+        pub(crate) async fn in_one_transaction<S: $trait>(
+            backend: &$ty,
+            conn: &mut $conn,
+            begin: Option<&'static str>,
+            statements: &[S],
+        ) -> sqlx::Result<Vec<S::Output>> {
+            let mut tx = match begin {
+                Some(begin) => sqlx::Connection::begin_with(conn, begin).await?,
+                None => sqlx::Connection::begin(conn).await?,
+            };
+            let mut out = Vec::with_capacity(statements.len());
+            for s in statements {
+                out.push(s.$method(backend, &mut tx).await?);
+            }
+            tx.commit().await?;
+            Ok(out)
+        }
     };
 }
 pub(crate) use backend_trait;

@@ -13,7 +13,7 @@
 //! derived row, in the INSERT part and in the `ON DUPLICATE KEY UPDATE` alike.
 //!
 //! MySQL 8 has no `RETURNING`: there a batch of acquires is the one-key statements in one
-//! transaction (`one_by_one`), one commit for all of them.
+//! transaction (`in_one_transaction`), one commit for all of them.
 //!
 //! **Releases** (MySQL and MariaDB): four round trips whatever the batch's size, where the
 //! one-row statements in a transaction take two plus one per row. No `UPDATE ... RETURNING`
@@ -268,7 +268,8 @@ async fn acquire_batch(
     if my.supports_returning(c).await? {
         acquire(my, c, rows).await
     } else {
-        one_by_one(my, c, rows).await
+        // MySQL 8 (no `RETURNING`): the one-row statements in one transaction.
+        super::in_one_transaction(my, c, None, rows).await
     }
 }
 
@@ -277,21 +278,6 @@ crate::backend::runs! {
     crate::backend::coalesce::AcquireBatch<'_> => acquire_batch,
     // Four round trips, whatever the batch's size (above).
     crate::backend::coalesce::ReleaseBatch<'_> => release,
-}
-
-/// MySQL 8's coalesced acquires (no `RETURNING`): the one-row statements in one transaction.
-async fn one_by_one(
-    my: &My,
-    conn: &mut MySqlConnection,
-    rows: &[Acquire<'_>],
-) -> sqlx::Result<Vec<Attempt>> {
-    let mut tx = sqlx::Connection::begin(conn).await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for a in rows {
-        out.push(a.mysql(my, &mut tx).await?);
-    }
-    tx.commit().await?;
-    Ok(out)
 }
 
 #[cfg(test)]

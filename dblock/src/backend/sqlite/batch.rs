@@ -359,13 +359,7 @@ async fn one_by_one<S: OnSqlite>(
     conn: &mut SqliteConnection,
     statements: &[S],
 ) -> sqlx::Result<Vec<S::Output>> {
-    let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
-    let mut out = Vec::with_capacity(statements.len());
-    for s in statements {
-        out.push(s.sqlite(lite, &mut tx).await?);
-    }
-    tx.commit().await?;
-    Ok(out)
+    super::in_one_transaction(lite, conn, Some("BEGIN IMMEDIATE"), statements).await
 }
 
 #[cfg(test)]
