@@ -21,20 +21,20 @@ async fn last_write(
     s: &LastWriteOf<'_>,
 ) -> sqlx::Result<Option<LastWrite>> {
     let row = pg
-        .fetch_optional(c, &pg.sql.last_write, &[Arg::Text(s.0)])
+        .send::<Option<PgRow>>(c, &pg.sql.last_write, &[Arg::Text(s.0)])
         .await?;
     row.as_ref().map(decode_last_write).transpose()
 }
 
 async fn inspect(pg: &Pg, c: &mut PgConnection, s: &Inspect<'_>) -> sqlx::Result<Option<LockInfo>> {
     let row = pg
-        .fetch_optional(c, &pg.sql.inspect, &[Arg::Text(s.0)])
+        .send::<Option<PgRow>>(c, &pg.sql.inspect, &[Arg::Text(s.0)])
         .await?;
     row.as_ref().map(decode).transpose()
 }
 
 async fn live(pg: &Pg, c: &mut PgConnection, _: &LiveRows) -> sqlx::Result<Vec<LockInfo>> {
-    infos(&pg.fetch_all(c, &pg.sql.held, &[]).await?)
+    infos(&pg.send::<Vec<PgRow>>(c, &pg.sql.held, &[]).await?)
 }
 
 async fn rows_in(pg: &Pg, c: &mut PgConnection, s: &RowsIn<'_>) -> sqlx::Result<Vec<LockInfo>> {
@@ -43,22 +43,27 @@ async fn rows_in(pg: &Pg, c: &mut PgConnection, s: &RowsIn<'_>) -> sqlx::Result<
         Arg::Text(s.to),
         Arg::Int8(s.taken_within_us),
     ];
-    infos(&pg.fetch_all(c, &pg.sql.rows_in, &args).await?)
+    infos(&pg.send::<Vec<PgRow>>(c, &pg.sql.rows_in, &args).await?)
 }
 
 async fn force_release(pg: &Pg, c: &mut PgConnection, s: &ForceRelease<'_>) -> sqlx::Result<bool> {
     Ok(pg
-        .execute(
+        .send::<Changed>(
             c,
             &pg.sql.force_release,
             &[Arg::Text(s.key), Arg::Text(s.owner)],
         )
         .await?
+        .0
         > 0)
 }
 
 async fn reset(pg: &Pg, c: &mut PgConnection, s: &Reset<'_>) -> sqlx::Result<bool> {
-    Ok(pg.execute(c, &pg.sql.reset, &[Arg::Text(s.0)]).await? > 0)
+    Ok(pg
+        .send::<Changed>(c, &pg.sql.reset, &[Arg::Text(s.0)])
+        .await?
+        .0
+        > 0)
 }
 
 /// In batches of at most [`PURGE_BATCH`] rows, until a batch comes back short; then how long
@@ -67,13 +72,13 @@ async fn purge(pg: &Pg, c: &mut PgConnection, s: &Purge) -> sqlx::Result<Purged>
     let age = [Arg::Int8(s.older_than_us)];
     let mut deleted = 0;
     loop {
-        let n = pg.execute(c, &pg.sql.purge, &age).await?;
+        let n = pg.send::<Changed>(c, &pg.sql.purge, &age).await?.0;
         deleted += n;
         if n < PURGE_BATCH {
             break;
         }
     }
-    let row = pg.fetch_optional(c, &pg.sql.held_back, &age).await?;
+    let row = pg.send::<Option<PgRow>>(c, &pg.sql.held_back, &age).await?;
     let held_back_us = match row {
         Some(row) => row.try_get(0)?,
         None => None,

@@ -15,7 +15,7 @@ impl OnPostgres for Acquire<'_> {
         } else {
             &pg.sql.acquire
         };
-        let row = pg.fetch_optional(conn, text, &args).await?;
+        let row = pg.send::<Option<PgRow>>(conn, text, &args).await?;
         let Some(row) = row else {
             // The key was inserted by someone else during this statement.
             return Ok(Attempt::Busy { retry_after: None });
@@ -36,7 +36,7 @@ impl OnPostgres for AcquireMany<'_> {
         let tenures: Vec<i64> = all.iter().map(|a| a.tenure.unwrap_or(-1)).collect();
         let held: Vec<i64> = all.iter().map(|a| i64::from(a.held)).collect();
         let rows = pg
-            .fetch_all(
+            .send::<Vec<PgRow>>(
                 conn,
                 &pg.sql.acquire_many,
                 &[
@@ -61,7 +61,9 @@ impl OnPostgres for Release<'_> {
     async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> sqlx::Result<Released> {
         let mut args = self.args();
         args.extend([Arg::Text(&pg.channel), Arg::Bool(pg.settings.lazy_release)]);
-        let row = pg.fetch_optional(conn, &pg.sql.release, &args).await?;
+        let row = pg
+            .send::<Option<PgRow>>(conn, &pg.sql.release, &args)
+            .await?;
         let left: Option<i32> = row.map(|r| r.try_get(0)).transpose()?;
         Ok(Released::left(left.map(i64::from)))
     }
@@ -70,7 +72,7 @@ impl OnPostgres for Release<'_> {
 impl OnPostgres for Extend<'_> {
     async fn postgres(&self, pg: &Pg, conn: &mut PgConnection) -> sqlx::Result<Option<i64>> {
         let row = pg
-            .fetch_optional(conn, &pg.sql.extend, &self.args())
+            .send::<Option<PgRow>>(conn, &pg.sql.extend, &self.args())
             .await?;
         row.map(|r| r.try_get(0)).transpose()
     }
@@ -85,7 +87,7 @@ impl OnPostgres for ExtendMany<'_> {
         let ttls: Vec<f64> = items.iter().map(|i| i.ttl_us as f64).collect();
         let caps: Vec<f64> = items.iter().map(|i| i.max_hold_us as f64).collect();
         let rows = pg
-            .fetch_all(
+            .send::<Vec<PgRow>>(
                 conn,
                 &pg.sql.extend_many,
                 &[

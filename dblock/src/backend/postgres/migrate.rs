@@ -10,7 +10,7 @@ impl OnPostgres for Migrate {
         // columns. One read, no lock, and none of the "already exists, skipping" NOTICEs that
         // sqlx would log at INFO.
         let exists: bool = match pg
-            .fetch_optional(
+            .send::<Option<PgRow>>(
                 conn,
                 &pg.sql.exists,
                 &[Arg::Text(&pg.sql.queue_table), Arg::Text(&pg.sql.table)],

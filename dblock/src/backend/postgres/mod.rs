@@ -3,7 +3,7 @@
 //! SQLSTATE codes that decide retries, the LISTEN connection (`notify.rs`) and the statements'
 //! form behind a transaction pooler such as PgBouncer (`pooler.rs`).
 //!
-//! Every statement runs through one place, [`Pg::ready`]: prepared with its values bound (the
+//! Every statement runs through one place, [`Pg::send`]: prepared with its values bound (the
 //! default), or behind a pooler as one simple-protocol query with the values inlined. A new
 //! statement is a [`Stmt`] in [`Statements`] and a list of [`Arg`]s, nothing more.
 
@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use futures_core::future::BoxFuture;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgRow, Postgres};
 use sqlx::query::Query;
 use sqlx::RawSql;
-use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, Connection, Execute, Executor, Row, SqlSafeStr, SqlStr};
 
 use super::admin::PURGE_BATCH;
 use super::{quote_ident, Dialect};
@@ -213,43 +214,19 @@ impl Pg {
         }
     }
 
-    /// The statement's first row, if any.
-    async fn fetch_optional(
+    /// The one place a statement is sent: made ready ([`Pg::ready`]), run, and its answer read
+    /// as `T` asks: its first row (`Option<PgRow>`), every row (`Vec<PgRow>`) or how many rows
+    /// it changed ([`Changed`]; the settings a pooled statement begins with change none).
+    async fn send<T: Answer>(
         &self,
         conn: &mut PgConnection,
         s: &Stmt,
         args: &[Arg<'_>],
-    ) -> sqlx::Result<Option<PgRow>> {
+    ) -> sqlx::Result<T> {
         match self.ready(s, args)? {
-            Ready::Prepared(q) => self.seen(q.fetch_optional(conn).await),
-            Ready::Simple(q) => q.fetch_optional(conn).await,
+            Ready::Prepared(q) => self.seen(T::read(conn, q).await),
+            Ready::Simple(q) => T::read(conn, q).await,
         }
-    }
-
-    /// Every row of the statement.
-    async fn fetch_all(
-        &self,
-        conn: &mut PgConnection,
-        s: &Stmt,
-        args: &[Arg<'_>],
-    ) -> sqlx::Result<Vec<PgRow>> {
-        match self.ready(s, args)? {
-            Ready::Prepared(q) => self.seen(q.fetch_all(conn).await),
-            Ready::Simple(q) => q.fetch_all(conn).await,
-        }
-    }
-
-    /// How many rows the statement changed (the settings before it change none).
-    async fn execute(
-        &self,
-        conn: &mut PgConnection,
-        s: &Stmt,
-        args: &[Arg<'_>],
-    ) -> sqlx::Result<u64> {
-        Ok(match self.ready(s, args)? {
-            Ready::Prepared(q) => self.seen(q.execute(conn).await)?.rows_affected(),
-            Ready::Simple(q) => q.execute(conn).await?.rows_affected(),
-        })
     }
 
     /// A prepared statement's result, seen for the sign of a transaction pooler that finding
@@ -410,6 +387,43 @@ impl Dialect for Pg {
 enum Ready {
     Prepared(Query<'static, Postgres, PgArguments>),
     Simple(RawSql),
+}
+
+/// How a statement's answer is read ([`Pg::send`]): each with sqlx's own reader for it.
+trait Answer: Sized {
+    fn read<'c, E>(conn: &'c mut PgConnection, q: E) -> BoxFuture<'c, sqlx::Result<Self>>
+    where
+        E: Execute<'c, Postgres> + 'c;
+}
+
+impl Answer for Option<PgRow> {
+    fn read<'c, E>(conn: &'c mut PgConnection, q: E) -> BoxFuture<'c, sqlx::Result<Self>>
+    where
+        E: Execute<'c, Postgres> + 'c,
+    {
+        conn.fetch_optional(q)
+    }
+}
+
+impl Answer for Vec<PgRow> {
+    fn read<'c, E>(conn: &'c mut PgConnection, q: E) -> BoxFuture<'c, sqlx::Result<Self>>
+    where
+        E: Execute<'c, Postgres> + 'c,
+    {
+        conn.fetch_all(q)
+    }
+}
+
+/// How many rows a statement inserted, updated or deleted.
+struct Changed(u64);
+
+impl Answer for Changed {
+    fn read<'c, E>(conn: &'c mut PgConnection, q: E) -> BoxFuture<'c, sqlx::Result<Self>>
+    where
+        E: Execute<'c, Postgres> + 'c,
+    {
+        Box::pin(async move { Ok(Changed(conn.execute(q).await?.rows_affected())) })
+    }
 }
 
 /// Takes the advisory lock that serialises concurrent migrations (transaction-scoped).
@@ -618,7 +632,7 @@ mod tests {
         );
         let mut conn = pool.acquire().await.unwrap();
         let row = pg
-            .fetch_optional(&mut conn, &probe, &[Arg::Text("it's \\ fine")])
+            .send::<Option<PgRow>>(&mut conn, &probe, &[Arg::Text("it's \\ fine")])
             .await
             .unwrap()
             .unwrap();

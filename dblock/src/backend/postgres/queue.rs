@@ -10,11 +10,11 @@ impl OnPostgres for QueueStep<'_> {
         let (sql, args) = (pg.sql.queue_steps.of(self), self.args());
         match self {
             QueueStep::Join { .. } | QueueStep::Ahead { .. } => {
-                let row = pg.fetch_optional(conn, sql, &args).await?;
+                let row = pg.send::<Option<PgRow>>(conn, sql, &args).await?;
                 row.ok_or(sqlx::Error::RowNotFound)?.try_get(0)
             }
             QueueStep::Touch { .. } | QueueStep::Leave { .. } => {
-                Ok(pg.execute(conn, sql, &args).await? as i64)
+                Ok(pg.send::<Changed>(conn, sql, &args).await?.0 as i64)
             }
         }
     }

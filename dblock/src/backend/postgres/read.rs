@@ -4,10 +4,10 @@
 //! the row, re-checks its WHERE against the committed row version. Every condition below reads
 //! only the row's own columns, so that re-check sees everything the decision depends on.
 
-use sqlx::postgres::PgConnection;
+use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::Row;
 
-use super::{stmt, Arg, Pg, Stmt};
+use super::{stmt, Arg, Changed, Pg, Stmt};
 use crate::backend::kind_sql::KindSql;
 use crate::backend::read::{
     Intent, ReadAcquire, ReadAttempt, ReadRelease, ReadReleased, Withdraw, READERS,
@@ -173,7 +173,7 @@ async fn acquire(
     if a.waiting {
         args.push(Arg::Bool(true));
     }
-    let Some(row) = pg.fetch_optional(conn, s, &args).await? else {
+    let Some(row) = pg.send::<Option<PgRow>>(conn, s, &args).await? else {
         // The row was inserted by someone else during this statement.
         return Ok(ReadAttempt::Busy { retry_after: None });
     };
@@ -194,7 +194,9 @@ async fn release(
     let texts = pg.kind_sql.get::<Sql>();
     let mut args = r.args();
     args.extend([Arg::Text(&pg.channel), Arg::Bool(pg.settings.lazy_release)]);
-    let row = pg.fetch_optional(conn, &texts.release, &args).await?;
+    let row = pg
+        .send::<Option<PgRow>>(conn, &texts.release, &args)
+        .await?;
     Ok(match row {
         None => ReadReleased::NotHeld,
         Some(row) => match (
@@ -210,12 +212,12 @@ async fn release(
 
 async fn intent(pg: &Pg, conn: &mut PgConnection, i: &Intent<'_>) -> sqlx::Result<bool> {
     let texts = pg.kind_sql.get::<Sql>();
-    Ok(pg.execute(conn, &texts.intent, &i.args()).await? > 0)
+    Ok(pg.send::<Changed>(conn, &texts.intent, &i.args()).await?.0 > 0)
 }
 
 async fn withdraw(pg: &Pg, conn: &mut PgConnection, w: &Withdraw<'_>) -> sqlx::Result<()> {
     let texts = pg.kind_sql.get::<Sql>();
-    pg.execute(conn, &texts.withdraw, &w.args()).await?;
+    pg.send::<Changed>(conn, &texts.withdraw, &w.args()).await?;
     Ok(())
 }
 

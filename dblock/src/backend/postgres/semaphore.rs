@@ -2,7 +2,7 @@
 
 use sqlx::postgres::PgConnection;
 
-use super::{stmt, Arg, Pg, Stmt};
+use super::{stmt, Arg, Changed, Pg, Stmt};
 use crate::backend::kind_sql::KindSql;
 use crate::backend::semaphore::FlagSlots;
 
@@ -28,7 +28,8 @@ pub(crate) async fn flag_slots(
 ) -> sqlx::Result<()> {
     let keys: Vec<&str> = f.keys.iter().map(String::as_str).collect();
     let flag = pg.kind_sql.get::<Flag>();
-    pg.execute(conn, &flag.0, &[Arg::TextArray(&keys)]).await?;
+    pg.send::<Changed>(conn, &flag.0, &[Arg::TextArray(&keys)])
+        .await?;
     Ok(())
 }
 
