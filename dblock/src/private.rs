@@ -228,17 +228,14 @@ impl ProofScope {
 ///   guard's `Drop` releases in the background at once.
 /// - With `renew`, the lease is extended while `body` runs, and `body` is dropped (the call
 ///   returning `Lost`) if an extension finds the lock gone.
-pub async fn locked<Q: Take, R, F>(
+pub async fn locked<Q: Take, R>(
     request: Result<Q, LockError>,
     renew: bool,
     function: &'static str,
     returns: ReturnType<R>,
     proof: Option<ProofScope>,
-    body: F,
-) -> R
-where
-    F: Future<Output = R>,
-{
+    body: impl Future<Output = R>,
+) -> R {
     let on_error = returns.on_error;
     let request = match request {
         Ok(request) => request,
@@ -441,15 +438,12 @@ pub async fn take_in<C: crate::FenceConnection>(
 
 /// Runs `body` as the owner of the keys [`take_in`] took: `dblock::current()` reports them, the
 /// proof (if any) holds them. Nothing to release after it: the transaction holds them.
-pub async fn locked_in<R, F>(
+pub async fn locked_in<R>(
     taken: Result<TakenIn, LockError>,
     returns: ReturnType<R>,
     proof: Option<ProofScope>,
-    body: F,
-) -> R
-where
-    F: Future<Output = R>,
-{
+    body: impl Future<Output = R>,
+) -> R {
     let taken = match taken {
         Ok(taken) => taken,
         Err(e) => return (returns.on_error)(e),
