@@ -21,8 +21,7 @@
 //!
 //! ## Guarantees
 //! - **Mutual exclusion per key** across everything sharing the table. Keys are exact byte
-//!   strings of 1–255 bytes (a semaphore's, 233; `"a"`, `"A"`, `"a "` are three locks on every
-//!   backend).
+//!   strings of 1–255 bytes (`"a"`, `"A"`, `"a "` are three locks on every backend).
 //! - **Expiry on the database clock**, never the client's. An expired lease is free for anyone;
 //!   its old owner's `release` / `extend` then fail with [`LockError::NotHeld`].
 //! - **Ownership**: every owner is a random UUID v4; only it can extend or release.

@@ -3,7 +3,8 @@
 //!
 //! **The table model.** A semaphore of `n` permits on key `k` is `n` permit *slots*, each one
 //! an ordinary lock row in the lock table's companion `<table>_permits` (a lock table of its own,
-//! created by `migrate`), keyed `k ␟ n.i` (`␟` is the unit separator, `\x1f`; `i` in `0..n`).
+//! created by `migrate`), keyed `k ␟ n.i` (`␟` is the unit separator, `\x1f`; `i` in `0..n`;
+//! a key longer than 233 bytes stands there as a name of its own: [`rows_name`]).
 //! A permit is a lock on one slot, taken with the lock's own acquire statement, so every lease
 //! property of a lock holds for each permit with no statement of its own: owner, ttl, renewal,
 //! a fencing token that strictly increases per slot, an outcome when it ends, the grant only
@@ -51,7 +52,7 @@ impl crate::Locker {
     /// each permit is a lease of its own (owner, ttl, renewal, its own fencing token). Every call
     /// on one key must ask for the same number of permits ([`LockError::PermitsMismatch`]
     /// otherwise). Semaphore keys live apart from lock keys (`lock("k")` and `semaphore("k", 3)`
-    /// are unrelated) and are at most 233 bytes. See [`SemaphoreRequest`].
+    /// are unrelated) and are 1 to 255 bytes, as any key. See [`SemaphoreRequest`].
     ///
     /// ```
     /// # async fn demo(locker: dblock::Locker) -> Result<(), dblock::LockError> {
@@ -65,9 +66,16 @@ impl crate::Locker {
     }
 }
 
-/// Longest semaphore key, in bytes: its slots' keys add up to 22 bytes (`␟`, permits, `.`,
-/// slot) and must fit the 255 bytes of a lock key.
-pub const MAX_SEMAPHORE_KEY_LEN: usize = validate::MAX_KEY_LEN - 22;
+/// Longest semaphore key, in bytes: 255, as any key's. A permit's row key is the semaphore's key
+/// and a suffix of up to 15 bytes (`␟`, permits, `.`, slot); a key longer than 233 bytes stands
+/// in its rows as its first 207 bytes at most, `␞` and 32 hex digits of its SHA-256, which the
+/// operator's list of every lock (`held()`, `dblock list`) and `watch` show for such a key.
+pub const MAX_SEMAPHORE_KEY_LEN: usize = validate::MAX_KEY_LEN;
+/// Semaphore keys up to this long name their slots' rows themselves (the longest slot suffix,
+/// `␟1000000.999999`, is 15 bytes).
+const PLAIN_NAME_MAX: usize = 233;
+/// A longer key's rows are named by its first bytes, at most this many.
+const NAME_PREFIX_MAX: usize = 207;
 /// Most permits one semaphore can have. The cost of a call follows the live holders, not this
 /// number; the cap keeps a mistaken `u32::MAX` a clear error.
 pub const MAX_PERMITS: u32 = 1_000_000;
@@ -157,8 +165,30 @@ fn free_slots(permits: u32, mut taken: Vec<u32>, want: usize) -> Vec<u32> {
     free
 }
 
+/// The name a semaphore's slot rows begin with: the key itself, up to [`PLAIN_NAME_MAX`] bytes
+/// (233). A longer key (up to 255 bytes, as any key) would leave its slots no room within the
+/// 255 bytes of a row key, so its rows are named by its first bytes (at most
+/// [`NAME_PREFIX_MAX`], cut at a character boundary), `␞` (`\x1e`) and 32 hex digits of the
+/// key's SHA-256: 237 to 240 bytes, never a plain name's length, so no key's rows are another
+/// key's. The operator's list of every permit shows that name; [`live`] (one key's permits)
+/// shows the key.
+pub(crate) fn rows_name(key: &str) -> std::borrow::Cow<'_, str> {
+    use sha2::Digest;
+    if key.len() <= PLAIN_NAME_MAX {
+        return key.into();
+    }
+    let mut cut = NAME_PREFIX_MAX;
+    while !key.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}\x1e{hex}", &key[..cut]).into()
+}
+
 /// One permit slot of a semaphore: slot `slot` (of `0..permits`) of a semaphore of `permits`
-/// permits, the row `<key> ␟ <permits>.<slot>` of the permits' table (`␟` is `\x1f`).
+/// permits, the row `<name> ␟ <permits>.<slot>` of the permits' table (`␟` is `\x1f`; the
+/// name is the key's [`rows_name`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Slot {
     permits: u32,
@@ -166,15 +196,15 @@ struct Slot {
 }
 
 impl Slot {
-    /// The row key of this slot of semaphore `key`.
-    fn row(self, key: &str) -> String {
-        format!("{key}\x1f{}.{}", self.permits, self.slot)
+    /// The row key of this slot of the semaphore whose rows are named `name`.
+    fn row(self, name: &str) -> String {
+        format!("{name}\x1f{}.{}", self.permits, self.slot)
     }
 
-    /// The slot a row key of semaphore `key` stands for (`None`: the row is another key's, or
-    /// no slot at all).
-    fn of_row(key: &str, row: &str) -> Option<Slot> {
-        let rest = row.strip_prefix(key)?.strip_prefix('\x1f')?;
+    /// The slot a row key of the semaphore whose rows are named `name` stands for (`None`: the
+    /// row is another semaphore's, or no slot at all).
+    fn of_row(name: &str, row: &str) -> Option<Slot> {
+        let rest = row.strip_prefix(name)?.strip_prefix('\x1f')?;
         let (permits, slot) = rest.split_once('.')?;
         let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
         if !digits(permits) || !digits(slot) {
@@ -196,8 +226,8 @@ pub(crate) fn as_permit(mut info: LockInfo) -> Option<LockInfo> {
     Some(info)
 }
 
-/// The semaphore's key and the permit a row key of the permits' table stands for (`None`: no
-/// slot's row).
+/// The semaphore's rows' name (its key, up to 233 bytes: [`rows_name`]) and the permit a row
+/// key of the permits' table stands for (`None`: no slot's row).
 pub(crate) fn permit_of(row: &str) -> Option<(&str, LockKind)> {
     let (key, _) = row.rsplit_once('\x1f')?;
     let Slot { permits, slot } = Slot::of_row(key, row)?;
@@ -209,7 +239,8 @@ pub(crate) fn permit_of(row: &str) -> Option<(&str, LockKind)> {
 async fn slot_rows(shared: &Shared, key: &str) -> Result<Option<Vec<LockInfo>>, LockError> {
     let permits = shared.permits();
     let backend = permits.backend()?;
-    let (from, to) = (format!("{key}\x1f"), format!("{key}\x20"));
+    let name = rows_name(key);
+    let (from, to) = (format!("{name}\x1f"), format!("{name}\x20"));
     let read = crate::backend::RowsIn {
         from: &from,
         to: &to,
@@ -223,7 +254,7 @@ async fn slot_rows(shared: &Shared, key: &str) -> Result<Option<Vec<LockInfo>>, 
         other => Ok(Some(
             other?
                 .into_iter()
-                .filter(|r| Slot::of_row(key, &r.key).is_some())
+                .filter(|r| Slot::of_row(&name, &r.key).is_some())
                 .collect(),
         )),
     }
@@ -233,7 +264,13 @@ async fn slot_rows(shared: &Shared, key: &str) -> Result<Option<Vec<LockInfo>>, 
 /// none where the permits' table was never made.
 pub(crate) async fn live(shared: &Shared, key: &str) -> Result<Vec<LockInfo>, LockError> {
     let rows = slot_rows(shared, key).await?.unwrap_or_default();
-    Ok(rows.into_iter().filter_map(as_permit).collect())
+    let permits = rows.into_iter().filter_map(as_permit);
+    Ok(permits
+        .map(|p| LockInfo {
+            key: key.to_owned(),
+            ..p
+        })
+        .collect())
 }
 
 /// Every live permit of every semaphore, as the operator sees them; none where the permits'
@@ -299,12 +336,6 @@ impl SemaphoreRequest {
         // Its permits live in a table of their own, which the locker's purge covers: the
         // permit's guard (of the permits' copy) starts none.
         self.shared.purge_in_background();
-        if self.key.len() > MAX_SEMAPHORE_KEY_LEN {
-            return Err(LockError::invalid_key(
-                &self.key,
-                "a semaphore key is at most 233 bytes (its permits' rows add a suffix)",
-            ));
-        }
         if !(1..=MAX_PERMITS).contains(&self.permits) {
             return Err(LockError::Config(format!(
                 "semaphore `{}` asks for {} permits: a semaphore has 1 to {MAX_PERMITS}",
@@ -314,7 +345,8 @@ impl SemaphoreRequest {
         }
         validate::ttl_micros(self.options.ttl)?;
         let permits = self.shared.permits().clone();
-        let (from, to) = (format!("{}\x1f", self.key), format!("{}\x20", self.key));
+        let name = rows_name(&self.key).into_owned();
+        let (from, to) = (format!("{name}\x1f"), format!("{name}\x20"));
         let wait = self.options.wait;
         let mut kind = PermitWait {
             backend: permits.backend()?.clone(),
@@ -322,6 +354,7 @@ impl SemaphoreRequest {
             permits: permits.clone(),
             request: self,
             owner,
+            name,
             from,
             to,
         };
@@ -339,7 +372,8 @@ struct PermitWait {
     permits: Arc<Shared>,
     backend: Backend,
     owner: Owner,
-    /// The range of the semaphore's slot rows.
+    /// The name of the semaphore's slot rows ([`rows_name`]), and their range.
+    name: String,
     from: String,
     to: String,
     /// The owner holds a permit already (a re-entry): it never waits in the process's line.
@@ -353,7 +387,7 @@ impl PermitWait {
             permits: self.request.permits,
             slot,
         }
-        .row(&self.request.key)
+        .row(&self.name)
     }
 
     /// The slot this owner holds, taken again (a re-entry), or `None`; else up to
@@ -362,7 +396,7 @@ impl PermitWait {
         let (permits, req) = (&self.permits, &self.request);
         let held = permits.held_with_prefix(&self.from, &self.owner);
         if let Some(row) = held.filter(|_| !req.no_reentry) {
-            if Slot::of_row(&req.key, &row).is_some_and(|s| s.permits == req.permits) {
+            if Slot::of_row(&self.name, &row).is_some_and(|s| s.permits == req.permits) {
                 return req.take(permits, row, &self.owner).await.map(Some);
             }
         }
@@ -378,7 +412,7 @@ impl PermitWait {
         // The slots live rows hold: never more than the live rows, whatever `permits` is.
         let mut taken = Vec::with_capacity(live.len());
         for row in &live {
-            let Some(Slot { permits: n, slot }) = Slot::of_row(&req.key, &row.key) else {
+            let Some(Slot { permits: n, slot }) = Slot::of_row(&self.name, &row.key) else {
                 continue;
             };
             if n != req.permits {
@@ -530,14 +564,47 @@ mod tests {
             })
         );
         assert_eq!(Slot::of_row("exports", "exports\x1f3."), None);
-        assert_eq!(
+    }
+
+    #[test]
+    fn every_key_up_to_255_bytes_has_slot_rows_that_fit_and_are_its_own() {
+        let longest = |name: &str| {
+            let slot = MAX_PERMITS - 1;
             Slot {
-                permits: u32::MAX,
-                slot: u32::MAX - 1
+                permits: MAX_PERMITS,
+                slot,
             }
-            .row(&"k".repeat(MAX_SEMAPHORE_KEY_LEN))
-            .len(),
-            validate::MAX_KEY_LEN
-        );
+            .row(name)
+            .len()
+        };
+        // Up to 233 bytes the key names its rows, as it always has.
+        let plain = "k".repeat(PLAIN_NAME_MAX);
+        assert_eq!(rows_name(&plain), plain);
+        assert!(longest(&plain) <= validate::MAX_KEY_LEN);
+        for len in PLAIN_NAME_MAX + 1..=MAX_SEMAPHORE_KEY_LEN {
+            for unit in ["k", "é", "€", "😀"] {
+                let key = unit.repeat(len.div_ceil(unit.len()));
+                let key = &key[..key.floor_char_boundary(len)];
+                let name = rows_name(key);
+                if key.len() <= PLAIN_NAME_MAX {
+                    assert_eq!(name, key);
+                } else {
+                    let len = name.len();
+                    assert!((237..=240).contains(&len), "{key}: a name of {len} bytes");
+                    assert!(key.starts_with(name.split('\x1e').next().unwrap()));
+                }
+                assert!(longest(&name) <= validate::MAX_KEY_LEN, "{len} {unit}");
+            }
+        }
+        // Two long keys that differ only in their last byte are two semaphores.
+        let (a, b) = ("k".repeat(254) + "a", "k".repeat(254) + "b");
+        assert_ne!(rows_name(&a), rows_name(&b));
+        let row = Slot {
+            permits: 3,
+            slot: 1,
+        }
+        .row(&rows_name(&a));
+        assert_eq!(Slot::of_row(&rows_name(&b), &row), None);
+        assert_eq!(permit_of(&row).map(|(name, _)| name), Some(&*rows_name(&a)));
     }
 }
