@@ -289,22 +289,24 @@ async fn purge_keeps_done_once_keys_until_they_are_reset() {
             .await
             .unwrap();
         l.lock("plain").await.unwrap().release().await.unwrap();
-        // A crashed holder whose success committed: its lease runs out unreleased.
+        // A crashed holder whose success committed: its lease runs out unreleased. The work's
+        // connection is opened before the lease starts (a connect inside a 200 ms lease was
+        // the slowest part of it on a loaded machine).
         let work_url = common::direct_url(db);
-        let g = l
-            .lock("crashed")
-            .once()
-            .ttl(Duration::from_millis(200))
-            .await
-            .unwrap();
         with_pool!(db.name, Pool => {
             let pool = Pool::connect(&work_url).await.unwrap();
             let mut tx = pool.begin().await.unwrap();
+            let g = l
+                .lock("crashed")
+                .once()
+                .ttl(Duration::from_secs(1))
+                .await
+                .unwrap();
             g.succeed_in(&mut *tx).await.unwrap();
             tx.commit().await.unwrap();
+            std::mem::forget(g); // as a SIGKILL would: no release
         });
-        std::mem::forget(g); // as a SIGKILL would: no release
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(1300)).await;
 
         let purged = l.purge(Duration::ZERO).await.unwrap();
         assert_eq!(purged, 2, "{}: purged {purged} rows", db.name);

@@ -34,7 +34,7 @@ async fn a_release_notifies_only_when_someone_waits() {
     let g = l.lock("hot").await.unwrap();
     let l2 = l.clone();
     let waiter = tokio::spawn(async move { l2.lock("hot").wait(Duration::from_secs(10)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_a_waiter_flags(l.table_name(), "hot").await;
     g.release().await.unwrap();
     let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
         .await
@@ -49,6 +49,20 @@ async fn a_release_notifies_only_when_someone_waits() {
         nothing.is_err(),
         "release after the episode notified: {nothing:?}"
     );
+}
+
+/// Waits until a waiter of `key` has flagged its row, asking the release to NOTIFY (a waiter
+/// does that once its LISTEN is in place, which takes a few connections' set-up: a fixed pause
+/// before the release was a guess), at most 10 s.
+#[cfg(all(feature = "postgres", feature = "_test-util"))]
+async fn until_a_waiter_flags(table: &str, key: &str) {
+    use std::time::{Duration, Instant};
+    let sql = format!("SELECT count(*) FROM {table} WHERE lock_key = '{key}' AND contended");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::run_sql("postgres", &common::postgres_url(), &sql).await == 0 {
+        assert!(Instant::now() < deadline, "no waiter flagged `{key}`");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Through PgBouncer in transaction mode a LISTEN would stay on one shared server connection, so
@@ -110,7 +124,7 @@ async fn through_a_pooler_a_direct_listen_url_wakes_waiters() {
     let g = l.lock("hot").await.unwrap();
     let l2 = l.clone();
     let waiter = tokio::spawn(async move { l2.lock("hot").wait(Duration::from_secs(10)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_a_waiter_flags(l.table_name(), "hot").await;
     g.release().await.unwrap();
     let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
         .await

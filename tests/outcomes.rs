@@ -102,9 +102,12 @@ async fn every_release_records_how_the_hold_ended() {
         let (o, at) = outcome(l, "ranout").await;
         assert_eq!(o, Some(Outcome::Failed), "{}", db.name);
         let at = at.unwrap();
+        // At the lease's end, not at the take-over 300 ms later. (Where the guard's lease end
+        // is the client's estimate, from the send, the two differ by the statement's delay
+        // before it ran: 50 ms was within reach of a loaded machine.)
         let off = at.duration_since(ends).unwrap_or_else(|e| e.duration());
         assert!(
-            off < Duration::from_millis(50),
+            off < Duration::from_millis(200),
             "{}: ended {at:?}, lease {ends:?}",
             db.name
         );
