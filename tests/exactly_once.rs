@@ -240,10 +240,10 @@ async fn succeed_in_commits_and_rolls_back_with_the_work() {
             let g = db
                 .locker
                 .lock("c")
-                .ttl(Duration::from_millis(200))
+                .ttl(Duration::from_millis(500))
                 .await
                 .unwrap();
-            tokio::time::sleep(Duration::from_millis(400)).await;
+            tokio::time::sleep(Duration::from_millis(700)).await;
             let mut tx = pool.begin().await.unwrap();
             let refused = g.succeed_in(&mut *tx).await;
             assert!(

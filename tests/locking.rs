@@ -211,10 +211,10 @@ async fn reentrant_false_finds_the_owners_own_hold_busy() {
         let lapsed = l
             .lock("nr-lapsed")
             .owner(&me)
-            .ttl(Duration::from_millis(200))
+            .ttl(Duration::from_millis(500))
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
         let after = l
             .lock("nr-lapsed")
             .owner(&me)
@@ -438,10 +438,10 @@ async fn an_owner_whose_lease_expired_gets_a_new_tenure() {
         let first = l
             .lock("x")
             .owner(&me)
-            .ttl(Duration::from_millis(200))
+            .ttl(Duration::from_millis(500))
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(350)).await;
+        tokio::time::sleep(Duration::from_millis(650)).await;
         let second = l.lock("x").owner(&me).await.unwrap();
         assert_eq!(
             second.hold_count(),

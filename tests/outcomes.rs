@@ -185,11 +185,11 @@ async fn once_runs_until_the_work_succeeds() {
         let g = l
             .lock("crash")
             .once()
-            .ttl(Duration::from_millis(200))
+            .ttl(Duration::from_millis(500))
             .await
             .unwrap();
         std::mem::forget(g);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
         let again = l.lock("crash").once().await;
         assert!(again.is_ok(), "{}: {again:?}", db.name);
         again.unwrap().release().await.unwrap();
@@ -210,12 +210,12 @@ async fn once_runs_until_the_work_succeeds() {
             .unwrap();
         let g = l
             .lock("crash-after-ok")
-            .ttl(Duration::from_millis(200))
+            .ttl(Duration::from_millis(500))
             .await
             .unwrap();
         let lease_end = g.expires_at();
         std::mem::forget(g);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
         let (last, finished) = outcome(l, "crash-after-ok").await;
         assert_eq!(
             last,
@@ -301,12 +301,12 @@ async fn min_hold_keeps_a_released_key_unavailable_to_others() {
         let started = Instant::now();
         let g = l
             .lock("crash")
-            .ttl(Duration::from_millis(200))
+            .ttl(Duration::from_millis(500))
             .min_hold(Duration::from_millis(1200))
             .await
             .unwrap();
         std::mem::forget(g);
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
         assert!(l.lock("crash").await.unwrap_err().is_busy(), "{}", db.name);
         let next = l.lock("crash").wait(3 * SEC).await.unwrap();
         assert!(
