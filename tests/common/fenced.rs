@@ -37,10 +37,14 @@ impl Worker {
         let options = dblock::ConnectOptions::new()
             .max_connections(2)
             .statement_timeout(Duration::from_secs(4));
-        let locker = Locker::connect_with(&url, options)
-            .await
-            .unwrap()
-            .table(&table);
+        // Through its fault proxy, whose faults may already cut this first connection (a
+        // reset at start-up failed a CI run), as the other chaos workers do (`history.rs`).
+        let locker = loop {
+            match Locker::connect_with(&url, options.clone()).await {
+                Ok(l) => break l.table(&table),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        };
         let pid = std::process::id();
         let line = Box::new(move |text: String| {
             use std::io::Write;
