@@ -58,10 +58,26 @@ pub fn options_for(name: &str) -> ConnectOptions {
 /// Another locker on `db`'s server, connected as the backend's own (pooler mode through
 /// PgBouncer, the MySQL 8 statements for "mysql8-path"), on the default table.
 pub async fn connect(db: &Db) -> Locker {
-    let locker = Locker::connect_with(&db.url, options_for(db.name))
-        .await
-        .unwrap_or_else(|e| panic!("{}: connect: {e}", db.name));
-    as_named(db.name, locker)
+    as_named(db.name, connect_patiently(db.name, &db.url).await)
+}
+
+/// A locker of the backend called `name` at `url`, asked again while connecting times out for
+/// up to 60 s: under a loaded CI machine (chaos runs, trybuild's compiles) the 3 s of the first
+/// connection ran out in a child process (a CI run failed so). Any other error panics at once.
+pub async fn connect_patiently(name: &str, url: &str) -> Locker {
+    let start = std::time::Instant::now();
+    loop {
+        match Locker::connect_with(url, options_for(name)).await {
+            Ok(locker) => return locker,
+            Err(dblock::LockError::Database(sqlx::Error::Io(e)))
+                if e.kind() == std::io::ErrorKind::TimedOut && start.elapsed().as_secs() < 60 =>
+            {
+                eprintln!("{name}: connecting again after: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{name}: connect: {e}"),
+        }
+    }
 }
 
 /// A URL on which a test may run its own prepared statements to look at `db`'s rows: the
@@ -189,7 +205,12 @@ pub fn report_missing_features() {
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn server(name: &'static str, url: String, test: &str) -> Option<Db> {
-    match Locker::connect_with(&url, options_for(name)).await {
+    let connected = if require_servers() {
+        Ok(connect_patiently(name, &url).await)
+    } else {
+        Locker::connect_with(&url, options_for(name)).await
+    };
+    match connected {
         Ok(locker) => {
             let locker = locker.table(&table_for(test));
             locker.migrate().await.expect("migrate");
@@ -360,13 +381,7 @@ pub async fn child_locker() -> (String, Locker) {
     let url = std::env::var("DBLOCK_CHILD_URL").unwrap();
     let table = std::env::var("DBLOCK_CHILD_TABLE").unwrap();
     let name = std::env::var("DBLOCK_CHILD_BACKEND").unwrap();
-    let locker = as_named(
-        &name,
-        Locker::connect_with(&url, options_for(&name))
-            .await
-            .unwrap()
-            .table(&table),
-    );
+    let locker = as_named(&name, connect_patiently(&name, &url).await.table(&table));
     (role, locker)
 }
 
