@@ -305,6 +305,37 @@ async fn permits_are_leases_reentrant_per_owner_and_refuse_a_second_number() {
 /// A semaphore key may be as long as any key (255 bytes), though its slots' row keys add up to
 /// 15 bytes: keys past 233 bytes name their rows by a digest. Two such keys that differ in their
 /// last byte only are two semaphores, and the operator's view names the key.
+/// An owner's permit of the semaphore whose key is another's followed by the slots' separator
+/// is no permit of that other: asking for the other again re-enters the permit of its own,
+/// whichever of the two the owner's holds list first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_of_a_longer_key_is_not_mistaken_for_the_shorter_keys() {
+    let (dbs, _dir) = common::all("semaphore_suffix").await;
+    for db in &dbs {
+        let locker = &db.locker;
+        // The holds are looked up in a hash map: several owners, so both orders are met.
+        for round in 0..12 {
+            let me = dblock::Owner::new();
+            let longer = locker
+                .semaphore("exports\x1f2.0", 2)
+                .owner(&me)
+                .await
+                .unwrap();
+            let first = locker.semaphore("exports", 2).owner(&me).await.unwrap();
+            let again = locker.semaphore("exports", 2).owner(&me).await.unwrap();
+            assert_eq!(
+                (again.hold_count(), again.fencing_token()),
+                (2, first.fencing_token()),
+                "{} round {round}: a second permit instead of a re-entry",
+                db.name
+            );
+            for g in [again, first, longer] {
+                g.release().await.unwrap();
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_up_to_255_bytes_are_semaphores_of_their_own() {
     let (dbs, _dir) = common::all("semaphore_long_keys").await;

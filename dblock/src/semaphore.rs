@@ -196,15 +196,25 @@ struct Slot {
 }
 
 impl Slot {
+    /// Between a semaphore's rows' name and its slot (the unit separator, `\x1f`).
+    const SEPARATOR: char = '\x1f';
+
     /// The row key of this slot of the semaphore whose rows are named `name`.
     fn row(self, name: &str) -> String {
-        format!("{name}\x1f{}.{}", self.permits, self.slot)
+        format!("{name}{}{}.{}", Self::SEPARATOR, self.permits, self.slot)
+    }
+
+    /// The row keys `from..to` that hold every slot of the semaphore whose rows are named
+    /// `name` (of any number of permits), and no other semaphore's: `from` ends in the
+    /// separator, `to` in the byte after it.
+    fn range(name: &str) -> (String, String) {
+        (format!("{name}{}", Self::SEPARATOR), format!("{name}\x20"))
     }
 
     /// The slot a row key of the semaphore whose rows are named `name` stands for (`None`: the
     /// row is another semaphore's, or no slot at all).
     fn of_row(name: &str, row: &str) -> Option<Slot> {
-        let rest = row.strip_prefix(name)?.strip_prefix('\x1f')?;
+        let rest = row.strip_prefix(name)?.strip_prefix(Self::SEPARATOR)?;
         let (permits, slot) = rest.split_once('.')?;
         let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
         if !digits(permits) || !digits(slot) {
@@ -229,9 +239,16 @@ pub(crate) fn as_permit(mut info: LockInfo) -> Option<LockInfo> {
 /// The semaphore's rows' name (its key, up to 233 bytes: [`rows_name`]) and the permit a row
 /// key of the permits' table stands for (`None`: no slot's row).
 pub(crate) fn permit_of(row: &str) -> Option<(&str, LockKind)> {
-    let (key, _) = row.rsplit_once('\x1f')?;
+    let (key, _) = row.rsplit_once(Slot::SEPARATOR)?;
     let Slot { permits, slot } = Slot::of_row(key, row)?;
     Some((key, LockKind::Permit { slot, permits }))
+}
+
+/// The row of a live permit `owner` holds of the semaphore whose rows are named `name` (any
+/// number of permits): the prefix alone would also match the rows of a semaphore whose key is
+/// this one's followed by the separator.
+fn own_slot(permits: &Shared, name: &str, owner: &Owner) -> Option<String> {
+    permits.held_where(owner, |row| Slot::of_row(name, row).is_some())
 }
 
 /// The live permit rows of semaphore `key` (any number of permits); `None` where the permits'
@@ -240,7 +257,7 @@ async fn slot_rows(shared: &Shared, key: &str) -> Result<Option<Vec<LockInfo>>, 
     let permits = shared.permits();
     let backend = permits.backend()?;
     let name = rows_name(key);
-    let (from, to) = (format!("{name}\x1f"), format!("{name}\x20"));
+    let (from, to) = Slot::range(&name);
     let read = crate::backend::RowsIn {
         from: &from,
         to: &to,
@@ -346,11 +363,11 @@ impl SemaphoreRequest {
         validate::ttl_micros(self.options.ttl)?;
         let permits = self.shared.permits().clone();
         let name = rows_name(&self.key).into_owned();
-        let (from, to) = (format!("{name}\x1f"), format!("{name}\x20"));
+        let (from, to) = Slot::range(&name);
         let wait = self.options.wait;
         let mut kind = PermitWait {
             backend: permits.backend()?.clone(),
-            reentry: !self.no_reentry && permits.held_with_prefix(&from, &owner).is_some(),
+            reentry: !self.no_reentry && own_slot(&permits, &name, &owner).is_some(),
             permits: permits.clone(),
             request: self,
             owner,
@@ -394,7 +411,7 @@ impl PermitWait {
     /// `TRIES_PER_READ` free slots by one read of the live ones.
     async fn take_some(&self) -> Result<Option<LockGuard>, LockError> {
         let (permits, req) = (&self.permits, &self.request);
-        let held = permits.held_with_prefix(&self.from, &self.owner);
+        let held = own_slot(permits, &self.name, &self.owner);
         if let Some(row) = held.filter(|_| !req.no_reentry) {
             if Slot::of_row(&self.name, &row).is_some_and(|s| s.permits == req.permits) {
                 return req.take(permits, row, &self.owner).await.map(Some);

@@ -210,14 +210,14 @@ impl Shared {
         })
     }
 
-    /// The key of a live hold of this locker's guards, as `owner`, whose key starts with
-    /// `prefix` (a semaphore's permit: re-entry takes the same one again).
-    pub(crate) fn held_with_prefix(&self, prefix: &str, owner: &Owner) -> Option<String> {
+    /// The key of a live hold of this locker's guards, as `owner`, whose key is one `is_it`
+    /// accepts (a semaphore's permit: re-entry takes the same one again).
+    pub(crate) fn held_where(&self, owner: &Owner, is_it: impl Fn(&str) -> bool) -> Option<String> {
         self.live()
             .values()
             .filter(|(_, of)| std::ptr::eq(of.as_ptr(), self))
             .filter_map(|(h, _)| h.upgrade())
-            .find(|h| !h.is_lost() && h.owner == *owner && h.key.starts_with(prefix))
+            .find(|h| !h.is_lost() && h.owner == *owner && is_it(&h.key))
             .map(|h| h.key.clone())
     }
 
