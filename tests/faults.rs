@@ -474,6 +474,47 @@ async fn wait_and_the_statement_timeout_bound_every_call() {
     exhausted_pool_with_wait_zero().await;
 }
 
+/// No answer at all is said as such by every kind: a call whose time runs out before the
+/// database answered anything (the statement time-out, 5 s, longer than the call's 1 s) is
+/// "no answer, outcome unknown" (`LockError::Database`), never `Busy`: a permit, a read, a lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_is_no_answer_for_every_kind() {
+    let options = ConnectOptions::new()
+        .max_connections(1)
+        .acquire_timeout(SEC);
+    for s in servers("fault_no_answer", options).await {
+        // The permits' table made, the statements of a permit and a read prepared.
+        s.locker
+            .semaphore("warm", 2)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        s.locker
+            .read("warm")
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        settle().await;
+        s.proxy.set(Mode::Blackhole);
+        // The lock last: its unanswered attempt goes on in the background, on the one connection.
+        let permit = s.locker.semaphore("k", 2).await.map(drop);
+        let read = s.locker.read("k").await.map(drop);
+        let lock = s.locker.lock("k").await.map(drop);
+        for (kind, outcome) in [("permit", permit), ("read", read), ("lock", lock)] {
+            assert!(
+                matches!(outcome, Err(LockError::Database(_))),
+                "{} {kind}: {outcome:?}",
+                s.name
+            );
+        }
+        s.proxy.set(Mode::Pass);
+    }
+}
+
 /// `wait = 0` on a caller's pool (of one connection, a 10 s time-out) whose connection is in use:
 /// one attempt, not the pool's time-out; the error names the exhausted pool, which here is the
 /// real cause.

@@ -502,10 +502,17 @@ impl Kind for PermitWait {
         }
     }
 
-    fn gave_up(&self, _: Seen, waited: Duration) -> LockError {
-        LockError::Busy {
-            key: self.request.key.clone(),
-            waited,
+    fn gave_up(&self, seen: Seen, waited: Duration) -> LockError {
+        match seen {
+            // As a lock and a read: no answer at all is not a busy semaphore.
+            Seen::Nothing => LockError::no_answer(
+                waited,
+                &format!("permit of `{}`", crate::Escaped(&self.request.key)),
+            ),
+            Seen::Busy | Seen::Stale => LockError::Busy {
+                key: self.request.key.clone(),
+                waited,
+            },
         }
     }
 }
