@@ -1037,6 +1037,24 @@ async fn reads_and_permits_count_once_through_lost_replies() {
         b.release().await.unwrap();
         assert!(!s.observer.inspect("r").await.unwrap().unwrap().held);
 
+        // The last reader's release commits and its reply is lost: the resend finds no readers'
+        // row at all (the key is free), and the row's last release is this reader's: done.
+        let c = s.locker.read("r").await.unwrap();
+        warm().await;
+        s.proxy.set(Mode::HoldReplies);
+        let release = tokio::spawn(async move { c.release().await });
+        let row = row_once(&s.observer, "r", |r| !r.held).await.expect("row");
+        assert!(!row.held, "{}: the release did not commit", s.name);
+        s.proxy.cut_off();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        s.proxy.set(Mode::Pass);
+        let outcome = release.await.unwrap();
+        assert!(
+            outcome.is_ok(),
+            "{}: the last reader's release whose reply was lost: {outcome:?}",
+            s.name
+        );
+
         // A permit's re-entry whose reply is lost.
         let me = Owner::new();
         warm().await;

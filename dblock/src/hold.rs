@@ -102,6 +102,8 @@ pub(crate) struct Giving<'a> {
     pub(crate) hold: &'a Hold,
     pub(crate) outcome: Option<Outcome>,
     pub(crate) policy: Policy,
+    /// The locker's statement time-out: the bound of a check after a lost reply.
+    pub(crate) statement_timeout: Duration,
 }
 
 /// A [`Member`]'s release under way.

@@ -19,7 +19,7 @@ use crate::meter;
 use crate::options::{Options, Terms};
 use crate::owner::Owner;
 use crate::retry::{Failure, Policy};
-use crate::shared::Shared;
+use crate::shared::{settle_lost_reply, Shared};
 use crate::timing::{self, INTENT_EVERY, INTENT_LEASE};
 use crate::wait::{self, Busy, Kind, Seen, Try};
 
@@ -269,6 +269,7 @@ impl Member for Reader {
             hold,
             outcome,
             policy,
+            statement_timeout,
         } = giving;
         Box::pin(async move {
             let statement = ReadRelease {
@@ -284,6 +285,13 @@ impl Member for Reader {
                 Ok(ReadReleased::Gone) => {
                     tracing::debug!(key = %crate::Escaped(&hold.key), "read release after a lost reply: the earlier send took effect");
                     Ok(Released::StillHeld(0))
+                }
+                // The last reader's earlier send may have freed the row (no readers' row is
+                // left to find the id gone from): the row's last release says.
+                Ok(ReadReleased::NotHeld) if tried.after_unknown => {
+                    let limit = Instant::now() + statement_timeout;
+                    let took_effect = Released::StillHeld(0);
+                    settle_lost_reply(backend, hold, self.id, took_effect, limit).await
                 }
                 Ok(ReadReleased::NotHeld) => Ok(Released::NotHeld),
                 Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),

@@ -29,6 +29,7 @@ mod release;
 
 use lifecycle::Lifecycle;
 pub(crate) use lifecycle::Releasing;
+pub(crate) use release::settle_lost_reply;
 
 pub(crate) struct Shared {
     /// `Err` when `table()` was given a bad name: every call then reports it.

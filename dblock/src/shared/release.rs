@@ -38,6 +38,7 @@ impl Shared {
                 hold,
                 outcome,
                 policy,
+                statement_timeout: self.statement_timeout,
             };
             let released = member.release(giving).await;
             if matches!(released, Ok(Released::Free)) {
@@ -77,29 +78,12 @@ impl Shared {
         }
         let released = match tried.result {
             Ok(Released::NotHeld) if tried.after_unknown => {
+                let took_effect = match remaining {
+                    0 => Released::Free,
+                    n => Released::StillHeld(n),
+                };
                 let limit = Instant::now() + self.statement_timeout;
-                let row = Box::pin(backend.run(&crate::backend::LastWriteOf(&hold.key), limit))
-                    .await
-                    .map_err(|f| LockError::database(f.error, true, "release"))?;
-                match earlier_send(row, release_id, hold.fencing_token) {
-                    EarlierSend::TookEffect => {
-                        tracing::debug!(key = %crate::Escaped(&hold.key), "release after a lost reply: the earlier send took effect");
-                        Ok(match remaining {
-                            0 => Released::Free,
-                            n => Released::StillHeld(n),
-                        })
-                    }
-                    EarlierSend::DidNot => Ok(Released::NotHeld),
-                    EarlierSend::CannotTell => Err(LockError::database(
-                        sqlx::Error::Io(std::io::Error::other(
-                            "the reply to the release was lost, and the key has since been taken \
-                             and released again by others: whether this release took effect \
-                             cannot be told (the lease has ended either way)",
-                        )),
-                        true,
-                        &format!("release of `{}`", crate::Escaped(&hold.key)),
-                    )),
-                }
+                settle_lost_reply(backend, hold, release_id, took_effect, limit).await
             }
             Ok(Released::NotHeld) => {
                 if current {
@@ -123,6 +107,39 @@ impl Shared {
             }
         }
         released
+    }
+}
+
+/// A release whose reply was lost and whose resend found nothing to release (`NotHeld`): whether
+/// the earlier send took effect, by the row's last release (`release_id`, of `hold`'s tenure),
+/// which no acquire overwrites. `took_effect` if it did, `NotHeld` if it did not, an unknown
+/// outcome if a later tenure's release has overwritten the record. Every kind's release records
+/// its id so (a lock's, a read's; a permit's is a lock's).
+pub(crate) async fn settle_lost_reply(
+    backend: &Backend,
+    hold: &Hold,
+    release_id: i64,
+    took_effect: Released,
+    limit: Instant,
+) -> Result<Released, LockError> {
+    let row = Box::pin(backend.run(&crate::backend::LastWriteOf(&hold.key), limit))
+        .await
+        .map_err(|f| LockError::database(f.error, true, "release"))?;
+    match earlier_send(row, release_id, hold.fencing_token) {
+        EarlierSend::TookEffect => {
+            tracing::debug!(key = %crate::Escaped(&hold.key), "release after a lost reply: the earlier send took effect");
+            Ok(took_effect)
+        }
+        EarlierSend::DidNot => Ok(Released::NotHeld),
+        EarlierSend::CannotTell => Err(LockError::database(
+            sqlx::Error::Io(std::io::Error::other(
+                "the reply to the release was lost, and the key has since been taken and \
+                 released again by others: whether this release took effect cannot be told \
+                 (the lease has ended either way)",
+            )),
+            true,
+            &format!("release of `{}`", crate::Escaped(&hold.key)),
+        )),
     }
 }
 
