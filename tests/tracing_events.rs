@@ -385,3 +385,47 @@ async fn span_and_event_fields_never_carry_a_raw_key() {
         }
     }
 }
+
+/// A writer that went away (its call dropped, so nothing withdrew its intent) leaves the intent
+/// on the key's free row until the intent's own lease ends (2 s): a reader that comes meanwhile
+/// waits it out with the usual backoff (5 ms doubling to 250 ms: about fifteen pauses), not one
+/// statement a millisecond (PostgreSQL's busy read answered "0 ms of lease left": retry now).
+/// Counted by the wait loop's "busy: waiting" events, which this thread's calls trace.
+#[tokio::test]
+async fn a_reader_behind_a_gone_writers_intent_backs_off() {
+    let (dbs, _dir) = common::all("trace_intent_backoff").await;
+    for db in &dbs {
+        let (out, _default) = capture();
+        let locker = &db.locker;
+        let reader = locker.read("k").await.unwrap();
+        let writer = {
+            let locker = locker.clone();
+            tokio::spawn(async move { locker.lock("k").wait(Duration::from_secs(30)).await })
+        };
+        let intent = dblock::LockKind::Read {
+            writer_waiting: true,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while locker.inspect("k").await.unwrap().map(|i| i.kind) != Some(intent) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: no intent recorded",
+                db.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        writer.abort();
+        let _ = writer.await;
+        reader.release().await.unwrap();
+        out.0.lock().unwrap().clear();
+        let late = locker.read("k").wait(Duration::from_secs(10)).await;
+        assert!(late.is_ok(), "{}: {late:?}", db.name);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let pauses = text.matches("busy: waiting").count();
+        assert!(
+            pauses < 60,
+            "{}: {pauses} pauses behind the intent",
+            db.name
+        );
+    }
+}

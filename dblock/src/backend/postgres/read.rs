@@ -180,8 +180,11 @@ async fn acquire(
     if row.try_get::<bool, _>(0)? {
         Ok(ReadAttempt::Granted(Grant::at(&row, 1)?))
     } else {
+        // No lease left yet busy: a writer's intent keeps the free row (until the writer takes
+        // it, or the intent's lease ends): the usual backoff, not a retry at once.
+        let left: i64 = row.try_get(4)?;
         Ok(ReadAttempt::Busy {
-            retry_after: Some(crate::info::millis(row.try_get(4)?)),
+            retry_after: (left > 0).then(|| crate::info::millis(left)),
         })
     }
 }
