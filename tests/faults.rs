@@ -424,6 +424,37 @@ async fn a_grant_is_only_returned_live() {
         assert!(common::time_until_free(&s.observer, "slow", 3 * SEC)
             .await
             .is_some());
+        // A permit's slot the same way (replies within one attempt's 1 s, after the 300 ms
+        // lease): the call asks again within its wait and then says so of the semaphore's
+        // key, not of a slot's row at its first late grant.
+        s.locker
+            .semaphore("warm", 1)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        settle().await;
+        s.proxy.set(Mode::DelayReplies(Duration::from_millis(600)));
+        let started = Instant::now();
+        let outcome = s
+            .locker
+            .semaphore("slow-s", 2)
+            .ttl(Duration::from_millis(300))
+            .wait(Duration::from_millis(2500))
+            .await;
+        let took = started.elapsed();
+        s.proxy.set(Mode::Pass);
+        assert!(
+            matches!(&outcome, Err(LockError::Lost { key }) if key == "slow-s"),
+            "{}: {outcome:?} after {took:?}",
+            s.name
+        );
+        assert!(
+            took >= Duration::from_millis(2400) && took < Duration::from_millis(4000),
+            "{}: {took:?}",
+            s.name
+        );
     }
 }
 

@@ -476,6 +476,9 @@ impl Kind for PermitWait {
             // such an attempt may have made is given back in the background (the lock's
             // cancellation safety), never built upon.
             Err(e @ LockError::Database(_)) => Try::Retry(e),
+            // A slot's grant that arrived when its lease could have ended (given back, as the
+            // lock's): this call asks again within its wait, as a lock does.
+            Err(LockError::Lost { .. }) => Try::Stale,
             Err(e) => Try::Failed(e),
         }
     }
@@ -509,9 +512,13 @@ impl Kind for PermitWait {
                 waited,
                 &format!("permit of `{}`", crate::Escaped(&self.request.key)),
             ),
-            Seen::Busy | Seen::Stale => LockError::Busy {
+            Seen::Busy => LockError::Busy {
                 key: self.request.key.clone(),
                 waited,
+            },
+            // As a lock's: the last grant came when its lease could have ended.
+            Seen::Stale => LockError::Lost {
+                key: self.request.key.clone(),
             },
         }
     }
