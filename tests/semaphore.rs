@@ -336,6 +336,39 @@ async fn a_permit_of_a_longer_key_is_not_mistaken_for_the_shorter_keys() {
     }
 }
 
+/// An owner whose permit was freed by an operator and taken by another owner meanwhile asks for
+/// the semaphore again: its old slot is busy, which is no answer to the call (the owner's hold
+/// of it is lost, as its renewal would say); the call waits for a permit as any other, within
+/// its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_freed_and_taken_by_another_is_waited_for_again() {
+    let (dbs, _dir) = common::all("semaphore_freed").await;
+    for db in &dbs {
+        let (locker, operator) = (&db.locker, common::connect(db).await);
+        let operator = operator.table(locker.table_name());
+        let me = dblock::Owner::new();
+        let _old = locker.semaphore("s", 1).owner(&me).await.unwrap();
+        assert!(operator.force_release("s").await.unwrap(), "{}", db.name);
+        let other = operator.semaphore("s", 1).await.unwrap();
+        let giver = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            other.release().await.unwrap();
+        });
+        let again = locker
+            .semaphore("s", 1)
+            .owner(&me)
+            .wait(Duration::from_secs(10))
+            .await;
+        let again = again.unwrap_or_else(|e| panic!("{}: {e}", db.name));
+        assert_eq!(again.hold_count(), 1, "{}: a new permit", db.name);
+        giver.await.unwrap();
+        // Its release frees the semaphore: nothing of the lost hold is counted in it.
+        again.release().await.unwrap();
+        let free = operator.semaphore("s", 1).await;
+        assert!(free.is_ok(), "{}: {free:?}", db.name);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_up_to_255_bytes_are_semaphores_of_their_own() {
     let (dbs, _dir) = common::all("semaphore_long_keys").await;

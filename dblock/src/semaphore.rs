@@ -414,7 +414,13 @@ impl PermitWait {
         let held = own_slot(permits, &self.name, &self.owner);
         if let Some(row) = held.filter(|_| !req.no_reentry) {
             if Slot::of_row(&self.name, &row).is_some_and(|s| s.permits == req.permits) {
-                return req.take(permits, row, &self.owner).await.map(Some);
+                match req.take(permits, row, &self.owner).await {
+                    // Another owner's now (freed by an operator, or run out, and taken): the
+                    // owner's hold of it is lost (its renewal says so); a permit is looked for
+                    // as on a first call.
+                    Err(LockError::Busy { .. }) => {}
+                    other => return other.map(Some),
+                }
             }
         }
         let read = crate::backend::RowsIn {
