@@ -369,6 +369,32 @@ async fn a_permit_freed_and_taken_by_another_is_waited_for_again() {
     }
 }
 
+/// Two calls of one owner at once (sibling futures of one task, `join!`) take one permit, held
+/// twice, as two calls one after the other do: never a permit each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owners_calls_at_once_share_one_permit() {
+    let (dbs, _dir) = common::all("semaphore_siblings").await;
+    for db in &dbs {
+        let locker = &db.locker;
+        for round in 0..8 {
+            let me = dblock::Owner::new();
+            let (a, b) = tokio::join!(
+                locker.semaphore("siblings", 3).owner(&me),
+                locker.semaphore("siblings", 3).owner(&me)
+            );
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert_eq!(
+                (a.fencing_token(), a.hold_count().max(b.hold_count())),
+                (b.fencing_token(), 2),
+                "{} round {round}: two permits for one owner",
+                db.name
+            );
+            b.release().await.unwrap();
+            a.release().await.unwrap();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_up_to_255_bytes_are_semaphores_of_their_own() {
     let (dbs, _dir) = common::all("semaphore_long_keys").await;

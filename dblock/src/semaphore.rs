@@ -411,6 +411,10 @@ impl PermitWait {
     /// `TRIES_PER_READ` free slots by one read of the live ones.
     async fn take_some(&self) -> Result<Option<LockGuard>, LockError> {
         let (permits, req) = (&self.permits, &self.request);
+        // One attempt of the owner's at a time on this semaphore (as on a lock's key): calls of
+        // one owner at once (`join!`) see each other's permit and re-enter it, not take two.
+        let _one_at_a_time =
+            crate::registry::serialise(permits.space(), &self.owner, &self.name).await;
         let held = own_slot(permits, &self.name, &self.owner);
         if let Some(row) = held.filter(|_| !req.no_reentry) {
             if Slot::of_row(&self.name, &row).is_some_and(|s| s.permits == req.permits) {
