@@ -460,6 +460,50 @@ async fn a_killed_reader_keeps_the_writer_out_only_until_its_ttl() {
     }
 }
 
+/// A reader's `max_hold` counts from its own read, not from the start of the read phase it
+/// joined: a reader that joins a phase two seconds old (its first reader renewed, a 1 s ttl),
+/// renewed, with a cap of two seconds, holds past the phase's last lease after the first reader
+/// left (its renewals were refused by the phase's cap, and the row's lease ran out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readers_max_hold_counts_from_its_own_read() {
+    let (dbs, _dir) = common::all("read_max_hold").await;
+    for db in &dbs {
+        let locker = &db.locker;
+        let first = locker
+            .read("capped")
+            .ttl(Duration::from_secs(1))
+            .await
+            .unwrap()
+            .auto_renew();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let late = locker
+            .read("capped")
+            .ttl(Duration::from_millis(600))
+            .max_hold(Duration::from_secs(2))
+            .await
+            .unwrap()
+            .auto_renew();
+        let joined = std::time::Instant::now();
+        first.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let row = locker.inspect("capped").await.unwrap().unwrap();
+        assert!(
+            row.held && !late.is_lost(),
+            "{}: the late reader lost its hold {:?} after its read (ttl 600 ms, cap 2 s): {row:?}",
+            db.name,
+            joined.elapsed()
+        );
+        // Its own cap still ends it: renewal asks for nothing past two seconds from its read.
+        let lost = tokio::time::timeout(Duration::from_secs(10), late.lost()).await;
+        let after = joined.elapsed();
+        assert!(
+            lost.is_ok() && after >= Duration::from_millis(1500),
+            "{}: the cap of 2 s ended the hold after {after:?} ({lost:?})",
+            db.name
+        );
+    }
+}
+
 /// A writer that gives up withdraws its intent: a reader that comes after it is let in at once,
 /// not held back for the rest of the intent's lease (2 s, renewed while the writer waited).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -204,6 +204,12 @@ impl Hold {
     ///
     /// [`NO_CAP_US`]: crate::backend::NO_CAP_US
     pub(crate) fn max_hold_us(&self) -> i64 {
+        if matches!(self.kind, HoldKind::Member(_)) {
+            // The row's `acquired_at` is the shared phase's, not this member's: a cap counted
+            // from it would cut a member that joined late short. The member's own cap holds
+            // anyway: no extension asks past it ([`extension`](Self::extension)).
+            return crate::backend::NO_CAP_US;
+        }
         // The key stays unavailable `lock_delay` past the cap too.
         let cap = self.lease().cap;
         cap.map_or(crate::backend::NO_CAP_US, |(d, _)| {
