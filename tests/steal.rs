@@ -218,3 +218,32 @@ async fn the_holder_in_the_same_process_learns_at_once() {
         again.release().await.unwrap();
     }
 }
+
+/// A steal takes the key now also while callers of its own process wait for it: it does not
+/// line up behind them (with no wait, behind them it would be busy without asking, after it
+/// had ended the holder's lease each round). The waiters go on waiting, now for the thief.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steal_does_not_line_up_behind_its_own_process_waiters() {
+    let (dbs, _dir) = common::all("steal_line").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let holder = common::connect(db).await.table(l.table_name());
+        let held = holder.lock("job").ttl(LIMIT).await.unwrap();
+        let waiter = {
+            let l = l.clone();
+            tokio::spawn(async move { l.lock("job").wait(LIMIT).await })
+        };
+        // The waiter is in the process's line once the key has been found busy by it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let thief = l.clone();
+        let stolen = tokio::spawn(async move { thief.steal("job").await })
+            .await
+            .unwrap();
+        let stolen = stolen.unwrap_or_else(|e| panic!("{}: steal: {e}", db.name));
+        assert!(stolen.fencing_token() > held.fencing_token(), "{}", db.name);
+        assert!(!waiter.is_finished(), "{}: the waiter got the key", db.name);
+        stolen.release().await.unwrap();
+        let got = waiter.await.unwrap();
+        assert!(got.is_ok(), "{}: {got:?}", db.name);
+    }
+}

@@ -362,7 +362,7 @@ impl Kind for LockWait {
     }
 
     fn lines_up(&self) -> bool {
-        self.fair.is_none() && !self.reentry
+        self.fair.is_none() && !self.reentry && !self.req.lock.jumps_line
     }
 
     fn reentry(&self) -> bool {
@@ -483,11 +483,14 @@ pub(crate) async fn steal(
     shared: Arc<Shared>,
     mut request: Request,
 ) -> Result<LockGuard, LockError> {
-    // No queue to wait in, no waiting: the key is taken now.
+    // No queue to wait in, no line of this process's waiters, no waiting: the key is taken now.
     request.lock.fair = false;
+    request.lock.jumps_line = true;
     request.wait = Duration::ZERO;
+    // Busy, or a grant that came too late (given back): another round.
+    let again = |e: &LockError| e.is_busy() || matches!(e, LockError::Lost { .. });
     let mut last = match request.clone().acquire(shared.clone()).await {
-        Err(e) if e.is_busy() => e,
+        Err(e) if again(&e) => e,
         done => return done,
     };
     for _ in 0..STEAL_ROUNDS {
@@ -495,7 +498,7 @@ pub(crate) async fn steal(
         let freed = shared.free("steal", &request.key, "").await?;
         tracing::info!(key = %crate::Escaped(&request.key), freed, "steal: holder's lease ended");
         match request.clone().acquire(shared.clone()).await {
-            Err(e) if e.is_busy() => last = e,
+            Err(e) if again(&e) => last = e,
             done => return done,
         }
     }

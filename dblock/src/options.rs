@@ -144,6 +144,9 @@ pub(crate) struct LockOptions {
     /// `reentrant(false)`: a call of an owner that holds the key waits for that hold to end
     /// (busy, as for any other owner) instead of re-entering it.
     pub(crate) no_reentry: bool,
+    /// A steal's attempt: the key now, never behind the process's waiters for it (who wait on
+    /// for the thief).
+    pub(crate) jumps_line: bool,
 }
 
 impl LockOptions {
