@@ -349,6 +349,42 @@ async fn settle_my(
     Ok(held.fencing_token)
 }
 
+/// The outer hold of a re-entered key given to `release_in` (its own count was 1 when taken;
+/// the owner holds the key twice now): the statement does not free the key under the inner
+/// hold. It records the success, and the outer guard is given back on its own (the count goes
+/// down by one); the key stays the owner's until the inner hold is released too.
+macro_rules! outer_release_in {
+    ($pool:ty, $db:expr) => {{
+        let db: &common::Db = $db;
+        let (name, l) = (db.name, &db.locker);
+        let pool = <$pool as common::TestPool>::open(&db.url).await;
+        let owner = dblock::Owner::new();
+        let outer = l.lock("nested").owner(&owner).ttl(30 * SEC).await.unwrap();
+        let inner = l.lock("nested").owner(&owner).ttl(30 * SEC).await.unwrap();
+        assert_eq!(inner.hold_count(), 2, "{name}");
+        let mut tx = begin!(pool, name);
+        outer.release_in(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+        let info = l.inspect("nested").await.unwrap().unwrap();
+        assert!(
+            info.held,
+            "{name}: the key was freed under the inner hold: {info:?}"
+        );
+        // Past the outer guard's own release in the background (500 ms): still the owner's.
+        lease_is_busy(name, l, "nested", Duration::from_millis(800)).await;
+        inner.release().await.unwrap();
+        until_free(l, "nested", 20 * SEC)
+            .await
+            .unwrap_or_else(|| panic!("{name}: never free after both holds"));
+        pool.close().await;
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_in_of_an_outer_hold_leaves_the_key_to_the_inner_one() {
+    every_backend!("release_in_outer", outer_release_in);
+}
+
 /// A read hold given to `release_in`: readers share the key's row, so the statement does not
 /// release it (it records the success, as `succeed_in`) and the guard is given back on its own.
 /// The other reader keeps the key: a writer stays `Busy` until that reader leaves too.

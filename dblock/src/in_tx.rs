@@ -495,9 +495,10 @@ impl LockGuard {
     /// it is never leaked, never released twice. `Err(Lost)` if the lease is not ours and live
     /// any more: roll back.
     ///
-    /// A nested hold (re-entered, `hold_count > 1`) or a read hold is not released by it: it
-    /// records the success as [`succeed_in`](Self::succeed_in) does, and the guard is given
-    /// back as dropped.
+    /// A hold of a key its owner holds more than once when the statement runs (a nested hold,
+    /// `hold_count > 1`, or the outer one of a key re-entered since) or a read hold is not
+    /// released by it: it records the success as [`succeed_in`](Self::succeed_in) does, and the
+    /// guard is given back as dropped.
     ///
     #[cfg_attr(feature = "sqlite", doc = "```")]
     #[cfg_attr(not(feature = "sqlite"), doc = "```ignore")]

@@ -373,16 +373,18 @@ pub async fn release_in<C: FenceConnection>(conn: &mut C) -> Result<(), crate::L
 
 /// Records the success of `lock` (releasable: one hold, not a member of a shared row) and
 /// releases it in the caller's transaction: `Err(Lost)` if its lease is not ours and live.
-/// Marks it released in the transaction (a background release then only checks).
+/// Marks it released in the transaction (a background release then only checks). A key its
+/// owner has re-entered since (the row counts more than one hold) is not freed under the inner
+/// hold: the success is recorded, as `succeed_in` does, and the hold's own release gives it
+/// back.
 pub(crate) async fn release_lock_in<C: FenceConnection>(
     conn: &mut C,
     lock: &HeldLock,
 ) -> Result<(), crate::LockError> {
     let matched = conn.release_in_row(&lock.table, lock.owned()).await?;
     if matched == 0 {
-        return Err(crate::LockError::Lost {
-            key: lock.key.clone(),
-        });
+        // Not ours and live (`Lost`), or held more than once: the fence says which.
+        return fence_locks(conn, std::slice::from_ref(lock), true).await;
     }
     lock.released_in.set();
     Ok(())

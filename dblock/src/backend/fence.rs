@@ -262,7 +262,8 @@ SELECT fencing_token FROM u UNION ALL SELECT fencing_token FROM i",
     expires_at = greatest(statement_timestamp(), available_at),
     success_token = fencing_token, last_outcome = 1, finished_at = statement_timestamp(),
     release_token = fencing_token
-WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > statement_timestamp()",
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > statement_timestamp()
+  AND hold_count = 1",
     };
 
     /// Runs `text` with `args` on the caller's connection: prepared, or (`simple`) inlined.
@@ -377,7 +378,8 @@ WHERE lock_key = ? AND expires_at <= UTC_TIMESTAMP(6)",
         release_in: "UPDATE {table} SET success_token = fencing_token, last_outcome = 1,
     finished_at = UTC_TIMESTAMP(6), release_token = fencing_token, hold_count = 0, owner = NULL,
     expires_at = greatest(UTC_TIMESTAMP(6), coalesce(available_at, UTC_TIMESTAMP(6)))
-WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIMESTAMP(6)",
+WHERE lock_key = ? AND owner = ? AND fencing_token = ? AND expires_at > UTC_TIMESTAMP(6)
+  AND hold_count = 1",
     };
 
     impl sealed::Sealed for sqlx::MySqlConnection {
@@ -478,7 +480,8 @@ RETURNING fencing_token"
     expires_at = max(",
             now!(),
             ", coalesce(available_at, 0))
-WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND expires_at > ",
+WHERE lock_key = $1 AND owner = $2 AND fencing_token = $3 AND hold_count = 1
+  AND expires_at > ",
             now!()
         ),
     };
