@@ -136,6 +136,37 @@ async fn refuse(db: &common::Db, l: &Locker, key: &str, owner: &str) {
 /// A `lock_all` that has taken its first key when the statement for the second one fails (an
 /// error, not a busy key) gives the first back and records nothing: no key held, no outcome
 /// written, no hold left for the owner to build on.
+/// The keys a `lock_all` took one by one before a key that stayed busy are given back free at
+/// once, also with `min_hold`: it keeps a key for a body that ran, and none did (the grants are
+/// given back unused, as a grant that came too late is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_given_back_unused_are_free_at_once_also_with_min_hold() {
+    let (dbs, _dir) = common::all("multi_min_hold").await;
+    for db in &dbs {
+        let l = &db.locker;
+        let other = common::connect(db).await.table(l.table_name());
+        let (a, b) = (format!("mh-a{}", fastrand::u32(..)), "mh-b");
+        let busy = other.lock(b).ttl(30 * SEC).await.unwrap();
+        let all = l
+            .lock_all([a.as_str(), b])
+            .min_hold(60 * SEC)
+            .wait(Duration::from_millis(500))
+            .await;
+        assert!(
+            matches!(&all, Err(LockError::Busy { key, .. }) if key == b),
+            "{}: {all:?}",
+            db.name
+        );
+        let taken = other.lock(&a).wait(3 * SEC).await;
+        assert!(
+            taken.is_ok(),
+            "{}: the key given back stayed taken: {taken:?}",
+            db.name
+        );
+        busy.release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_all_failing_half_way_leaves_nothing_behind() {
     let (dbs, _dir) = common::all("multi_fail").await;

@@ -451,8 +451,11 @@ FROM {table} WHERE lock_key = ?",
                       IF(success_token <=> fencing_token, 1, COALESCE($6, last_outcome)),
                       last_outcome),
     finished_at  = IF(hold_count = 0 AND $6 IS NOT NULL, UTC_TIMESTAMP(6), finished_at),
-    -- Free once released, or once min_hold has passed (available_at), whichever is later.
-    expires_at   = IF(hold_count = 0, GREATEST(UTC_TIMESTAMP(6), COALESCE(available_at, UTC_TIMESTAMP(6))),
+    -- Free once released, or once min_hold has passed (available_at), whichever is later; a
+    -- hold given back unused (no outcome) kept nothing for a body: free at once.
+    expires_at   = IF(hold_count = 0,
+                      IF($6 IS NULL, UTC_TIMESTAMP(6),
+                         GREATEST(UTC_TIMESTAMP(6), COALESCE(available_at, UTC_TIMESTAMP(6)))),
                       expires_at),
     attempt_id   = $4,
     -- The release id just assigned, and this tenure: kept by every acquire (see `last_write`).

@@ -122,6 +122,7 @@ const RELEASE: &str = "WITH q AS (
         hold_count   = q.remaining,
         owner        = CASE WHEN q.remaining > 0 THEN l.owner END,
         expires_at   = CASE WHEN q.remaining > 0 THEN l.expires_at
+                            WHEN q.outcome = -1 THEN statement_timestamp()
                             ELSE greatest(statement_timestamp(), l.available_at) END,
         last_outcome = CASE WHEN q.remaining > 0 THEN l.last_outcome
                             WHEN l.success_token = l.fencing_token THEN 1

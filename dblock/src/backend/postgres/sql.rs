@@ -319,8 +319,10 @@ SELECT lock_key, hold_count, fencing_token, {us_expires} FROM ins"
     UPDATE {table} SET
         hold_count   = $5,
         owner        = CASE WHEN $5 > 0 THEN owner END,
-        -- Free once released, or once min_hold has passed (available_at), whichever is later.
+        -- Free once released, or once min_hold has passed (available_at), whichever is later;
+        -- a hold given back unused (no outcome) kept nothing for a body: free at once.
         expires_at   = CASE WHEN $5 > 0 THEN expires_at
+                            WHEN $6 IS NULL THEN statement_timestamp()
                             ELSE greatest(statement_timestamp(), available_at) END,
         last_outcome = CASE WHEN $5 > 0 THEN last_outcome
                             WHEN success_token = fencing_token THEN 1

@@ -57,7 +57,7 @@ const RELEASE: &str = "WITH req(k, own, token, rid, remaining, outcome) AS (
 UPDATE {table} AS l SET
     hold_count   = r.remaining,
     owner        = CASE WHEN r.remaining > 0 THEN l.owner END,
-    expires_at   = CASE WHEN r.remaining > 0 THEN l.expires_at
+    expires_at   = CASE WHEN r.remaining > 0 THEN l.expires_at WHEN r.outcome IS NULL THEN {now}
                         ELSE max({now}, coalesce(l.available_at, 0)) END,
     last_outcome = CASE WHEN r.remaining > 0 THEN l.last_outcome
                         WHEN l.success_token IS l.fencing_token THEN 1

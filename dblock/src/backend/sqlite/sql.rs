@@ -151,7 +151,8 @@ RETURNING hold_count, fencing_token, expires_at * 1000"
                 "UPDATE {table} SET
     hold_count   = $5,
     owner        = CASE WHEN $5 > 0 THEN owner END,
-    expires_at   = CASE WHEN $5 > 0 THEN expires_at ELSE max({now}, coalesce(available_at, 0)) END,
+    expires_at   = CASE WHEN $5 > 0 THEN expires_at WHEN $6 IS NULL THEN {now}
+                        ELSE max({now}, coalesce(available_at, 0)) END,
     last_outcome = CASE WHEN $5 > 0 THEN last_outcome
                         WHEN success_token IS fencing_token THEN 1
                         ELSE coalesce($6, last_outcome) END,
