@@ -546,6 +546,39 @@ async fn no_answer_is_no_answer_for_every_kind() {
     }
 }
 
+/// `lock_all` keeps to its `wait` through a silent network as `lock` does: the call returns at
+/// its deadline with "no answer, outcome unknown" (the keys' resolution goes on behind it, and
+/// gives back what it finds taken), not after the leases' end plus a statement time-out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_all_keeps_to_its_wait_without_an_answer() {
+    for s in servers("fault_lock_all", options()).await {
+        // The statement of several keys prepared on the one connection.
+        s.locker.lock_all(["warm-a", "warm-b"]).await.unwrap();
+        settle().await;
+        s.proxy.set(Mode::Blackhole);
+        let started = Instant::now();
+        let outcome = s.locker.lock_all(["x", "y"]).ttl(10 * SEC).wait(SEC).await;
+        let took = started.elapsed();
+        s.proxy.set(Mode::Pass);
+        assert!(
+            matches!(&outcome, Err(e) if e.is_outcome_unknown()),
+            "{}: {outcome:?}",
+            s.name
+        );
+        assert!(took < 3 * SEC, "{}: wait(1s) took {took:?}", s.name);
+        // Whatever the statement did, nothing stays taken once the network is back.
+        for key in ["x", "y"] {
+            assert!(
+                common::time_until_free(&s.observer, key, 15 * SEC)
+                    .await
+                    .is_some(),
+                "{}: {key} orphaned",
+                s.name
+            );
+        }
+    }
+}
+
 /// `wait = 0` on a caller's pool (of one connection, a 10 s time-out) whose connection is in use:
 /// one attempt, not the pool's time-out; the error names the exhausted pool, which here is the
 /// real cause.

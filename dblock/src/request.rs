@@ -182,6 +182,7 @@ pub(crate) async fn try_all(
     owner: &Owner,
     call_until: Instant,
 ) -> AllTry {
+    let asked = Instant::now();
     let mut resolved = Vec::with_capacity(requests.len());
     let mut shared = None;
     for r in requests {
@@ -314,6 +315,14 @@ pub(crate) async fn try_all(
         }
         .in_current_span(),
     );
-    rx.await
-        .unwrap_or_else(|_| AllTry::Failed(LockError::Database(sqlx::Error::WorkerCrashed)))
+    // Bounded as one key's attempt is (`wait.rs`): past it, the outcome is unknown to the
+    // caller; the task above goes on settling it, and gives back what nobody received.
+    match tokio::time::timeout_at(call_until + crate::timing::ANSWER_GRACE, rx).await {
+        Ok(answer) => answer
+            .unwrap_or_else(|_| AllTry::Failed(LockError::Database(sqlx::Error::WorkerCrashed))),
+        Err(_) => AllTry::Failed(LockError::no_answer(
+            asked.elapsed(),
+            "acquire of several keys",
+        )),
+    }
 }
