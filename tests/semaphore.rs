@@ -395,6 +395,37 @@ async fn one_owners_calls_at_once_share_one_permit() {
     }
 }
 
+/// A semaphore whose key is another's slot row key (`a` + separator + `1.0`) has waiters in
+/// this process: the other semaphore's permit is not held up by them (its slot's attempt is no
+/// waiter of any line; the semaphore's own call is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_a_semaphore_named_like_a_slot_hold_no_other_back() {
+    let (dbs, _dir) = common::all("semaphore_line_names").await;
+    for db in &dbs {
+        let locker = &db.locker;
+        // Fresh names each run: a run cut short leaves its permits until their ttl.
+        let plain = format!("a{}", fastrand::u32(..));
+        let odd = format!("{plain}\x1f1.0");
+        let held = locker.semaphore(&odd, 1).await.unwrap();
+        let waiter = {
+            let (locker, odd) = (locker.clone(), odd.clone());
+            tokio::spawn(
+                async move { locker.semaphore(odd, 1).wait(Duration::from_secs(30)).await },
+            )
+        };
+        // The waiter is in its line once it has found the semaphore full.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let other = locker
+            .semaphore(&plain, 1)
+            .wait(Duration::from_secs(1))
+            .await;
+        assert!(other.is_ok(), "{}: {other:?}", db.name);
+        drop(held);
+        let waited = waiter.await.unwrap();
+        assert!(waited.is_ok(), "{}: {waited:?}", db.name);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_up_to_255_bytes_are_semaphores_of_their_own() {
     let (dbs, _dir) = common::all("semaphore_long_keys").await;

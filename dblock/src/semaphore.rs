@@ -551,6 +551,9 @@ impl SemaphoreRequest {
         // live slots out; this makes it exact against a slot taken since).
         let lock = LockOptions {
             no_reentry: self.no_reentry,
+            // The semaphore's call waits in the semaphore's line; a slot's attempt is in none
+            // (a semaphore may be named as another's slot row, with waiters of its own).
+            jumps_line: true,
             ..LockOptions::default()
         };
         let request = LockRequest::with(permits.clone(), row, options, lock);
