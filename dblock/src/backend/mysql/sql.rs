@@ -322,7 +322,9 @@ pub(super) fn positional(text: &str) -> (String, Vec<Param>) {
 }
 
 /// `text` with each placeholder of `names` (each begins with `mark`, and is not followed by a
-/// letter, digit or `_`) replaced by MySQL's `?`, and what each `?` stands for, in order.
+/// letter, digit or `_`) replaced by MySQL's `?`, and what each `?` stands for, in order. Text
+/// in single quotes and `--` comments (to the end of the line) is copied as written: a `$6` in
+/// a comment is no placeholder (one was, once, and the statement's binds went wrong).
 pub(super) fn placeholders<P: Copy>(
     text: &str,
     mark: char,
@@ -331,23 +333,27 @@ pub(super) fn placeholders<P: Copy>(
     let mut out = String::with_capacity(text.len());
     let mut order = Vec::new();
     let mut rest = text;
-    while let Some(at) = rest.find(mark) {
+    while let Some(at) = rest.find([mark, '\'', '-']) {
         out.push_str(&rest[..at]);
         let tail = &rest[at..];
-        match names.iter().find(|(name, _)| {
+        // What is copied as it is: a quoted string, a comment, or one character.
+        let verbatim = if let Some(quoted) = tail.strip_prefix('\'') {
+            1 + quoted.find('\'').map_or(quoted.len(), |end| end + 1)
+        } else if tail.starts_with("--") {
+            tail.find('\n').unwrap_or(tail.len())
+        } else if let Some((name, p)) = names.iter().find(|(name, _)| {
             tail.starts_with(name)
                 && !tail[name.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
         }) {
-            Some((name, p)) => {
-                out.push('?');
-                order.push(*p);
-                rest = &tail[name.len()..];
-            }
-            None => {
-                out.push(mark);
-                rest = &tail[mark.len_utf8()..];
-            }
-        }
+            out.push('?');
+            order.push(*p);
+            rest = &tail[name.len()..];
+            continue;
+        } else {
+            tail.chars().next().map_or(0, char::len_utf8)
+        };
+        out.push_str(&tail[..verbatim]);
+        rest = &tail[verbatim..];
     }
     out.push_str(rest);
     (out, order)
@@ -560,6 +566,19 @@ mod tests {
         let (text, order) = placeholders("a = :key AND b = :keys AND c = :owner", ':', &PARAMS);
         assert_eq!(text, "a = ? AND b = :keys AND c = ?");
         assert_eq!(order, [Param::Key, Param::Owner]);
+    }
+
+    #[test]
+    fn placeholders_in_quotes_and_comments_are_text() {
+        let n = Numbered::new(
+            "SET a = $1, -- ($6 NULL: as written)\n b = '$2 it''s', c = 5 - $3 -- $4",
+            "t",
+        );
+        assert_eq!(
+            n.sql.as_str(),
+            "SET a = ?, -- ($6 NULL: as written)\n b = '$2 it''s', c = 5 - ? -- $4"
+        );
+        assert_eq!(n.order, [0, 2]);
     }
 
     #[test]
