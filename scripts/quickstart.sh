@@ -3,7 +3,7 @@
 # crates.io would serve), not the workspace: a file missing from the `dblock` package, or a quick
 # start that no longer compiles or runs, fails here.
 #
-# Needs `cargo package` to have run (target/package/dblock-<version>.crate and
+# Needs `cargo package` to have run (<target dir>/package/dblock-<version>.crate and
 # dblock-macros-<version>.crate). Takes the first ```toml block (the [dependencies] a newcomer
 # pastes) and the first ```rust block (the whole src/main.rs) under "## Quick start" in README.md,
 # builds them as a crate of their own in a temporary directory, with the packaged dblock and
@@ -16,8 +16,10 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+# Where `cargo package` wrote them: the target directory, which CARGO_TARGET_DIR may move.
+target=${CARGO_TARGET_DIR:-target}
 for crate in dblock dblock-macros; do
-    file="target/package/$crate-$version.crate"
+    file="$target/package/$crate-$version.crate"
     [ -f "$file" ] || { echo "no $file: run cargo package first" >&2; exit 1; }
     tar -xzf "$file" -C "$work"
 done
