@@ -289,9 +289,8 @@ impl Member for Reader {
                 // The last reader's earlier send may have freed the row (no readers' row is
                 // left to find the id gone from): the row's last release says.
                 Ok(ReadReleased::NotHeld) if tried.after_unknown => {
-                    let limit = Instant::now() + statement_timeout;
                     let took_effect = Released::StillHeld(0);
-                    settle_lost_reply(backend, hold, self.id, took_effect, limit).await
+                    settle_lost_reply(backend, hold, self.id, took_effect, statement_timeout).await
                 }
                 Ok(ReadReleased::NotHeld) => Ok(Released::NotHeld),
                 Err(f) => Err(LockError::database(f.error, tried.after_unknown, "release")),

@@ -82,8 +82,14 @@ impl Shared {
                     0 => Released::Free,
                     n => Released::StillHeld(n),
                 };
-                let limit = Instant::now() + self.statement_timeout;
-                settle_lost_reply(backend, hold, release_id, took_effect, limit).await
+                settle_lost_reply(
+                    backend,
+                    hold,
+                    release_id,
+                    took_effect,
+                    self.statement_timeout,
+                )
+                .await
             }
             Ok(Released::NotHeld) => {
                 if current {
@@ -114,14 +120,16 @@ impl Shared {
 /// the earlier send took effect, by the row's last release (`release_id`, of `hold`'s tenure),
 /// which no acquire overwrites. `took_effect` if it did, `NotHeld` if it did not, an unknown
 /// outcome if a later tenure's release has overwritten the record. Every kind's release records
-/// its id so (a lock's, a read's; a permit's is a lock's).
+/// its id so (a lock's, a read's; a permit's is a lock's). The read is bounded by
+/// `statement_timeout`.
 pub(crate) async fn settle_lost_reply(
     backend: &Backend,
     hold: &Hold,
     release_id: i64,
     took_effect: Released,
-    limit: Instant,
+    statement_timeout: Duration,
 ) -> Result<Released, LockError> {
+    let limit = Instant::now() + statement_timeout;
     let row = Box::pin(backend.run(&crate::backend::LastWriteOf(&hold.key), limit))
         .await
         .map_err(|f| LockError::database(f.error, true, "release"))?;
